@@ -1,0 +1,200 @@
+"""nvcc builds of baselines and candidates: SGLang's flags, a ninja file, a content-hashed cache.
+
+Every kernel (baseline or candidate) is one .cu that includes production headers
+from the workspace's src/ tree and exports the op's `astra_<op>` entry point.
+It is built into a shared library with nvcc alone (no torch headers), so it
+compiles in CI without a GPU and loads with ctypes on one.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import AstraError
+
+# SGLang's JIT loader: arch.get_default_target_flags() + DEFAULT_CFLAGS + base_cuda_flags().
+# (sglang/kernels/jit/utils/{arch.py,compile/paths.py,compile/toolchain.py}, 0.5.23)
+_JIT = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC"]
+# sgl-kernel's CMake build (AOT): C++17, the torch half-operator guards undefined so
+# FlashInfer's headers compile, fast math on.
+_AOT = [
+    "-std=c++17",
+    "-O3",
+    "-DNDEBUG",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+    "-use_fast_math",
+    "-DFLASHINFER_ENABLE_F16",
+    "-DFLASHINFER_ENABLE_BF16",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+    "-Xcompiler",
+    "-fPIC",
+]
+FLAG_PROFILES: Dict[str, List[str]] = {"sglang_jit": _JIT, "sgl_kernel_aot": _AOT}
+
+
+@dataclass(frozen=True)
+class Arch:
+    major: int
+    minor: int
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.major}{self.minor}"
+
+    @property
+    def sgl_cuda_arch(self) -> int:
+        return self.major * 100 + self.minor * 10
+
+    def gencode(self, profile: str) -> str:
+        # SGLang's JIT targets the arch-specific 'a' variant on 9.x and 10.x+
+        # (arch._cuda_arch_suffix); sgl-kernel's wheel is built for sm_90a too.
+        suffix = "a" if self.major >= 9 else ""
+        t = f"{self.major}{self.minor}{suffix}"
+        return f"-gencode=arch=compute_{t},code=sm_{t}"
+
+
+def parse_arch(text: str) -> Arch:
+    m = re.fullmatch(r"(?:sm_?)?(\d+)(\d)a?|(\d+)\.(\d+)", text.strip().lower())
+    if not m:
+        raise AstraError(f"unsupported arch {text!r}; give it as sm_90 (or 9.0)")
+    major, minor = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), int(m.group(4)))
+    if major < 8:
+        raise AstraError(f"unsupported arch sm_{major}{minor}: SGLang's kernels need sm_80 or newer")
+    return Arch(major, minor)
+
+
+def detect_arch() -> Arch:
+    """The local GPU's compute capability, via nvidia-smi (no torch needed)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout.strip().splitlines()
+            if out and out[0].strip():
+                return parse_arch(out[0].strip())
+        except (subprocess.SubprocessError, OSError):
+            pass
+    raise AstraError("no GPU found to detect the arch from; pass --arch sm_90 to build without a GPU")
+
+
+def find_nvcc() -> str:
+    cand = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cand and (Path(cand) / "bin" / "nvcc").exists():
+        return str(Path(cand) / "bin" / "nvcc")
+    path = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if not path:
+        raise AstraError("nvcc not found: install the CUDA toolkit (nvcc ≥ 12.4) or set CUDA_HOME")
+    return path
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1]
+
+
+def compile_flags(profile: str, arch: Arch, extra: Sequence[str] = ()) -> List[str]:
+    if profile not in FLAG_PROFILES:
+        raise AstraError(f"unknown flag profile {profile!r}")
+    return [f"-DSGL_CUDA_ARCH={arch.sgl_cuda_arch}", arch.gencode(profile), *FLAG_PROFILES[profile], *extra]
+
+
+_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.MULTILINE)
+
+
+def hash_tree(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p).encode())
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+@dataclass
+class BuildResult:
+    ok: bool
+    library: Optional[Path]
+    seconds: float
+    cached: bool
+    log: str
+    command: List[str]
+
+
+def _write_ninja(build_dir: Path, nvcc: str, source: Path, out: Path, flags: List[str], includes: List[str]) -> Path:
+    def q(s: str) -> str:
+        return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+    text = (
+        "# generated by astra-sglang: one shared library per kernel source\n"
+        f"nvcc = {nvcc}\n"
+        f"flags = {' '.join(flags)} {' '.join('-I' + i for i in includes)}\n"
+        "rule nvcc_shared\n"
+        "  command = $nvcc $flags -shared $in -o $out\n"
+        "  description = nvcc $in\n"
+        f"build {q(str(out))}: nvcc_shared {q(str(source))}\n"
+    )
+    ninja_file = build_dir / f"{out.stem}.ninja"
+    ninja_file.write_text(text)
+    return ninja_file
+
+
+def build_shared(
+    source: Path,
+    include_dirs: Sequence[Path],
+    flags: Sequence[str],
+    cache_dir: Path,
+    closure_hash: str,
+    timeout: float = 600.0,
+) -> BuildResult:
+    """Compile `source` into a shared library, reusing a cached build of identical inputs.
+
+    The cache key covers the source text, the workspace's include-closure hash, the
+    flags and the nvcc version, so any change rebuilds and nothing else does.
+    """
+    nvcc = find_nvcc()
+    source = Path(source).resolve()
+    key_src = "\n".join(
+        [source.read_text(errors="replace"), closure_hash, " ".join(flags), nvcc_version(nvcc)]
+        + [str(Path(i).resolve()) for i in include_dirs]
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lib = cache_dir / f"{source.stem}-{key}.so"
+    if lib.exists():
+        return BuildResult(True, lib, 0.0, True, "", [])
+    includes = [str(Path(i).resolve()) for i in include_dirs]
+    tmp = cache_dir / f".{lib.name}.{os.getpid()}.tmp.so"
+    cmd = [nvcc, *flags, *("-I" + i for i in includes), "-shared", str(source), "-o", str(tmp)]
+    _write_ninja(cache_dir, nvcc, source, lib, list(flags), includes)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return BuildResult(False, None, time.perf_counter() - t0, False, f"nvcc timed out after {timeout:.0f}s", cmd)
+    dt = time.perf_counter() - t0
+    log = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return BuildResult(False, None, dt, False, log, cmd)
+    os.replace(tmp, lib)  # atomic: concurrent builders never see half a library
+    return BuildResult(True, lib, dt, False, log, cmd)
+
+
+def first_error_line(log: str) -> str:
+    for line in log.splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return (log.strip().splitlines() or ["unknown build failure"])[0]

@@ -1,0 +1,92 @@
+"""The `astra-sglang` command line. Every stage is a subcommand; every failure is one line."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .errors import AstraError
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"  · {msg}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="astra-sglang")
+def cli() -> None:
+    """Extract SGLang's production kernels, optimize them, and patch them back into SGLang."""
+
+
+@cli.command()
+@click.argument("op", required=False)
+@click.option("--list", "list_", is_flag=True, help="List ops and the variants the given/installed SGLang has.")
+@click.option("--variant", help="Production path to extract (default: what SGLang runs for the common case).")
+@click.option("--out", "out_root", type=click.Path(path_type=Path), default=Path("astra-work"), show_default=True,
+              help="Workspace root; the op lands in OUT/<op>.")
+@click.option("--sglang-src", type=click.Path(path_type=Path), help="SGLang git checkout or unpacked sglang wheel.")
+@click.option("--flashinfer-src", type=click.Path(path_type=Path), help="FlashInfer checkout or unpacked wheel.")
+@click.option("--tvm-ffi-src", type=click.Path(path_type=Path), help="apache-tvm-ffi install or unpacked wheel.")
+@click.option("--arch", help="Target arch, e.g. sm_90 (default: the local GPU's).")
+@click.option("--force", is_flag=True, help="Overwrite an existing workspace.")
+@click.option("--no-build", is_flag=True, help="Only write the workspace; skip the test build.")
+def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_src, arch, force, no_build):
+    """Pull OP's production CUDA kernel into a standalone workspace that builds with nvcc alone."""
+    from .build import detect_arch, parse_arch
+    from .registry import get_op, op_names
+    from astra_sglang.extract import available_variants, discover, extract as do_extract
+    from .workspace import Workspace
+
+    sources = discover(sglang_src, flashinfer_src, tvm_ffi_src)
+    if list_:
+        for r in sources.roots.values():
+            click.echo(f"source {r.name:16s} {r.version:14s} {r.origin:9s} {r.base}")
+        for name in ([op] if op else op_names()):
+            spec = get_op(name)
+            default = spec.default_variant({n: True for n in sources.roots})
+            click.echo(f"{name}")
+            for v, ok, why in available_variants(spec, sources):
+                mark = "*" if v.name == default else " "
+                state = "available" if ok else f"unavailable ({why})"
+                click.echo(f"  {mark} {v.name:12s} {state}: {v.provenance}")
+        return
+    if not op:
+        raise AstraError(f"give an op to extract (one of: {', '.join(op_names())}) or --list")
+    spec = get_op(op)
+    target = parse_arch(arch) if arch else detect_arch()
+    dest = out_root / op
+    click.echo(f"extracting {op} for {target.sm} into {dest}", err=True)
+    do_extract(spec, sources, dest, target, variant=variant, force=force, progress=_progress)
+    if no_build:
+        click.echo(str(dest))
+        return
+    ws = Workspace.open(op, path=dest)
+    t0 = time.perf_counter()
+    res = ws.build()
+    if not res.ok:
+        from .build import first_error_line
+
+        raise AstraError(f"the extracted baseline does not compile: {first_error_line(res.log)} (log: {dest}/build)")
+    click.echo(f"  · cold build {res.seconds:.1f}s -> {res.library}", err=True)
+    click.echo(str(dest))
+
+
+def main(argv: Optional[list] = None) -> None:
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except AstraError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

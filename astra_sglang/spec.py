@@ -1,0 +1,182 @@
+"""The op-spec contract: what every kernels/<op>/spec.py declares.
+
+A spec is plain data plus a few callables. torch is imported lazily inside the
+callables so `extract` (which needs no torch) stays importable everywhere.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+# dtype codes passed through the kernel ABI (`int dtype`).
+DTYPE_CODES: Dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2}
+DTYPE_BYTES: Dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One production source the variant needs, relative to a source root.
+
+    root: "sglang_jit" (sglang/kernels/jit), "sglang_checkout" (a git checkout's
+    root), "flashinfer" (flashinfer's include dir), "tvm_ffi" (tvm-ffi's include
+    dir), "dlpack".
+    """
+
+    root: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One production path of an op that extract can pull out."""
+
+    name: str
+    description: str
+    # Where the op's kernel lives in production (for the manifest and --list).
+    provenance: str
+    # The production sources the launcher includes; their include closure is copied.
+    sources: Tuple[SourceFile, ...]
+    # Launcher template file in kernels/<op>/ (format: see extract/launcher.py).
+    launcher: str
+    # Build-flag profile name in astra_sglang.build.FLAG_PROFILES plus extras.
+    flag_profile: str
+    extra_flags: Tuple[str, ...] = ()
+    # Extra include roots (relative names as in SourceFile.root) the closure needs.
+    include_roots: Tuple[str, ...] = ()
+    # Source-text facts the launcher relies on: regex -> what it guards. Extract
+    # fails loudly if SGLang changed them (e.g. a block size or a signature).
+    source_facts: Tuple[Tuple[str, str, str], ...] = ()  # (SourceFile.path, regex, meaning)
+    dtypes: Tuple[str, ...] = ("fp16", "bf16")
+    # Only usable when this root is available (e.g. sgl-kernel csrc needs a checkout).
+    requires_root: Optional[str] = None
+    # Extra facts a launcher or the harness needs (e.g. lse base for merge_state).
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A named point of the shape corpus."""
+
+    dims: Tuple[int, ...]
+    tags: Tuple[str, ...] = ()  # e.g. ("paper",), ("decode", "llama3-8b"), ("edge",)
+    source: str = ""  # which model config it came from
+
+    def key(self) -> str:
+        return "x".join(str(d) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A candidate fails when err > max(k * production_err, floor[dtype])."""
+
+    k: float = 2.0
+    floor: Mapping[str, float] = field(default_factory=lambda: {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2})
+
+
+@dataclass(frozen=True)
+class AbiArg:
+    """One argument of the ABI entry point, in order (the stream comes last)."""
+
+    name: str
+    ctype: str  # "ptr" | "i64" | "f64" | "i32"
+    role: str = ""  # "in", "out", "inout" for pointers; "" for scalars
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    dim_names: Tuple[str, ...]
+    abi: Tuple[AbiArg, ...]
+    variants: Tuple[Variant, ...]
+    default_variant: Callable[[Mapping[str, Any]], str]
+    dtypes: Tuple[str, ...]
+    corpus: Tuple[Shape, ...]
+    tolerance: Tolerance
+    # make_inputs(dims, dtype_name, generator, dist) -> dict name -> tensor (all ABI pointers)
+    make_inputs: Callable[..., Dict[str, Any]]
+    # reference(inputs_fp64: dict, dims, params) -> dict of expected outputs (fp64), keyed by
+    # the names of "out"/"inout" ABI args.
+    reference: Callable[..., Dict[str, Any]]
+    # scalar ABI args (eps, ...) for a shape: dict name -> value
+    scalars: Callable[[Tuple[int, ...]], Dict[str, Any]]
+    bytes_moved: Callable[[Tuple[int, ...], str], int]
+    # value distributions the checker must exercise
+    distributions: Tuple[str, ...] = ("normal",)
+    # SGLang Python callables this op replaces (module:function), for patch.
+    replaces: Tuple[str, ...] = ()
+    # edge shapes checked in addition to the corpus
+    edge_shapes: Tuple[Shape, ...] = ()
+
+    @property
+    def symbol(self) -> str:
+        return f"astra_{self.name}"
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        known = ", ".join(v.name for v in self.variants)
+        from .errors import AstraError
+
+        raise AstraError(f"unknown variant {name!r} for op {self.name} (known: {known})")
+
+    def shapes(self, selector: str = "corpus") -> List[Shape]:
+        """Select shapes by tag: 'corpus' (all), 'paper', 'edge', 'decode', 'prefill',
+        or explicit 'AxB,CxD'."""
+        if selector == "corpus":
+            return list(self.corpus)
+        if selector == "edge":
+            return list(self.edge_shapes)
+        if selector in ("all",):
+            return list(self.corpus) + list(self.edge_shapes)
+        if any(ch.isdigit() for ch in selector):
+            out = []
+            for part in selector.split(","):
+                dims = tuple(int(x) for x in part.strip().lower().split("x"))
+                if len(dims) != len(self.dim_names):
+                    from .errors import AstraError
+
+                    raise AstraError(
+                        f"shape {part!r} has {len(dims)} dims; {self.name} takes "
+                        f"{'x'.join(self.dim_names)}"
+                    )
+                out.append(Shape(dims, ("custom",)))
+            return out
+        sel = [s for s in list(self.corpus) + list(self.edge_shapes) if selector in s.tags]
+        if not sel:
+            from .errors import AstraError
+
+            tags = sorted({t for s in self.corpus for t in s.tags})
+            raise AstraError(f"no shapes tagged {selector!r} for {self.name} (tags: {', '.join(tags)})")
+        return sel
+
+    def ctypes_argtypes(self) -> List[Any]:
+        m = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f64": ctypes.c_double, "i32": ctypes.c_int32}
+        return [m[a.ctype] for a in self.abi] + [ctypes.c_void_p]
+
+    def c_signature(self) -> str:
+        m = {"ptr": "void*", "i64": "int64_t", "f64": "double", "i32": "int"}
+        args = [f"{'const ' if a.role == 'in' else ''}{m[a.ctype]} {a.name}" for a in self.abi]
+        return f'extern "C" cudaError_t {self.symbol}({", ".join(args + ["cudaStream_t stream"])})'
+
+
+def dedupe_shapes(shapes: Sequence[Shape]) -> Tuple[Shape, ...]:
+    """Merge shapes with equal dims, uniting their tags and sources."""
+    merged: Dict[Tuple[int, ...], Shape] = {}
+    for s in shapes:
+        if s.dims in merged:
+            old = merged[s.dims]
+            tags = tuple(dict.fromkeys(old.tags + s.tags))
+            src = old.source if s.source in old.source.split(";") else f"{old.source};{s.source}".strip(";")
+            merged[s.dims] = Shape(s.dims, tags, src)
+        else:
+            merged[s.dims] = s
+    return tuple(merged.values())
