@@ -15,7 +15,43 @@ def _progress(msg: str) -> None:
     click.echo(f"  · {msg}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Subcommands living in other modules, imported only when used (each stage owns its module).
+LAZY_COMMANDS = {
+    "check": "astra_sglang.check_cli:check_cmd",
+    "bench": "astra_sglang.check_cli:bench_cmd",
+    "optimize": "astra_sglang.agents.cli:optimize_cmd",
+    "patch": "astra_sglang.patch.cli:patch_cmd",
+    "validate": "astra_sglang.patch.cli:validate_cmd",
+    "e2e": "astra_sglang.e2e_cli:e2e_cmd",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        import importlib.util
+
+        def present(target: str) -> bool:
+            try:
+                return importlib.util.find_spec(target.split(":")[0]) is not None
+            except ImportError:
+                return False
+
+        lazy = {n for n, t in LAZY_COMMANDS.items() if present(t)}
+        return sorted(set(super().list_commands(ctx)) | lazy)
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            import importlib
+
+            mod, attr = LAZY_COMMANDS[name].split(":")
+            try:
+                return getattr(importlib.import_module(mod), attr)
+            except ImportError as e:
+                raise AstraError(f"`{name}` is unavailable: {e}") from e
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="astra-sglang")
 def cli() -> None:
     """Extract SGLang's production kernels, optimize them, and patch them back into SGLang."""
