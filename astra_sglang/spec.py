@@ -34,6 +34,23 @@ class SourceFile:
 
 
 @dataclass(frozen=True)
+class Excerpt:
+    """A span of a production source copied into a workspace header.
+
+    For sources that cannot be included whole (e.g. sgl-kernel's .cu files pull in
+    ATen/torch headers): the text from the first match of `start` up to the end of
+    the first match of `end` after it lands in `src/excerpts/<header>`, preceded by
+    its provenance. Extract fails loudly when either regex stops matching.
+    """
+
+    source: SourceFile
+    start: str  # regex (MULTILINE | DOTALL) where the excerpt begins
+    end: str  # regex (MULTILINE | DOTALL) whose match ends the excerpt
+    header: str  # file name under src/excerpts/
+    meaning: str = ""
+
+
+@dataclass(frozen=True)
 class Variant:
     """One production path of an op that extract can pull out."""
 
@@ -57,7 +74,13 @@ class Variant:
     # Only usable when this root is available (e.g. sgl-kernel csrc needs a checkout).
     requires_root: Optional[str] = None
     # Extra facts a launcher or the harness needs (e.g. lse base for merge_state).
+    # JSON-serializable: it is copied into the workspace manifest.
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    # Spans of production sources copied verbatim into src/excerpts/ (see Excerpt).
+    excerpts: Tuple[Excerpt, ...] = ()
+    # supports(dims, dtype) -> None when this production path handles the shape,
+    # else the reason it does not (production routes such shapes elsewhere).
+    supports: Optional[Callable[[Tuple[int, ...], str], Optional[str]]] = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +137,13 @@ class OpSpec:
     replaces: Tuple[str, ...] = ()
     # edge shapes checked in addition to the corpus
     edge_shapes: Tuple[Shape, ...] = ()
+    # Boundary conversions for variants whose ABI convention differs from the op's
+    # (e.g. FlashInfer's base-2 lse), applied by the harness outside the timed region:
+    # to_variant_abi(tensors, attrs) -> the tensors to pass to the kernel;
+    # from_variant_abi(abi_tensors, tensors, attrs) writes the op-convention outputs
+    # into `tensors`. None: the variant takes the op's tensors as they are.
+    to_variant_abi: Optional[Callable[..., Dict[str, Any]]] = None
+    from_variant_abi: Optional[Callable[..., None]] = None
 
     @property
     def symbol(self) -> str:

@@ -25,6 +25,7 @@ class Root:
     include_subdirs: Tuple[str, ...] = (".",)
     version: str = "unknown"
     origin: str = ""  # "installed", "checkout", "wheel-dir"
+    commit: str = ""  # git commit of a checkout, when it has a .git
 
 
 @dataclass
@@ -91,6 +92,39 @@ def _version_near(pkg_dir: Path, dist_names: Tuple[str, ...]) -> str:
     return "unknown"
 
 
+def _git_commit(root: Path) -> str:
+    """HEAD's commit of a git checkout without running git (a .git dir, or a worktree's .git file)."""
+    g = root / ".git"
+    try:
+        if g.is_file():
+            m = re.match(r"gitdir:\s*(.+)", g.read_text().strip())
+            g = (root / m.group(1)).resolve() if m else g
+        head = (g / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head
+        ref = head.split(None, 1)[1]
+        if (g / ref).is_file():
+            return (g / ref).read_text().strip()
+        packed = g / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+    except (OSError, AttributeError, IndexError):
+        pass
+    return ""
+
+
+def _checkout_version(root: Path) -> str:
+    """sglang's version from a checkout: python/pyproject.toml, else sgl-kernel's."""
+    for pp in (root / "python" / "pyproject.toml", root / "sgl-kernel" / "pyproject.toml"):
+        if pp.exists():
+            m = re.search(r'^version\s*=\s*"([^"]+)"', pp.read_text(errors="replace"), re.MULTILINE)
+            if m:
+                return m.group(1) if pp.parent.name == "python" else f"sgl-kernel {m.group(1)}"
+    return "unknown"
+
+
 def _sglang_from_path(p: Path) -> Tuple[Optional[Path], Optional[Path]]:
     """(sglang package dir, checkout root or None) for a checkout, python/ dir, wheel dir or package dir."""
     p = p.resolve()
@@ -154,8 +188,10 @@ def discover(
     if pkg is not None and (pkg / "kernels" / "jit" / "include").is_dir():
         s.roots["sglang_jit"] = Root("sglang_jit", pkg / "kernels" / "jit", ("include", "."), ver, origin)
     if checkout is not None:
+        cver = ver if ver != "unknown" else _checkout_version(checkout)
         s.roots["sglang_checkout"] = Root(
-            "sglang_checkout", checkout, ("sgl-kernel/include", "sgl-kernel/csrc", "."), ver, "checkout"
+            "sglang_checkout", checkout, ("sgl-kernel/include", "sgl-kernel/csrc", "."), cver, "checkout",
+            _git_commit(checkout),
         )
 
     # --- FlashInfer -----------------------------------------------------------
