@@ -96,9 +96,10 @@ def _excerpt_text(ex, sources: Sources, v: Variant) -> Tuple[str, Path]:
 def _check_facts(v: Variant, sources: Sources) -> Dict[str, str]:
     """Verify the source facts the launcher relies on; return named captures for substitution."""
     captures: Dict[str, str] = {}
+    known = list(v.sources) + [e.source for e in v.excerpts]
     for rel, regex, meaning in v.source_facts:
-        sf = next((s for s in v.sources if s.path == rel), None)
-        root = sources.get(sf.root if sf else v.sources[0].root, v.name)
+        sf = next((s for s in known if s.path == rel), None)
+        root = sources.get(sf.root if sf else known[0].root, v.name)
         text = (root.base / rel).read_text(errors="replace")
         m = re.search(regex, text, re.MULTILINE)
         if not m:
@@ -148,7 +149,10 @@ def extract(
     captures = _check_facts(v, sources)
     excerpts = [(ex, *_excerpt_text(ex, sources, v)) for ex in v.excerpts]
     closure = compute_closure([(sources.get(sf.root, v.name), sf.path) for sf in v.sources], roots)
-    progress(f"include closure: {len(closure.files)} files from {', '.join(r.name for r in roots)}")
+    progress(
+        f"include closure: {len(closure.files)} files from {', '.join(r.name for r in roots)}"
+        + (f"; {len(excerpts)} excerpt(s): {', '.join(ex.header for ex, _, _ in excerpts)}" if excerpts else "")
+    )
 
     # Build the new workspace beside the old one and swap at the end, so a failure
     # leaves the existing workspace untouched.
