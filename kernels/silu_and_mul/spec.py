@@ -115,6 +115,31 @@ SPEC = OpSpec(
                     r"num_blocks = div_ceil\(static_cast<uint32_t>\(num_total_items\), kBlockSize\)",
                     "grid = div_ceil(tokens * hidden / kVecSize, kBlockSize)",
                 ),
+                (
+                    "flashinfer/activation.cuh",
+                    r"__global__ __launch_bounds__\((?P<ACT_LAUNCH_BOUNDS>\d+)\) void act_and_mul_kernel\(",
+                    "the unaligned-hidden fallback's block may not exceed act_and_mul_kernel's launch bounds",
+                ),
+            ),
+            dtypes=("fp16", "bf16", "fp32"),
+        ),
+        Variant(
+            name="aot",
+            description="sgl-kernel AOT silu_and_mul: FlashInfer act_and_mul_kernel, one CTA per token",
+            provenance="sgl_kernel.silu_and_mul -> torch.ops.sgl_kernel.silu_and_mul -> sgl-kernel "
+            "csrc/elementwise/activation.cu silu_and_mul: flashinfer::activation::act_and_mul_kernel<T, silu> "
+            "<<<tokens, min(d / (16 / sizeof(T)), 1024), 0, stream>>> (SGLang's route for hidden sizes the JIT "
+            "kernel's vector width does not divide)",
+            sources=(SourceFile("flashinfer", "flashinfer/activation.cuh"),),
+            launcher="launch_aot.cu.in",
+            flag_profile="sgl_kernel_aot",
+            source_facts=(
+                (
+                    "flashinfer/activation.cuh",
+                    r"template <typename T, float \(\*Activation\)\(const float&\), uint32_t vec_size>\s*"
+                    r"__global__ __launch_bounds__\((?P<ACT_LAUNCH_BOUNDS>\d+)\) void act_and_mul_kernel\(",
+                    "act_and_mul_kernel<T, Activation, vec_size> with its __launch_bounds__",
+                ),
             ),
             dtypes=("fp16", "bf16", "fp32"),
         ),
