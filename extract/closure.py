@@ -1,7 +1,8 @@
 """Include-closure scan: every header a production source pulls in, ROCm branches skipped.
 
-The scan mirrors the compiler's lookup for quoted and angled includes: the
-including file's directory first, then each root's include dirs in order.
+The scan mirrors the compiler's lookup: a quoted include tries the including file's
+directory first, an angled one does not; both then try each root's include dirs in
+order (the workspace's -I order).
 Headers that resolve nowhere (CUDA toolkit, libc++, cub) stay external and are
 recorded, not copied.
 """
@@ -37,9 +38,9 @@ def _rocm_polarity(directive: str, arg: str) -> Optional[bool]:
     return None  # a compound condition: keep both branches (safe: may copy more)
 
 
-def scan_includes(text: str) -> List[str]:
-    """The include targets of `text` outside ROCm-only branches, in order."""
-    out: List[str] = []
+def scan_include_directives(text: str) -> List[Tuple[str, bool]]:
+    """(target, angled) for each #include of `text` outside ROCm-only branches, in order."""
+    out: List[Tuple[str, bool]] = []
     # Stack of (skip_this_branch, polarity) for each open conditional.
     stack: List[Tuple[bool, Optional[bool]]] = []
     for line in text.splitlines():
@@ -68,8 +69,13 @@ def scan_includes(text: str) -> List[str]:
                 continue
             im = _INCLUDE_ARG.match(arg)
             if im:
-                out.append(im.group(1))
+                out.append((im.group(1), arg.strip().startswith("<")))
     return out
+
+
+def scan_includes(text: str) -> List[str]:
+    """The include targets of `text` outside ROCm-only branches, in order."""
+    return [t for t, _ in scan_include_directives(text)]
 
 
 @dataclass
@@ -79,9 +85,11 @@ class Closure:
     external: Set[str] = field(default_factory=set)
 
 
-def _locate(target: str, including: Path, roots: Sequence[Root]) -> Optional[Tuple[Root, Path]]:
+def _locate(target: str, including: Path, roots: Sequence[Root], angled: bool = False) -> Optional[Tuple[Root, Path]]:
+    """The compiler's lookup: a quoted include tries the including file's directory first;
+    both forms then try each root's include dirs in order (the -I order of the build)."""
     cands: List[Tuple[Root, Path]] = []
-    for r in roots:
+    for r in roots if not angled else ():
         try:
             including.relative_to(r.base)
             cands.append((r, including.parent / target))
@@ -129,8 +137,8 @@ def compute_closure(start: Sequence[Tuple[Root, str]], roots: Sequence[Root]) ->
         if key in cl.files:
             continue
         cl.files[key] = p
-        for target in scan_includes(p.read_text(errors="replace")):
-            hit = _locate(target, p, roots)
+        for target, angled in scan_include_directives(p.read_text(errors="replace")):
+            hit = _locate(target, p, roots, angled)
             if hit is None:
                 cl.external.add(target)
             else:
