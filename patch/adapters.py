@@ -1,0 +1,340 @@
+"""ABI adapters: how SGLang's callables map onto an op's kernel ABI (kernels/<op>/spec.py).
+
+The op's *canonical* arguments are the spec's ABI names: pointer args become tensors,
+scalar args that are not sizes or the dtype code (eps) stay scalars; sizes come from the
+tensors' shapes, the dtype code from the op's data tensor. Everything here is per op,
+and generic over the callables that reach it:
+
+- a callable's parameters map to canonical names by name, through `aliases`
+  (merge_state_v2's v_merged is the ABI's v_out); parameters listed in `ignorable`
+  (enable_pdl) do not change the result; any other parameter must hold its default,
+  else the call goes to SGLang's original (e.g. the JIT silu_and_mul's expert_ids);
+- optional outputs (out=None) are allocated the way the original would;
+- `normalize` checks shapes, dtypes and contiguity and returns the 2-D views and sizes
+  the ABI takes; anything it does not accept (non-contiguous strides, an odd last
+  dimension, fp8, mismatched shapes) falls back to the original;
+- `returns` builds what the callable returns from the canonical tensors;
+- `jit_routes` say which methods of a JIT module (from a factory found by discovery)
+  are this op, and when.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
+
+TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def dtype_code_name(t) -> Optional[str]:
+    return TORCH_DTYPES.get(str(t.dtype).replace("torch.", ""))
+
+
+@dataclass(frozen=True)
+class JitRoute:
+    """One method of a JIT module that computes the op.
+
+    factory_ok(bound factory arguments) -> whether modules built with these arguments
+    compute the op's contract (e.g. not the HF-parity or precise-math build).
+    params: the method's positional parameters as canonical names; "=name" marks a
+    non-tensor argument that must satisfy `match`.
+    """
+
+    method: str
+    params: Tuple[str, ...]
+    match: Callable[[Tuple[Any, ...]], bool] = lambda args: True
+    factory_ok: Callable[[Mapping[str, Any]], bool] = lambda fargs: True
+
+
+@dataclass(frozen=True)
+class OpAdapter:
+    op: str
+    data: str  # canonical tensor whose dtype is the ABI dtype
+    same_dtype: Tuple[str, ...]  # tensors that must share `data`'s dtype
+    fp32: Tuple[str, ...] = ()  # tensors that are fp32 whatever the data dtype (lse)
+    rowwise: Tuple[str, ...] = ()  # tensors indexed by token in dim 0 (self-check samples rows)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    ignorable: FrozenSet[str] = frozenset()
+    alloc: Mapping[str, Callable[[Dict[str, Any]], Any]] = field(default_factory=dict)
+    # canonical tensors -> (ABI views, dims) or a reason string to fall back
+    normalize: Callable[[Dict[str, Any]], Any] = None  # type: ignore[assignment]
+    returns: Callable[[Dict[str, Any]], Any] = lambda c: None
+    jit_routes: Mapping[str, Tuple[JitRoute, ...]] = field(default_factory=dict)
+
+    def canonical(self, param: str) -> str:
+        return self.aliases.get(param, param)
+
+
+def _contig(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:
+    for n in names:
+        if not c[n].is_contiguous():
+            return f"{n} is not contiguous (strides {tuple(c[n].stride())})"
+    return None
+
+
+# ---------------------------------------------------------------------- silu_and_mul
+def _silu_normalize(c):
+    x, out = c["input"], c["out"]
+    if x.dim() < 1 or x.shape[-1] % 2:
+        return f"input's last dimension {tuple(x.shape)[-1:]} is not even"
+    d = x.shape[-1] // 2
+    if tuple(out.shape) != tuple(x.shape[:-1]) + (d,):
+        return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
+    bad = _contig(c, ("input", "out"))
+    if bad:
+        return bad
+    t = x.numel() // (2 * d) if d else 0
+    return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
+
+
+SILU = OpAdapter(
+    op="silu_and_mul",
+    data="input",
+    same_dtype=("input", "out"),
+    rowwise=("input", "out"),
+    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape[:-1]) + (c["input"].shape[-1] // 2,))},
+    normalize=_silu_normalize,
+    returns=lambda c: c["out"],
+    jit_routes={
+        # sglang.kernels.ops.activation.activation.activation_module(dtype, *, fast_math=True)
+        # .run_activation(input_2d, out_2d, op_name)
+        "elementwise/activation.cuh": (
+            JitRoute(
+                "run_activation",
+                ("input", "out", "=op_name"),
+                match=lambda a: len(a) >= 3 and a[2] == "silu",
+                factory_ok=lambda f: bool(f.get("fast_math", True)),
+            ),
+        ),
+    },
+)
+
+
+# ---------------------------------------------------------------------- fused_add_rmsnorm
+def _rms_normalize(c):
+    x, r, w = c["input"], c["residual"], c["weight"]
+    if x.dim() < 1:
+        return "input is 0-d"
+    h = x.shape[-1]
+    if tuple(r.shape) != tuple(x.shape):
+        return f"residual shape {tuple(r.shape)} != input shape {tuple(x.shape)}"
+    if tuple(w.shape) != (h,):
+        return f"weight shape {tuple(w.shape)} != ({h},)"
+    bad = _contig(c, ("input", "residual", "weight"))
+    if bad:
+        return bad
+    t = x.numel() // h if h else 0
+    return {"input": x.view(t, h), "residual": r.view(t, h), "weight": w}, (t, h)
+
+
+RMSNORM = OpAdapter(
+    op="fused_add_rmsnorm",
+    data="input",
+    same_dtype=("input", "residual", "weight"),
+    rowwise=("input", "residual"),
+    ignorable=frozenset({"enable_pdl"}),
+    normalize=_rms_normalize,
+    returns=lambda c: None,
+    jit_routes={
+        # sglang.kernels.ops.layernorm.norm._jit_fused_add_rmsnorm_module(dtype, cast_x_before_out_mul)
+        # .fused_add_rmsnorm(input, residual, weight, eps); cast_x_before_out_mul=True is the
+        # HF-parity rounding, a different contract: not routed.
+        "elementwise/fused_add_rmsnorm.cuh": (
+            JitRoute(
+                "fused_add_rmsnorm",
+                ("input", "residual", "weight", "eps"),
+                factory_ok=lambda f: not f.get("cast_x_before_out_mul", False),
+            ),
+        ),
+    },
+)
+
+
+# ---------------------------------------------------------------------- merge_state
+def _merge_normalize(c):
+    va = c["v_a"]
+    if va.dim() != 3:
+        return f"v_a is {va.dim()}-d, not [tokens, heads, head_dim]"
+    t, h, d = va.shape
+    for n in ("v_b", "v_out"):
+        if tuple(c[n].shape) != (t, h, d):
+            return f"{n} shape {tuple(c[n].shape)} != {(t, h, d)}"
+    for n in ("s_a", "s_b", "s_out"):
+        if tuple(c[n].shape) != (t, h):
+            return f"{n} shape {tuple(c[n].shape)} != {(t, h)}"
+    bad = _contig(c, ("v_a", "s_a", "v_b", "s_b", "v_out", "s_out"))
+    if bad:
+        return bad
+    return dict(c), (t, h, d)
+
+
+MERGE = OpAdapter(
+    op="merge_state",
+    data="v_a",
+    same_dtype=("v_a", "v_b", "v_out"),
+    fp32=("s_a", "s_b", "s_out"),
+    rowwise=("v_a", "s_a", "v_b", "s_b", "v_out", "s_out"),
+    aliases={
+        # sgl_kernel.merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None)
+        "v_merged": "v_out",
+        "s_merged": "s_out",
+        # sglang.srt.layers.attention.merge_state.merge_state(prefix_output, prefix_lse, ...)
+        "prefix_output": "v_a",
+        "prefix_lse": "s_a",
+        "suffix_output": "v_b",
+        "suffix_lse": "s_b",
+        "output": "v_out",
+        "output_lse": "s_out",
+    },
+    alloc={
+        "v_out": lambda c: c["v_a"].new_empty(tuple(c["v_a"].shape)),
+        "s_out": lambda c: c["s_a"].new_empty(tuple(c["s_a"].shape)),
+    },
+    normalize=_merge_normalize,
+    returns=lambda c: (c["v_out"], c["s_out"]),
+)
+
+ADAPTERS: Dict[str, OpAdapter] = {a.op: a for a in (SILU, RMSNORM, MERGE)}
+
+
+def get_adapter(op: str) -> Optional[OpAdapter]:
+    return ADAPTERS.get(op)
+
+
+# ---------------------------------------------------------------------- the spec side
+@dataclass(frozen=True)
+class AbiLayout:
+    """What the adapter needs from the spec's ABI: tensor and scalar names, in order."""
+
+    tensors: Tuple[str, ...]
+    mutated: Tuple[str, ...]
+    scalars: Tuple[Tuple[str, str], ...]  # (name, ctype) of non-size, non-dtype scalars
+    dims: Tuple[str, ...]
+
+
+def abi_layout(spec) -> AbiLayout:
+    tensors = tuple(a.name for a in spec.abi if a.ctype == "ptr")
+    mutated = tuple(a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("out", "inout"))
+    scalars = tuple((a.name, a.ctype) for a in spec.abi
+                    if a.ctype != "ptr" and a.name != "dtype" and a.name not in spec.dim_names)
+    return AbiLayout(tensors, mutated, scalars, tuple(spec.dim_names))
+
+
+def adapter_mismatch(spec, adapter: OpAdapter) -> Optional[str]:
+    """Why this adapter cannot drive this spec's ABI (names drifted), or None."""
+    lay = abi_layout(spec)
+    names = set(lay.tensors)
+    need = {adapter.data, *adapter.same_dtype, *adapter.fp32, *adapter.rowwise, *adapter.alloc}
+    missing = sorted(need - names)
+    if missing:
+        return f"the {spec.name} adapter expects ABI tensors {missing} that the spec does not declare"
+    return None
+
+
+def torch_schema(spec) -> str:
+    """The torch.library schema of the op's custom op, from the spec's ABI."""
+    lay = abi_layout(spec)
+    parts = []
+    for i, n in enumerate(lay.tensors):
+        parts.append(f"Tensor(a{i}!) {n}" if n in lay.mutated else f"Tensor {n}")
+    for n, ct in lay.scalars:
+        parts.append(f"{'float' if ct == 'f64' else 'int'} {n}")
+    return f"({', '.join(parts)}) -> ()"
+
+
+# ---------------------------------------------------------------------- binding calls
+class Binder:
+    """Maps one callable's (args, kwargs) to canonical arguments, fast.
+
+    inspect.Signature.bind costs ~10 µs; this precomputes the parameter table once.
+    """
+
+    def __init__(self, fn: Callable, adapter: OpAdapter, spec):
+        self.adapter = adapter
+        self.layout = abi_layout(spec)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        self.ok = sig is not None and not any(
+            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values())
+        self.params: Tuple[str, ...] = ()
+        self.positional: Tuple[str, ...] = ()
+        self.defaults: Dict[str, Any] = {}
+        self.problem: Optional[str] = None
+        if not self.ok:
+            self.problem = "its signature cannot be read (varargs or builtin)"
+            return
+        assert sig is not None
+        self.params = tuple(sig.parameters)
+        self.positional = tuple(n for n, p in sig.parameters.items()
+                                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+        canon_names = set(self.layout.tensors) | {n for n, _ in self.layout.scalars}
+        mapped = {adapter.canonical(p) for p in self.params}
+        required = [n for n in self.layout.tensors if n not in adapter.alloc] + [n for n, _ in self.layout.scalars]
+        missing = [n for n in required if n not in mapped]
+        if missing:
+            self.ok = False
+            self.problem = f"no parameter for ABI argument(s) {', '.join(missing)}"
+        self.canon_of = {p: adapter.canonical(p) for p in self.params if adapter.canonical(p) in canon_names}
+
+    def bind(self, args: Tuple[Any, ...], kwargs: Mapping[str, Any]):
+        """-> (canonical dict, full argument dict) or (None, reason)."""
+        if len(args) > len(self.positional):
+            return None, "more positional arguments than the signature takes"
+        vals = dict(zip(self.positional, args))
+        for k, v in kwargs.items():
+            if k in vals or k not in self.params:
+                return None, f"unexpected argument {k!r}"
+            vals[k] = v
+        canon: Dict[str, Any] = {}
+        for p in self.params:
+            if p in vals:
+                v = vals[p]
+            elif p in self.defaults:
+                v = self.defaults[p]
+            else:
+                return None, f"missing argument {p!r}"
+            c = self.canon_of.get(p)
+            if c is not None:
+                canon[c] = v
+            elif p in self.adapter.ignorable:
+                continue
+            elif p in vals and not _same_default(v, self.defaults.get(p, _NO)):
+                return None, f"argument {p}={_short(v)} is not the op's contract"
+        return canon, vals
+
+    def call_with(self, fn: Callable, vals: Mapping[str, Any], canon: Mapping[str, Any]):
+        """Call `fn` with the original arguments, canonical ones replaced by `canon`'s."""
+        kw = dict(vals)
+        for p, c in self.canon_of.items():
+            if c in canon:
+                kw[p] = canon[c]
+        pos = []
+        for p in self.positional:  # leading positional run; the rest go by keyword
+            if p not in kw:
+                break
+            pos.append(kw.pop(p))
+        return fn(*pos, **kw)
+
+
+class _No:
+    pass
+
+
+_NO = _No()
+
+
+def _same_default(v: Any, d: Any) -> bool:
+    if d is _NO:
+        return False
+    try:
+        return v is d or bool(v == d)
+    except Exception:
+        return False
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."

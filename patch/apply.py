@@ -1,0 +1,429 @@
+"""Putting the astra ops into a running Python process that uses SGLang.
+
+For every op, each SGLang callable in the spec's `replaces` list is resolved on its
+module (now, or when that module is imported later) and replaced there by a wrapper
+that maps the call onto the op's ABI (adapters.py) and runs the astra kernel
+(ops.OpState), or SGLang's original for anything the adapter does not cover.
+
+Import-time bindings (`from sgl_kernel import silu_and_mul [as x]`, in any module, under
+any alias, imported before or after activation) are found by identity: every module in
+sys.modules whose globals hold an original is rebound to its replacement, and modules
+imported later are rebound as they finish executing (an exec_module hook on the
+loaders of sglang / sgl_kernel / flashinfer modules). Call-time lookups (`X.f`, imports
+inside functions) see the replaced attribute. JIT module factories found by discovery
+(functions that JIT-build the op's production .cuh) are wrapped so the modules they
+return route the op's methods to the astra op.
+
+Everything is undone by `Patcher.revert()`.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from astra_sglang.errors import AstraError
+
+from .adapters import Binder, JitRoute, OpAdapter, adapter_mismatch, get_adapter
+from .counters import CounterFile, default_dir
+from .ops import OpState, bypassing, is_tracing
+
+log = logging.getLogger("astra_sglang.patch")
+
+WATCH_PREFIXES = ("sglang", "sgl_kernel", "flashinfer")
+
+
+@dataclass
+class Replacement:
+    op: str
+    target: str
+    original: Any
+    wrapper: Any
+
+
+@dataclass
+class TargetStatus:
+    target: str
+    state: str  # "patched" | "absent" (module not imported/installed yet) | "unsupported: ..."
+    rebound: List[str] = field(default_factory=list)  # "module:name" rebound to the wrapper
+
+
+class Patcher:
+    """Applies a set of OpStates to this process; idempotent; revertible."""
+
+    def __init__(self, states: Mapping[str, OpState], factories: Sequence[Tuple[str, str, str, str]] = ()):
+        """factories: (op, module, function, cuda_file) from discovery's jit_factory sites."""
+        self.states = dict(states)
+        self.factories = list(factories)
+        self.by_original: Dict[int, Replacement] = {}
+        self.wrappers: Set[int] = set()
+        self.saved: List[Tuple[Dict[str, Any], str, Any]] = []  # (namespace, name, old value)
+        self.status: Dict[str, Dict[str, TargetStatus]] = {
+            op: {t: TargetStatus(t, "absent") for t in st.targets} for op, st in self.states.items()}
+        self.wrapped_factories: Dict[Tuple[str, str], Any] = {}
+        self._watch: Set[str] = set(WATCH_PREFIXES)
+        for st in self.states.values():
+            for t in st.targets:
+                self._watch.add(t.split(":")[0].split(".")[0])
+        self._lock = threading.RLock()
+        self._hook: Optional[_ExecHook] = None
+        self.active = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def activate(self) -> "Patcher":
+        with self._lock:
+            self.active = True
+            self._resolve_all()
+            self._hook = _ExecHook(self)
+            sys.meta_path.insert(0, self._hook)
+        return self
+
+    def revert(self) -> None:
+        with self._lock:
+            if self._hook is not None and self._hook in sys.meta_path:
+                sys.meta_path.remove(self._hook)
+            self._hook = None
+            for ns, name, old in reversed(self.saved):
+                ns[name] = old
+            self.saved.clear()
+            self.by_original.clear()
+            self.wrappers.clear()
+            self.wrapped_factories.clear()
+            self.active = False
+            for st in self.states.values():
+                st.counters.set_status(st.name, state="reverted")
+
+    # ------------------------------------------------------------------ resolution
+    def _resolve_all(self) -> None:
+        for op, st in self.states.items():
+            for t in st.targets:
+                mod_name = t.split(":")[0]
+                if mod_name in sys.modules:
+                    self._register(op, t, sys.modules[mod_name])
+        self._scan_all()
+        for op, mod_name, fn, cfile in self.factories:
+            if mod_name in sys.modules:
+                self._wrap_factory(op, sys.modules[mod_name], fn, cfile)
+
+    def _register(self, op: str, target: str, module) -> bool:
+        """Resolve `target` on its (imported) module; True if a new original was found."""
+        st = self.states[op]
+        name = target.split(":", 1)[1]
+        obj = getattr(module, name, None)
+        if obj is None:
+            self.status[op][target].state = "absent"
+            return False
+        if id(obj) in self.wrappers:
+            self.status[op][target].state = "patched"
+            return False
+        if id(obj) in self.by_original:
+            self.status[op][target].state = "patched"
+            return False
+        if not callable(obj):
+            self.status[op][target].state = f"unsupported: {type(obj).__name__} is not callable"
+            return False
+        binder = Binder(obj, st.adapter, st.spec)
+        if not binder.ok:
+            self.status[op][target].state = f"unsupported: {binder.problem}"
+            return False
+        wrapper = make_replacement(st, binder, obj, target)
+        self.by_original[id(obj)] = Replacement(op, target, obj, wrapper)
+        self.wrappers.add(id(wrapper))
+        self.status[op][target].state = "patched"
+        if st.default_original is None:
+            st.default_original = _canonical_caller(binder, obj)
+        return True
+
+    def _rebind(self, module) -> None:
+        try:
+            ns = vars(module)
+        except TypeError:
+            return
+        if not isinstance(ns, dict):
+            return
+        mname = getattr(module, "__name__", "?")
+        if mname.startswith("astra_sglang.patch"):
+            return
+        for k, v in list(ns.items()):
+            rep = self.by_original.get(id(v))
+            if rep is not None and v is rep.original:
+                self.saved.append((ns, k, v))
+                ns[k] = rep.wrapper
+                self.status[rep.op][rep.target].rebound.append(f"{mname}:{k}")
+
+    def _scan_all(self) -> None:
+        if not self.by_original:
+            return
+        for m in list(sys.modules.values()):
+            if m is not None:
+                self._rebind(m)
+
+    def on_module_executed(self, module) -> None:
+        """Called right after a watched module finished executing (the import hook)."""
+        if not self.active:
+            return
+        with self._lock:
+            name = module.__name__
+            new = False
+            for op, st in self.states.items():
+                for t in st.targets:
+                    if t.split(":")[0] == name:
+                        new |= self._register(op, t, module)
+            if new:
+                self._scan_all()
+            else:
+                self._rebind(module)
+            for op, mod_name, fn, cfile in self.factories:
+                if mod_name == name:
+                    self._wrap_factory(op, module, fn, cfile)
+
+    def watches(self, fullname: str) -> bool:
+        return fullname.split(".")[0] in self._watch
+
+    # ------------------------------------------------------------------ JIT factories
+    def _wrap_factory(self, op: str, module, fn: str, cuda_file: str) -> None:
+        st = self.states[op]
+        routes = st.adapter.jit_routes.get(cuda_file, ())
+        key = (module.__name__, fn)
+        if not routes or key in self.wrapped_factories:
+            return
+        ns = vars(module)
+        orig = ns.get(fn)
+        if orig is None or not callable(orig):
+            return
+        wrapper = make_factory_wrapper(st, orig, routes)
+        self.saved.append((ns, fn, orig))
+        ns[fn] = wrapper
+        self.wrapped_factories[key] = wrapper
+
+    # ------------------------------------------------------------------ report
+    def summary(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for op, targets in self.status.items():
+            st = self.states[op]
+            out[op] = {
+                "backend": st.backend.name,
+                "disabled": st.disabled,
+                "targets": {t: {"state": s.state, "rebound": list(s.rebound)} for t, s in targets.items()},
+                "jit_factories": [f"{m}:{f}" for (m, f) in self.wrapped_factories
+                                  if any(o == op and m == mm and f == ff for o, mm, ff, _ in self.factories)],
+            }
+        return out
+
+
+def _canonical_caller(binder: Binder, fn: Callable) -> Callable[[Dict[str, Any]], Any]:
+    """Call SGLang's original with canonical arguments (for compiled graphs' self-check)."""
+    return lambda canon: binder.call_with(fn, {}, canon)
+
+
+def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -> Callable:
+    import torch
+
+    ad = st.adapter
+
+    def replacement(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            if st.disabled:
+                return orig(*args, **kwargs)
+            canon, vals = binder.bind(args, kwargs)
+            if canon is None:
+                return orig(*args, **kwargs)
+            prep = st.prepare(canon)
+            if isinstance(prep, str):
+                return orig(*args, **kwargs)
+            st.emit(canon)
+            return ad.returns(canon)
+        if st.disabled or bypassing():
+            if st.disabled:
+                st.fallback("")
+            return orig(*args, **kwargs)
+        canon, vals = binder.bind(args, kwargs)
+        if canon is None:
+            st.fallback(vals)
+            return orig(*args, **kwargs)
+        prep = st.prepare(canon)
+        if isinstance(prep, str):
+            st.fallback(prep)
+            return orig(*args, **kwargs)
+        views, dims, dt = prep
+        if is_tracing(views[ad.data]):
+            st.emit(canon)
+            return ad.returns(canon)
+        st.execute(views, dims, dt, lambda c: binder.call_with(orig, vals, c))
+        return ad.returns(canon)
+
+    functools.update_wrapper(replacement, orig)
+    replacement.__astra_original__ = orig  # type: ignore[attr-defined]
+    replacement.__astra_op__ = st.name  # type: ignore[attr-defined]
+    replacement.__astra_target__ = target  # type: ignore[attr-defined]
+    return replacement
+
+
+# ---------------------------------------------------------------------- JIT factories
+class _JitModuleProxy:
+    """Stands in for a JIT module: the op's methods go to the astra op, the rest (and
+    everything the adapter does not accept) to the real module, built on first need."""
+
+    def __init__(self, st: OpState, build: Callable[[], Any], routes: Sequence[JitRoute]):
+        self._st = st
+        self._build = build
+        self._real_mod = None
+        self._routes = {r.method: r for r in routes}
+
+    def _real(self):
+        if self._real_mod is None:
+            self._real_mod = self._build()
+        return self._real_mod
+
+    def __getattr__(self, name: str):
+        route = self._routes.get(name)
+        if route is None:
+            return getattr(self._real(), name)
+        st = self._st
+
+        def method(*args):
+            real = lambda *a: getattr(self._real(), name)(*a)  # noqa: E731
+            if st.disabled or bypassing() or not route.match(args):
+                return real(*args)
+            canon = {p: a for p, a in zip(route.params, args) if not p.startswith("=")}
+
+            def original(c):
+                return real(*[a if p.startswith("=") else c.get(p, a) for p, a in zip(route.params, args)])
+
+            prep = st.prepare(canon)
+            if isinstance(prep, str):
+                st.fallback(prep)
+                return real(*args)
+            views, dims, dt = prep
+            st.execute(views, dims, dt, original)
+            return None
+
+        return method
+
+
+def make_factory_wrapper(st: OpState, factory: Callable, routes: Sequence[JitRoute]) -> Callable:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        sig = None
+    proxies: Dict[Any, _JitModuleProxy] = {}
+
+    def wrapper(*args, **kwargs):
+        if st.disabled or bypassing() or sig is None:
+            return factory(*args, **kwargs)
+        try:
+            b = sig.bind(*args, **kwargs)
+        except TypeError:
+            return factory(*args, **kwargs)
+        b.apply_defaults()
+        live = [r for r in routes if r.factory_ok(b.arguments)]
+        if not live:
+            return factory(*args, **kwargs)
+        try:
+            key = (args, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in proxies:
+            return proxies[key]
+        p = _JitModuleProxy(st, lambda: factory(*args, **kwargs), live)
+        if key is not None:
+            proxies[key] = p
+        return p
+
+    functools.update_wrapper(wrapper, factory)
+    wrapper.__astra_original__ = factory  # type: ignore[attr-defined]
+    wrapper.__astra_op__ = st.name  # type: ignore[attr-defined]
+    return wrapper
+
+
+# ---------------------------------------------------------------------- import hook
+class _ExecHook:
+    """A meta-path finder that never finds anything itself: for watched modules it asks
+    the other finders, then wraps the found loader's exec_module (on the loader instance,
+    so isinstance checks and resource readers are untouched) to call the patcher after
+    the module body ran."""
+
+    def __init__(self, patcher: Patcher):
+        self.patcher = patcher
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not self.patcher.watches(fullname):
+            return None
+        if getattr(self._busy, "name", None) == fullname:
+            return None
+        self._busy.name = fullname
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.name = None
+        if spec is None or spec.loader is None or isinstance(spec.loader, type):
+            return spec
+        loader = spec.loader
+        inner = getattr(loader, "exec_module", None)
+        if inner is None or getattr(inner, "__astra_hook__", False):
+            return spec
+        patcher = self.patcher
+
+        def exec_module(module, _inner=inner):
+            _inner(module)
+            try:
+                patcher.on_module_executed(module)
+            except Exception:  # never break an import
+                log.exception("astra-sglang: patching %s after import failed", module.__name__)
+
+        exec_module.__astra_hook__ = True  # type: ignore[attr-defined]
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):
+            pass
+        return spec
+
+
+# ---------------------------------------------------------------------- building backends
+def cache_root() -> Path:
+    import os
+
+    from .config import ENV_CACHE
+
+    return Path(os.environ.get(ENV_CACHE) or (Path.home() / ".cache" / "astra-sglang" / "patch"))
+
+
+def kernel_source(op: str, candidate: Optional[Path] = None) -> Path:
+    from astra_sglang.registry import op_dir
+
+    src = Path(candidate) if candidate else op_dir(op) / "kernel.cu"
+    if not src.exists():
+        what = f"candidate {src}" if candidate else f"kernels/{op}/kernel.cu"
+        raise AstraError(f"{what} not found: nothing to patch {op} with")
+    return src
+
+
+def build_kernel(op: str, candidate: Optional[Path] = None, arch: Optional[str] = None) -> Path:
+    """nvcc-build (cached) kernels/<op>/kernel.cu or a candidate: -O3 -std=c++17 -gencode <arch>."""
+    import os
+
+    from astra_sglang.build import build_shared, detect_arch, first_error_line, parse_arch
+
+    from .config import ENV_ARCH
+
+    src = kernel_source(op, candidate)
+    a = parse_arch(arch or os.environ.get(ENV_ARCH) or "") if (arch or os.environ.get(ENV_ARCH)) else detect_arch()
+    flags = [a.gencode("sglang_jit"), "-O3", "-std=c++17", "-Xcompiler", "-fPIC"]
+    res = build_shared(src, [], flags, cache_root() / op, f"{op}:{src.resolve()}")
+    if not res.ok:
+        raise AstraError(f"{src} does not compile for {a.sm}: {first_error_line(res.log)}")
+    return res.library

@@ -1,0 +1,266 @@
+"""`astra-sglang patch` and `astra-sglang validate`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import click
+
+from astra_sglang.errors import AstraError
+
+from . import config as cfg
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"  · {msg}", err=True)
+
+
+def _ops(text: Optional[str]) -> List[str]:
+    from . import patchable_ops
+
+    return cfg.parse_ops(text if text is not None else "all", patchable_ops())
+
+
+def _candidates(items: Sequence[str]) -> Dict[str, Path]:
+    from . import patchable_ops
+
+    out = cfg.parse_pairs(";".join(items), "candidate")
+    for op, p in out.items():
+        if op not in patchable_ops():
+            raise AstraError(f"--candidate {op}=...: unknown op; patchable ops: {', '.join(patchable_ops())}")
+        if not p.is_file():
+            raise AstraError(f"--candidate {op}={p}: no such file")
+    return out
+
+
+def _discovery(ops: List[str], sglang_src: Optional[Path]):
+    from astra_sglang.registry import get_op
+
+    from . import discovery_cached
+    from .discover import discover_for_specs
+
+    specs = [get_op(o) for o in ops]
+    if sglang_src:
+        src = Path(sglang_src)
+        pkg = src / "sglang" if (src / "sglang" / "__init__.py").exists() else (
+            src / "python" / "sglang" if (src / "python" / "sglang" / "__init__.py").exists() else src)
+        if not (pkg / "__init__.py").exists():
+            raise AstraError(f"--sglang-src {src}: no sglang package there (expected {src}/sglang/__init__.py)")
+        return discover_for_specs(specs, roots={"sglang": pkg})
+    disc = discovery_cached(specs)
+    if disc is None:
+        raise AstraError("sglang is not installed here: install it (`pip install --no-deps sglang` is enough to "
+                         "scan it) or pass --sglang-src PATH")
+    return disc
+
+
+def _jit_methods(ops: List[str]) -> Dict[str, List[str]]:
+    from .adapters import get_adapter
+
+    return {o: [r.method for rs in get_adapter(o).jit_routes.values() for r in rs] for o in ops}
+
+
+@click.command("patch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                         "help_option_names": ["-h", "--help"]})
+@click.option("--serve", is_flag=True, help="Start an SGLang server (python -m sglang.launch_server ARGS) with the patch.")
+@click.option("--dry-run", is_flag=True, help="Report what would be patched where (discovery over the installed SGLang); start nothing.")
+@click.option("--ops", "ops_text", default="all", show_default=True,
+              help="Comma-separated ops, 'all', or 'none' (the same server unpatched, for A/B).")
+@click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
+              help="Serve OP with this kernel instead of kernels/OP/kernel.cu (repeatable).")
+@click.option("--self-check", type=click.Choice(cfg.SELF_CHECK_MODES), default="first", show_default=True,
+              help="Check each op against SGLang's original on first use per shape class (or always, or off).")
+@click.option("--counter-dir", type=click.Path(path_type=Path),
+              help="Where the server's processes write their counters (default: a fresh directory under $TMPDIR).")
+@click.option("--counters", "show_counters", type=click.Path(path_type=Path),
+              help="Print the counters a patched server wrote to DIR, and exit.")
+@click.option("--sglang-src", type=click.Path(path_type=Path), help="Scan this SGLang source (checkout or unpacked wheel) for --dry-run.")
+@click.option("--arch", help="Build the kernels for this arch (default: the local GPU's), e.g. sm_90.")
+@click.option("--python", "python_exe", default=sys.executable, show_default=True, help="Python that runs the server.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output for --dry-run and --counters.")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir, show_counters, sglang_src, arch,
+              python_exe, as_json, server_args):
+    """Serve SGLang with the astra kernels in every process: `patch --serve [--ops ...] -- <launch_server args>`."""
+    from .counters import format_table, read_counters, totals
+
+    if show_counters:
+        if not Path(show_counters).is_dir():
+            raise AstraError(f"--counters {show_counters}: no such directory")
+        procs = read_counters(show_counters)
+        if as_json:
+            click.echo(json.dumps({"processes": [p.__dict__ for p in procs], "totals": totals(show_counters)}, indent=1))
+        else:
+            click.echo(format_table(procs) if procs else f"no counter files in {show_counters}")
+        return
+    if not serve and not dry_run:
+        raise AstraError("give --serve (start a patched server), --dry-run (report what would be patched) "
+                         "or --counters DIR")
+    ops = _ops(ops_text)
+    candidates = _candidates(candidate_items)
+    stray = sorted(set(candidates) - set(ops))
+    if stray:
+        raise AstraError(f"--candidate for {', '.join(stray)}, which --ops does not patch")
+    server_args = list(server_args)
+    if server_args and server_args[0] == "--":
+        server_args = server_args[1:]
+    if serve and not server_args and not dry_run:
+        raise AstraError("no server arguments: give them after `--`, e.g. "
+                         "`astra-sglang patch --serve -- --model-path DIR --port 30000`")
+    if counter_dir:
+        cdir = Path(counter_dir)
+    elif dry_run:
+        cdir = Path(tempfile.gettempdir()) / "astra-sglang-counters-<new>"
+    else:
+        cdir = Path(tempfile.mkdtemp(prefix="astra-sglang-counters-"))
+
+    disc = None
+    if ops:
+        disc = _discovery(ops, sglang_src if dry_run else None)
+    if dry_run:
+        _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, arch, as_json)
+        return
+
+    env = dict(os.environ)
+    for k in (cfg.ENV_OPS, cfg.ENV_LIBS, cfg.ENV_CANDIDATES, cfg.ENV_PLAN):
+        env.pop(k, None)
+    env[cfg.ENV_OPS] = ",".join(ops) if ops else "none"
+    env[cfg.ENV_COUNTER_DIR] = str(cdir)
+    env[cfg.ENV_SELF_CHECK] = self_check
+    if ops:
+        from .apply import build_kernel
+        from . import STARTUP_DIR
+
+        libs = {}
+        for op in ops:
+            t0 = time.perf_counter()
+            libs[op] = build_kernel(op, candidates.get(op), arch)
+            _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {libs[op]} "
+                      f"({time.perf_counter() - t0:.1f}s)")
+            empty = not disc.for_op(op)
+            if empty:
+                _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
+        cdir.mkdir(parents=True, exist_ok=True)
+        plan = cdir / "plan.json"
+        plan.write_text(disc.to_json())
+        env[cfg.ENV_LIBS] = cfg.format_pairs(libs)
+        env[cfg.ENV_PLAN] = str(plan)
+        if candidates:
+            env[cfg.ENV_CANDIDATES] = cfg.format_pairs(candidates)
+        pp = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + ([pp] if pp else []))
+    cmd = [python_exe, "-m", "sglang.launch_server", *server_args]
+    _progress(f"ops: {', '.join(ops) or 'none (unpatched)'}; self-check: {self_check}")
+    _progress(f"counters: astra-sglang patch --counters {cdir}")
+    _progress("server: " + " ".join(cmd))
+    rc = _run_forwarding_signals(cmd, env)
+    procs = read_counters(cdir)
+    if procs:
+        click.echo(format_table(procs), err=True)
+    if ops:
+        tot = totals(cdir)
+        never = [o for o in ops if tot.get(o, {}).get("calls", 0) == 0]
+        disabled = [o for o in ops if tot.get(o, {}).get("disabled", 0)]
+        if disabled:
+            click.echo(f"astra-sglang: DISABLED during the run (self-check or kernel error): {', '.join(disabled)}", err=True)
+        if never:
+            click.echo(f"astra-sglang: patched op(s) never ran (0 astra kernel calls): {', '.join(never)}; "
+                       "not reporting success", err=True)
+            sys.exit(3)
+    sys.exit(rc)
+
+
+def _run_forwarding_signals(cmd: List[str], env: Dict[str, str]) -> int:
+    proc = subprocess.Popen(cmd, env=env)
+    forwarded = {"n": 0}
+
+    def fwd(sig, frame):
+        forwarded["n"] += 1
+        try:
+            proc.send_signal(sig if forwarded["n"] < 3 else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, fwd) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    # a server we stopped on request ended normally
+    if forwarded["n"] and rc in (-signal.SIGINT, -signal.SIGTERM, 130, 143, 0):
+        return 0
+    return rc if rc >= 0 else 128 - rc
+
+
+def _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, arch, as_json) -> None:
+    from astra_sglang.build import find_nvcc
+
+    from .adapters import get_adapter
+    from .apply import kernel_source
+    from .discover import format_report
+
+    sources = {}
+    for op in ops:
+        try:
+            sources[op] = str(kernel_source(op, candidates.get(op)))
+        except AstraError as e:
+            sources[op] = f"MISSING ({e})"
+    try:
+        nvcc = find_nvcc()
+    except AstraError as e:
+        nvcc = f"not found ({e})"
+    env = {cfg.ENV_OPS: ",".join(ops) if ops else "none", cfg.ENV_COUNTER_DIR: str(cdir), cfg.ENV_SELF_CHECK: self_check}
+    cmd = [python_exe, "-m", "sglang.launch_server", *server_args]
+    if as_json:
+        click.echo(json.dumps({
+            "ops": ops,
+            "kernels": sources,
+            "nvcc": nvcc,
+            "discovery": json.loads(disc.to_json()) if disc else None,
+            "env": env,
+            "command": cmd,
+        }, indent=1))
+        return
+    if disc is not None:
+        click.echo(format_report(disc, ops, _jit_methods(ops)))
+    click.echo("\nkernels:")
+    for op in ops:
+        click.echo(f"  {op}: {sources[op]}")
+    click.echo(f"build: nvcc {nvcc}; -O3 -std=c++17 -gencode for {arch or 'the local GPU'}")
+    click.echo("\nwould run: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd))
+    click.echo("(dry run: nothing built, nothing started)")
+
+
+# ---------------------------------------------------------------------- validate
+@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--ops", "ops_text", default="all", show_default=True, help="Comma-separated ops or 'all'.")
+@click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
+              help="Validate this kernel instead of kernels/OP/kernel.cu (repeatable).")
+@click.option("--dtypes", default="fp16,bf16", show_default=True)
+@click.option("--shapes", default="validate", show_default=True,
+              help="'validate' (decode + prefill + edge samples), a spec tag (paper, decode, prefill, edge), or AxB,...")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the results here too.")
+def validate_cmd(ops_text, candidate_items, dtypes, shapes, seed, json_out):
+    """Run SGLang's own layers (SiluAndMul, RMSNorm with residual, merge_state) with and without the patch."""
+    from .validate import format_results, validate
+
+    ops = _ops(ops_text)
+    if not ops:
+        raise AstraError("--ops none: nothing to validate")
+    results = validate(ops, candidates=_candidates(candidate_items), dtypes=[d.strip() for d in dtypes.split(",")],
+                       shapes=shapes, seed=seed, progress=_progress)
+    click.echo(format_results(results))
+    if json_out:
+        Path(json_out).write_text(json.dumps([r.__dict__ for r in results], indent=1, default=str))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise AstraError(f"{len(failed)} of {len(results)} validation case(s) failed")

@@ -1,0 +1,392 @@
+"""One patched op in one process: its backend, torch custom op, self-check and counters.
+
+The replacement of every SGLang callable of an op ends in `OpState.execute`, which
+
+1. self-checks the astra kernel against SGLang's original on the first call of each
+   (dtype, shape class) (ASTRA_SGLANG_SELF_CHECK: first | always | off): up to
+   `check_rows` token rows (half from the start, half from the end) are run through the
+   original on copies, the astra kernel runs on the real tensors, and every output and
+   in-place side effect is compared on those rows under the op's tolerance rule (the
+   `check` module's: err vs fp64 <= max(k * production's err, dtype floor)). A mismatch
+   restores the original's result, disables the op in this process and says so on stderr;
+2. launches the kernel on the caller's current stream, counting the call (and, while a
+   CUDA graph is being captured, that it was captured);
+3. never self-checks while a graph is captured (no host sync there): an unchecked shape
+   class met during capture is served by the original, which is what gets captured.
+
+The op is also a torch custom op, astra_sglang::<op> (mutating its outputs, schema from
+the spec's ABI, a fake impl), so torch.compile traces it as one opaque node; eager calls
+skip the dispatcher and run `execute` directly.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
+
+from astra_sglang.errors import AstraError
+
+from .adapters import OpAdapter, abi_layout, dtype_code_name, torch_schema
+from .counters import CounterFile
+
+log = logging.getLogger("astra_sglang.patch")
+
+LIB_NS = "astra_sglang"
+DEFAULT_CHECK_ROWS = 256
+
+_tls = threading.local()
+
+
+def bypassing() -> bool:
+    """True while SGLang's originals must run unpatched (inside a self-check)."""
+    return getattr(_tls, "bypass", 0) > 0
+
+
+class _Bypass:
+    def __enter__(self):
+        _tls.bypass = getattr(_tls, "bypass", 0) + 1
+
+    def __exit__(self, *exc):
+        _tls.bypass -= 1
+
+
+def is_tracing(t) -> bool:
+    """A fake/meta tensor, or torch.compile tracing: emit the custom op, do not run."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return True
+    return t.device.type == "meta" or type(t).__name__ == "FakeTensor"
+
+
+# ---------------------------------------------------------------------- backends
+class KernelError(AstraError):
+    pass
+
+
+class KernelBackend:
+    """An astra-ABI shared library (kernels/<op>/kernel.cu or a candidate) via ctypes."""
+
+    devices: FrozenSet[str] = frozenset({"cuda"})
+
+    def __init__(self, spec, lib_path, source: str = ""):
+        from astra_sglang.runtime import KernelLib
+
+        self.lib = KernelLib(lib_path, spec)
+        self.name = f"kernel {source or lib_path}"
+        self.dtypes = frozenset(spec.dtypes)
+
+    def launch(self, views: Dict[str, Any], dims: Tuple[int, ...], dtype: str, scalars: Dict[str, Any]) -> None:
+        import torch
+
+        dev = views[next(iter(views))].device
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        if dev.index is not None and dev.index != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                rc = self.lib(views, dims, dtype, scalars, stream=stream)
+        else:
+            rc = self.lib(views, dims, dtype, scalars, stream=stream)
+        if rc != 0:
+            raise KernelError(f"{self.name} returned cudaError {rc}")
+
+
+class TorchBackend:
+    """A torch implementation of the ABI: fn(views, dims, scalars) writes the outputs.
+
+    For CPU stand-ins (tests) and for reference runs; never the served kernel on a GPU
+    unless asked for explicitly.
+    """
+
+    def __init__(self, name: str, fn: Callable[..., None], devices=("cpu",), dtypes=("fp32", "fp16", "bf16")):
+        self.name = name
+        self.fn = fn
+        self.devices = frozenset(devices)
+        self.dtypes = frozenset(dtypes)
+
+    def launch(self, views, dims, dtype, scalars) -> None:
+        self.fn(views, dims, scalars)
+
+
+# ---------------------------------------------------------------------- custom op registry
+_LIB = None
+_DEFINED: Set[str] = set()
+_IMPL: Dict[str, "OpState"] = {}
+
+
+def _ensure_custom_op(state: "OpState") -> None:
+    """Define astra_sglang::<op> once per process; its impl dispatches to the live state."""
+    global _LIB
+    import torch
+
+    name = state.spec.name
+    _IMPL[name] = state
+    if name in _DEFINED:
+        return
+    if _LIB is None:
+        _LIB = torch.library.Library(LIB_NS, "FRAGMENT")
+    lay = state.layout
+    _LIB.define(name + torch_schema(state.spec))
+    names = list(lay.tensors) + [n for n, _ in lay.scalars]
+
+    def impl(*args):
+        st = _IMPL[name]
+        canon = dict(zip(names, args))
+        st.run_canonical(canon, original=None)
+
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+
+    def fake(*args):
+        return None
+
+    torch.library.register_fake(f"{LIB_NS}::{name}", fake, lib=_LIB)
+    _DEFINED.add(name)
+
+
+def custom_op(name: str):
+    import torch
+
+    return getattr(getattr(torch.ops, LIB_NS), name)
+
+
+# ---------------------------------------------------------------------- the op's state
+@dataclass
+class CheckResult:
+    ok: bool
+    detail: str
+    errors: Dict[str, Tuple[float, float, float]] = field(default_factory=dict)  # name -> (err, prod_err, tol)
+
+
+class OpState:
+    def __init__(self, spec, adapter: OpAdapter, backend, counters: CounterFile, self_check: str = "first",
+                 check_rows: int = DEFAULT_CHECK_ROWS, targets: Tuple[str, ...] = ()):
+        self.spec = spec
+        # the SGLang callables ("module:function") this op replaces
+        self.targets: Tuple[str, ...] = tuple(dict.fromkeys(tuple(spec.replaces) + tuple(targets)))
+        self.adapter = adapter
+        self.layout = abi_layout(spec)
+        self.backend = backend
+        self.counters = counters
+        self.mode = self_check
+        self.check_rows = max(2, int(check_rows))
+        self.checked: Set[Tuple[Any, ...]] = set()
+        self.disabled: Optional[str] = None
+        self.default_original: Optional[Callable[[Dict[str, Any]], Any]] = None
+        self.last_check: Optional[CheckResult] = None
+        _ensure_custom_op(self)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # ------------------------------------------------------------ support
+    def prepare(self, canon: Dict[str, Any]):
+        """Allocate optional outputs; -> (views, dims, dtype) or a reason to fall back."""
+        ad = self.adapter
+        for n, mk in ad.alloc.items():
+            if canon.get(n) is None:
+                canon[n] = mk(canon)
+        import torch
+
+        for n in self.layout.tensors:
+            if not isinstance(canon.get(n), torch.Tensor):
+                return f"{n} is not a tensor"
+        data = canon[ad.data]
+        dt = dtype_code_name(data)
+        if dt is None or dt not in self.spec.dtypes or dt not in self.backend.dtypes:
+            return f"dtype {data.dtype} not supported"
+        for n in ad.same_dtype:
+            if canon[n].dtype != data.dtype:
+                return f"{n} is {canon[n].dtype}, {ad.data} is {data.dtype}"
+        for n in ad.fp32:
+            if canon[n].dtype != torch.float32:
+                return f"{n} is {canon[n].dtype}, not float32"
+        dev = data.device
+        for n in self.layout.tensors:
+            if canon[n].device != dev:
+                return f"{n} on {canon[n].device}, {ad.data} on {dev}"
+        if dev.type not in self.backend.devices and dev.type != "meta":
+            return f"device {dev.type} (the {self.backend.name} runs on {', '.join(sorted(self.backend.devices))})"
+        res = ad.normalize(canon)
+        if isinstance(res, str):
+            return res
+        views, dims = res
+        if any(d == 0 for d in dims):
+            return "empty tensor"
+        for n, _ in self.layout.scalars:
+            views[n] = canon[n]
+        return views, dims, dt
+
+    def scalars(self, canon: Dict[str, Any]) -> Dict[str, Any]:
+        return {n: (float(canon[n]) if ct == "f64" else int(canon[n])) for n, ct in self.layout.scalars}
+
+    def emit(self, canon: Dict[str, Any]) -> None:
+        """torch.compile path: one opaque custom-op node."""
+        args = [canon[n] for n in self.layout.tensors] + [canon[n] for n, _ in self.layout.scalars]
+        custom_op(self.name)(*args)
+
+    # ------------------------------------------------------------ execution
+    def fallback(self, reason: str) -> None:
+        self.counters.bump(self.name, "fallbacks")
+        if reason and reason not in _seen_reasons.setdefault(self.name, set()) and len(_seen_reasons[self.name]) < 20:
+            _seen_reasons[self.name].add(reason)
+            log.info("astra-sglang %s: SGLang's original serves a call: %s", self.name, reason)
+
+    def run_canonical(self, canon: Dict[str, Any], original: Optional[Callable[[Dict[str, Any]], Any]]) -> None:
+        """Entry of the custom op's impl (compiled graphs): prepare, then execute."""
+        orig = original or self.default_original
+        prep = self.prepare(canon)
+        if isinstance(prep, str) or self.disabled:
+            if orig is None:
+                raise AstraError(f"astra-sglang {self.name}: {prep if isinstance(prep, str) else self.disabled}, "
+                                 "and no original to fall back to")
+            self.fallback(prep if isinstance(prep, str) else "op disabled")
+            with _Bypass():
+                orig(canon)
+            return
+        views, dims, dt = prep
+        self.execute(views, dims, dt, orig)
+
+    def shape_class(self, dims: Tuple[int, ...], dt: str) -> Tuple[Any, ...]:
+        t = dims[0]
+        return (dt, 1 << max(0, (t - 1).bit_length())) + tuple(dims[1:])
+
+    def execute(self, views: Dict[str, Any], dims: Tuple[int, ...], dt: str,
+                original: Optional[Callable[[Dict[str, Any]], Any]]) -> None:
+        import torch
+
+        cls = self.shape_class(dims, dt)
+        dev = views[self.adapter.data].device
+        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        need_check = original is not None and (self.mode == "always" or (self.mode == "first" and cls not in self.checked))
+        if need_check and capturing:
+            # no host sync inside a capture: the original is captured for this class
+            self.fallback(f"shape class {cls} not yet self-checked when a CUDA graph was captured")
+            with _Bypass():
+                original(views)
+            return
+        if need_check:
+            self._checked_launch(views, dims, dt, cls, original)
+            return
+        self._launch(views, dims, dt, original, capturing)
+
+    def _launch(self, views, dims, dt, original, capturing: bool) -> None:
+        try:
+            self.backend.launch(views, dims, dt, self.scalars(views))
+        except KernelError as e:
+            self.disable(str(e))
+            if original is None:
+                raise
+            with _Bypass():
+                original(views)
+            return
+        self.counters.bump(self.name, "calls")
+        if capturing:
+            self.counters.bump(self.name, "captured")
+
+    # ------------------------------------------------------------ self-check
+    def _rows(self, t: int) -> Optional[Any]:
+        if t <= self.check_rows:
+            return None
+        import torch
+
+        h = self.check_rows // 2
+        return torch.cat([torch.arange(0, h), torch.arange(t - h, t)])
+
+    def _sample(self, views: Dict[str, Any], idx) -> Dict[str, Any]:
+        out = {}
+        for n, v in views.items():
+            if not hasattr(v, "clone"):
+                out[n] = v
+            elif idx is not None and n in self.adapter.rowwise:
+                out[n] = v.index_select(0, idx.to(v.device))
+            else:
+                out[n] = v.clone()
+        return out
+
+    def _checked_launch(self, views, dims, dt, cls, original) -> None:
+        import torch
+
+        idx = self._rows(dims[0])
+        pristine = self._sample(views, idx)  # inputs, before anything runs
+        expected = {n: (v.clone() if hasattr(v, "clone") else v) for n, v in pristine.items()}
+        inout = [n for n in self.layout.mutated if n in self._inputs_read()]
+        full_snapshot = {n: views[n].clone() for n in inout}  # to restore in-place args on a mismatch
+        with _Bypass():
+            original(expected)
+        try:
+            self.backend.launch(views, dims, dt, self.scalars(views))
+        except KernelError as e:
+            self.disable(str(e))
+            with _Bypass():
+                original(views)
+            return
+        self.counters.bump(self.name, "calls")
+        got = {n: (views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
+                   else views[n]) for n in self.layout.mutated}
+        sdims = (len(idx),) + tuple(dims[1:]) if idx is not None else tuple(dims)
+        res = compare(self.spec, pristine, expected, got, sdims, self.layout.mutated)
+        self.last_check = res
+        if res.ok:
+            self.checked.add(cls)
+            self.counters.bump(self.name, "checks_passed")
+            log.info("astra-sglang %s: self-check passed for %s (%s)", self.name, cls, res.detail)
+            return
+        self.counters.bump(self.name, "checks_failed")
+        # serve the original's result for this call: restore in-place args, rerun the original
+        for n, snap in full_snapshot.items():
+            views[n].copy_(snap)
+        with _Bypass():
+            original(views)
+        self.disable(f"self-check mismatch on {dt} {tuple(dims)}: {res.detail}")
+
+    def _inputs_read(self) -> Set[str]:
+        return {a.name for a in self.spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+
+    def disable(self, reason: str) -> None:
+        if self.disabled:
+            return
+        self.disabled = reason
+        self.counters.set_status(self.name, state="disabled", reason=reason)
+        msg = (f"astra-sglang: PATCH DISABLED for {self.name} in pid {_pid()}: {reason}. "
+               f"SGLang's original kernel serves {self.name} from now on.")
+        if log.hasHandlers():
+            log.error(msg)
+        print("\n" + "!" * 100 + "\n" + msg + "\n" + "!" * 100, file=sys.stderr, flush=True)
+
+
+_seen_reasons: Dict[str, Set[str]] = {}
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def compare(spec, inputs: Dict[str, Any], expected: Dict[str, Any], got: Dict[str, Any], dims, names) -> CheckResult:
+    """The check's tolerance rule on every output: err(got) <= max(k * err(expected), floor)."""
+    from astra_sglang.check import dtype_name, nonfinite_mismatch, rel_err, tolerance
+
+    short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+    ref = spec.reference(inputs, tuple(dims), {n: v for n, v in inputs.items() if not hasattr(v, "clone")})
+    errors: Dict[str, Tuple[float, float, float]] = {}
+    bad: List[str] = []
+    for n in names:
+        g = got[n].reshape(ref[n].shape) if got[n].numel() == ref[n].numel() else got[n]
+        e = expected[n].reshape(ref[n].shape) if expected[n].numel() == ref[n].numel() else expected[n]
+        r_got = rel_err(g, ref[n])
+        r_prod = rel_err(e, ref[n])
+        tol = tolerance(spec, short.get(dtype_name(g), dtype_name(g)), r_prod["err"])
+        nf = nonfinite_mismatch(g, ref[n], e)
+        errors[n] = (r_got["err"], r_prod["err"], tol)
+        if not (r_got["err"] <= tol) or nf:
+            why = f"{n}: err {r_got['err']:.3g} > tol {tol:.3g} (production {r_prod['err']:.3g})"
+            if nf:
+                why += f", {nf} special-value mismatches"
+            bad.append(why)
+    if bad:
+        return CheckResult(False, "; ".join(bad), errors)
+    detail = ", ".join(f"{n} err {v[0]:.2g} <= {v[2]:.2g}" for n, v in errors.items())
+    return CheckResult(True, detail, errors)

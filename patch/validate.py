@@ -1,0 +1,191 @@
+"""`astra-sglang validate`: SGLang's own layers with and without the patch, same inputs.
+
+For each op, dtype, shape and value distribution of the op spec, fresh inputs are made
+(spec.make_inputs), SGLang's layer runs unpatched, then patched (self-check off, so the
+astra kernel really serves the call), and both outputs (every output and in-place side
+effect) are judged against the fp64 reference with the check's rule:
+err(patched) <= max(k * err(unpatched), floor[dtype]).
+
+A case passes only if the astra kernel actually ran for it (its call counter moved).
+If SGLang's layer never reached a patched callable for a shape (it routes that shape to
+another kernel, e.g. merge_state's Triton path), the case is reported as n/a; if the
+patched callable was reached but handed the call back to the original, the case fails.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from astra_sglang.errors import AstraError
+
+
+@dataclass
+class Case:
+    op: str
+    dtype: str
+    dims: tuple
+    dist: str
+    status: str = ""  # PASS | FAIL | n/a
+    calls: int = 0
+    fallbacks: int = 0
+    errors: Dict[str, Any] = field(default_factory=dict)  # output -> (err patched, err unpatched, tol)
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "FAIL"
+
+
+# ---------------------------------------------------------------------- SGLang's layers
+def _silu_layer(inp, dims, scalars):
+    from sglang.srt.layers.activation import SiluAndMul
+
+    return {"out": SiluAndMul().forward_cuda(inp["input"])}
+
+
+def _rmsnorm_layer(inp, dims, scalars):
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    x, r, w = inp["input"], inp["residual"], inp["weight"]
+    norm = RMSNorm(dims[1], eps=float(scalars.get("eps", 1e-6))).to(device=x.device, dtype=x.dtype)
+    norm.weight.data.copy_(w)
+    out, res = norm.forward_cuda(x, r)
+    return {"input": out, "residual": res}
+
+
+def _merge_layer(inp, dims, scalars):
+    from sglang.srt.layers.attention.merge_state import merge_state
+
+    v, s = merge_state(inp["v_a"], inp["s_a"], inp["v_b"], inp["s_b"])
+    return {"v_out": v, "s_out": s}
+
+
+LAYERS: Dict[str, Callable[..., Dict[str, Any]]] = {
+    "silu_and_mul": _silu_layer,
+    "fused_add_rmsnorm": _rmsnorm_layer,
+    "merge_state": _merge_layer,
+}
+
+
+def validation_shapes(spec, selector: str):
+    if selector == "validate":
+        shapes = [s for s in list(spec.shapes("paper")) + list(spec.edge_shapes) if "largest" not in s.tags]
+        seen, out = set(), []
+        for s in shapes:
+            if s.dims not in seen:
+                seen.add(s.dims)
+                out.append(s)
+        return out
+    return spec.shapes(selector)
+
+
+def validate(
+    ops: Sequence[str],
+    *,
+    candidates: Optional[Dict[str, Any]] = None,
+    dtypes: Sequence[str] = ("fp16", "bf16"),
+    shapes: str = "validate",
+    seed: int = 0,
+    device: str = "cuda",
+    layers: Optional[Dict[str, Callable[..., Dict[str, Any]]]] = None,
+    backends: Optional[Dict[str, Any]] = None,
+    targets: Optional[Dict[str, Sequence[str]]] = None,
+    progress: Callable[[str], None] = lambda m: None,
+) -> List[Case]:
+    import torch
+
+    from astra_sglang.registry import get_op
+
+    from . import apply_astra_kernels, revert_astra_kernels
+    from .counters import totals
+    from .ops import compare
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AstraError("validate runs SGLang's layers on a CUDA GPU; none is visible here")
+    real_layers = layers is None
+    layers = dict(layers or LAYERS)
+    missing = [o for o in ops if o not in layers]
+    if missing:
+        raise AstraError(f"no SGLang layer to validate {', '.join(missing)} with")
+    if real_layers:
+        try:
+            import sglang  # noqa: F401
+        except Exception as e:
+            raise AstraError(f"cannot import sglang here ({e}); validate needs an SGLang that runs on this GPU")
+
+    revert_astra_kernels()
+    cases: List[Case] = []
+    inputs: List[Dict[str, Any]] = []
+    baseline: List[Dict[str, Any]] = []
+    for op in ops:
+        spec = get_op(op)
+        bad = [d for d in dtypes if d not in spec.dtypes]
+        if bad:
+            raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")
+        for shape in validation_shapes(spec, shapes):
+            for dt in dtypes:
+                for dist in spec.distributions:
+                    gen = torch.Generator(device=device).manual_seed(seed + len(cases))
+                    inp = spec.make_inputs(shape.dims, dt, gen, dist, device=device)
+                    cases.append(Case(op, dt, tuple(shape.dims), dist))
+                    inputs.append(inp)
+    progress(f"{len(cases)} case(s); running SGLang's layers unpatched")
+    for c, inp in zip(cases, inputs):
+        spec = get_op(c.op)
+        baseline.append(layers[c.op](_clone(inp), c.dims, spec.scalars(c.dims)))
+
+    cdir = tempfile.mkdtemp(prefix="astra-validate-")
+    apply_astra_kernels(list(ops), candidates=candidates, backends=backends, targets=targets, self_check="off",
+                        counter_dir=cdir, propagate=False)
+    try:
+        progress("running them patched")
+        for c, inp, base in zip(cases, inputs, baseline):
+            spec = get_op(c.op)
+            before = totals(cdir).get(c.op, {})
+            got = layers[c.op](_clone(inp), c.dims, spec.scalars(c.dims))
+            after = totals(cdir).get(c.op, {})
+            c.calls = after.get("calls", 0) - before.get("calls", 0)
+            c.fallbacks = after.get("fallbacks", 0) - before.get("fallbacks", 0)
+            if c.calls == 0:
+                if c.fallbacks:
+                    c.status, c.detail = "FAIL", "the patched callable handed the call back to SGLang's original"
+                else:
+                    c.status, c.detail = "n/a", "SGLang's layer reached no patched callable for this shape"
+                continue
+            names = [n for n in base if n in got]
+            res = compare(spec, inp, base, got, c.dims, names)
+            c.errors = {n: tuple(float(x) for x in v) for n, v in res.errors.items()}
+            c.status = "PASS" if res.ok else "FAIL"
+            c.detail = res.detail
+    finally:
+        revert_astra_kernels()
+    for op in ops:
+        if not any(c.op == op and c.status == "PASS" for c in cases):
+            for c in cases:
+                if c.op == op and c.status == "n/a":
+                    c.status, c.detail = "FAIL", "no case of this op reached the astra kernel"
+                    break
+    return cases
+
+
+def _clone(inp: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in inp.items()}
+
+
+def format_results(cases: Sequence[Case]) -> str:
+    rows = [("op", "dtype", "shape", "dist", "result", "calls", "worst err (patched / unpatched / tol)")]
+    for c in cases:
+        worst = ""
+        if c.errors:
+            n, (e, p, t) = max(c.errors.items(), key=lambda kv: kv[1][0] / kv[1][2] if kv[1][2] else 0)
+            worst = f"{n}: {e:.2g} / {p:.2g} / {t:.2g}"
+        elif c.detail:
+            worst = c.detail
+        rows.append((c.op, c.dtype, "x".join(map(str, c.dims)), c.dist, c.status, str(c.calls), worst))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(r[i].ljust(w[i]) for i in range(len(w))) + "  " + r[-1] for r in rows]
+    n_pass = sum(c.status == "PASS" for c in cases)
+    n_fail = sum(c.status == "FAIL" for c in cases)
+    lines.append(f"{n_pass} passed, {n_fail} failed, {len(cases) - n_pass - n_fail} n/a")
+    return "\n".join(lines)
