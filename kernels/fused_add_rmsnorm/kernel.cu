@@ -15,8 +15,10 @@
 //  * Threads per row R (a multiple of 32) and rows per CTA chosen from the hidden size and the token
 //    count: warp-per-row (no __syncthreads) for narrow rows, several rows per CTA when there are many
 //    tokens, one barrier for the cross-warp sum otherwise.
-//  * Few tokens with wide rows (decode): a thread-block cluster splits each row over C CTAs on C SMs;
-//    the partial sums of squares meet through distributed shared memory (sm_90).
+//  * Rows wider than one CTA's registers hold (> 2048 vectors, e.g. hidden > 16384 in fp16): a
+//    thread-block cluster splits each row over C CTAs; the partial sums of squares meet through
+//    distributed shared memory (sm_90). (Splitting narrower decode rows the same way measured slower:
+//    the cluster launch and barrier cost more than the extra SMs bring; ASTRA_CLUSTER=1 re-enables.)
 //  * Vector width W = widest (<= 16 bytes) dividing hidden and the pointers' alignment: any hidden size.
 //  * Programmatic dependent launch on sm_90+: all reads and writes behind griddepcontrol.wait; the
 //    dependents are released right after it, and small problems warm L2 with their rows first.
@@ -26,13 +28,18 @@
 #include <stdint.h>
 
 #ifndef ASTRA_PDL
-#define ASTRA_PDL 2  // 0: plain launch, 1: PDL trigger at the end, 2: PDL early trigger + L2 prefetch
+// 0: plain launch; 1: PDL, trigger after the stores (production's placement); 2: PDL, L2 prefetch,
+// trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
+#define ASTRA_PDL 2
+#endif
+#ifndef ASTRA_W_LATE
+#define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction (fewer live registers)
 #endif
 #ifndef ASTRA_RMS_KT
 #define ASTRA_RMS_KT 2  // target vectors per thread when picking threads per row
 #endif
 #ifndef ASTRA_CLUSTER
-#define ASTRA_CLUSTER 1  // split wide rows over a thread-block cluster when tokens are few
+#define ASTRA_CLUSTER 0  // 1: also split wide rows over a cluster when tokens are few (measured slower)
 #endif
 #ifndef ASTRA_CL_MIN
 #define ASTRA_CL_MIN 256  // fewest vectors of a row per CTA of a cluster
@@ -123,8 +130,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T, int W, int K, bool CL>
 __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual,
                                                                  const T* __restrict__ weight, uint32_t tokens,
-                                                                 uint32_t nv, uint32_t slice, float eps,
-                                                                 int prefetch) {
+                                                                 uint32_t nv, uint32_t slice, float inv_d,
+                                                                 float eps, int prefetch) {
   __shared__ float red[32];
   __shared__ float red_cl;
   const uint32_t R = blockDim.x;
@@ -155,16 +162,20 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
     vi[k] = base + threadIdx.x + uint32_t(k) * R;
     ok[k] = row_ok && vi[k] < lim;
   }
-#if ASTRA_PDL == 2
+#if ASTRA_PDL >= 2
   if (prefetch) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (ok[k]) {
         prefetch_l2(input + roff + size_t(vi[k]) * W);
         prefetch_l2(residual + roff + size_t(vi[k]) * W);
+        prefetch_l2(weight + size_t(vi[k]) * W);
       }
     }
   }
+#endif
+#if ASTRA_PDL == 3
+  pdl_trigger();
 #endif
 #if ASTRA_PDL >= 1
   pdl_wait();
@@ -178,7 +189,9 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
     if (ok[k]) {
       a[k] = ld<T, W>(input + roff + size_t(vi[k]) * W);
       b[k] = ld<T, W>(residual + roff + size_t(vi[k]) * W);
+#if !ASTRA_W_LATE
       w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
+#endif
     }
   }
   float x[K][W];
@@ -218,7 +231,12 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
     cluster_arrive();  // our reads of the peers' red_cl are done; waited for before exit
   }
 #endif
-  const float rcp = rsqrtf(ss / float(nv * W) + eps);
+#if ASTRA_W_LATE
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
+#endif
+  const float rcp = rsqrtf(ss * inv_d + eps);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
@@ -291,11 +309,12 @@ inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
 
 template <typename T, int W, bool CL>
 cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* in, T* res,
-                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float eps, int prefetch) {
+                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float inv_d, float eps,
+                     int prefetch) {
   switch (k) {
-    case 1: return launch(fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, eps, prefetch);
-    case 2: return launch(fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, eps, prefetch);
-    case 4: return launch(fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, eps, prefetch);
+    case 1: return launch(fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 2: return launch(fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 4: return launch(fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -326,6 +345,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
   const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  const float inv_d = 1.0f / float(d);  // mean of squares as sum * (1/d)
 
   // Cluster split for few tokens with wide rows (sm_90+).
   uint32_t cl = 1;
@@ -341,7 +361,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
     int K;
     if (!pick_rk(slice, R, K)) return cudaErrorInvalidValue;
     return launch_k<T, W, true>(K, dim3(tokens * cl), dim3(R, 1), cl, stream, pdl, in, res, w, tokens, nv, slice,
-                                eps, prefetch);
+                                inv_d, eps, prefetch);
   }
   uint32_t R;
   int K;
@@ -350,8 +370,8 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   uint32_t rows = 1;
   while (R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
   const uint32_t blocks = (tokens + rows - 1) / rows;
-  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, in, res, w, tokens, nv, nv, eps,
-                               prefetch);
+  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, in, res, w, tokens, nv, nv, inv_d,
+                               eps, prefetch);
 }
 
 template <typename T>

@@ -14,22 +14,27 @@
 // Design (measurements in kernels/NOTES.md):
 //  * Flat over [tokens*heads, head_dim/W] vectors, W = widest vector (<= 16 bytes) dividing head_dim
 //    and the pointers' alignment (any head_dim works); the LSE index of a vector is simply idx / (D/W).
-//  * Each thread owns P vectors, all loads (both LSEs, both V vectors) in flight before the first use;
-//    P is picked so the problem fits one full wave of resident threads where it can: no ragged tail
-//    wave, which is what keeps the production kernels at 60-80% of the copy ceiling on medium shapes.
+//  * One 16-byte vector per thread, 256-thread blocks, all four loads (both LSEs, both V vectors) in
+//    flight at once; no per-token blocks, so no (head_dim/vec x heads)-thread blocks that leave the
+//    last wave ragged, as FlashInfer's MergeState does.
 //  * Programmatic dependent launch on sm_90+ (all reads/writes behind griddepcontrol.wait, dependents
 //    released right after it, small problems warm L2 with their inputs first).
-//  * fp32 math; expf/logf as production.
+//  * fp32 math with the fast exp/log/division that sgl-kernel's -use_fast_math build uses.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 #ifndef ASTRA_PDL
-#define ASTRA_PDL 2  // 0: plain launch, 1: PDL trigger at the end, 2: PDL early trigger + L2 prefetch
+// 0: plain launch; 1: PDL, trigger after the stores (production's placement); 2: PDL, L2 prefetch,
+// trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
+#define ASTRA_PDL 2
 #endif
-#ifndef ASTRA_MAX_P
-#define ASTRA_MAX_P 4
+#ifndef ASTRA_P_BIG
+#define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave
+#endif
+#ifndef ASTRA_PRECISE
+#define ASTRA_PRECISE 0  // 1: expf/logf/IEEE division instead of the fast-math intrinsics
 #endif
 
 namespace astra_merge {
@@ -71,15 +76,26 @@ union Vec {
   T v[N];
 };
 
+#ifndef ASTRA_CS
+#define ASTRA_CS 0  // dev: bit 0 streaming (evict-first) loads, bit 1 streaming stores
+#endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> ldg(const T* p) {
   Vec<T, N> r;
+#if ASTRA_CS & 1
+  r.raw = __ldcs(reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p));
+#else
   r.raw = __ldg(reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p));
+#endif
   return r;
 }
 template <typename T, int N>
 __device__ __forceinline__ void stg(T* p, const Vec<T, N>& r) {
+#if ASTRA_CS & 2
+  __stcs(reinterpret_cast<typename Raw<sizeof(T) * N>::type*>(p), r.raw);
+#else
   *reinterpret_cast<typename Raw<sizeof(T) * N>::type*>(p) = r.raw;
+#endif
 }
 
 // Vector j of thread t in block b: idx = (b * P + j) * kThreads + t (coalesced per j); it covers
@@ -98,16 +114,21 @@ __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restri
     ok[j] = idx[j] < total;
     hp[j] = idx[j] / nvh;
   }
-#if ASTRA_PDL == 2
+#if ASTRA_PDL >= 2
   if (prefetch) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       if (ok[j]) {
         prefetch_l2(va + size_t(idx[j]) * W);
         prefetch_l2(vb + size_t(idx[j]) * W);
+        prefetch_l2(sa + hp[j]);
+        prefetch_l2(sb + hp[j]);
       }
     }
   }
+#endif
+#if ASTRA_PDL == 3
+  pdl_trigger();
 #endif
 #if ASTRA_PDL >= 1
   pdl_wait();
@@ -134,17 +155,29 @@ __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restri
       p = isinf(p) ? kNegInf : p;
       q = isinf(q) ? kNegInf : q;
       const float m = fmaxf(p, q);
+#if ASTRA_PRECISE
       const float ep = expf(p - m);
       const float eq = expf(q - m);
       const float se = ep + eq;
-      const float inv = 1.0f / se;
-      const float sp = ep * inv;
-      const float sq = eq * inv;
+      const float sp = ep / se;
+      const float sq = eq / se;
+#else
+      // The fast-math forms sgl-kernel's -use_fast_math build compiles expf / logf / '/' to.
+      const float ep = __expf(p - m);
+      const float eq = __expf(q - m);
+      const float se = ep + eq;
+      const float sp = __fdividef(ep, se);
+      const float sq = __fdividef(eq, se);
+#endif
       Vec<T, W> o;
 #pragma unroll
       for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(to_f(a[j].v[i]) * sp + to_f(b[j].v[i]) * sq);
       stg<T, W>(vo + size_t(idx[j]) * W, o);
+#if ASTRA_PRECISE
       if (so != nullptr && idx[j] == hp[j] * nvh) so[hp[j]] = logf(se) + m;
+#else
+      if (so != nullptr && idx[j] == hp[j] * nvh) so[hp[j]] = __logf(se) + m;
+#endif
     }
   }
 #if ASTRA_PDL == 1
@@ -225,25 +258,13 @@ cudaError_t run_w(const T* va, const float* sa, const T* vb, const float* sb, T*
   const uint32_t nvh = uint32_t(D / W);
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
+  // One vector per thread while the problem fits one wave; past that ASTRA_P_BIG per thread over as
+  // many waves as it takes (streaming waves beat packing into one wave of fat threads: measured).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
-  int p = 1;
-  if (total > resident1) {
-    p = ASTRA_MAX_P;
-    if (ASTRA_MAX_P >= 2 && total <= 2 * uint64_t(info.sms) * blocks_per_sm<T, W, 2>() * kThreads) p = 2;
-    else if (ASTRA_MAX_P >= 4 && total <= 4 * uint64_t(info.sms) * blocks_per_sm<T, W, 4>() * kThreads) p = 4;
-  }
-  const int prefetch = (p == 1 && uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
-  switch (p) {
-    case 1: return launch_p<T, W, 1>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
-#if ASTRA_MAX_P >= 2
-    case 2: return launch_p<T, W, 2>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
-#endif
-#if ASTRA_MAX_P >= 4
-    default: return launch_p<T, W, 4>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
-#else
-    default: return launch_p<T, W, 1>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
-#endif
-  }
+  const int p = total > resident1 ? ASTRA_P_BIG : 1;
+  const int prefetch = (total <= resident1 && uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  if (p == 2) return launch_p<T, W, 2>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
+  return launch_p<T, W, 1>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
 }
 
 template <typename T>

@@ -8,8 +8,9 @@
 // Design (see kernels/NOTES.md for the measurements behind it):
 //  * Flat over the [tokens, d/W] vector grid, W = widest vector (<= 16 bytes) that divides d and the
 //    pointers' alignment, so any hidden size works (odd sizes fall back to narrower vectors).
-//  * Each thread owns P vectors (all loads issued before the first use); P is picked on the host so the
-//    whole problem fits in as few full waves as possible (no ragged second wave on medium shapes).
+//  * One 16-byte vector of gate and of up per thread (both loads in flight at once), 256-thread blocks,
+//    as many waves as the problem needs (the production JIT kernel's shape, which already streams at
+//    the copy ceiling on large shapes; the gains are in the launch/latency path below).
 //  * Programmatic dependent launch on sm_90+: every read and write of the op's buffers sits behind
 //    griddepcontrol.wait; the dependents are released once this grid has passed its wait, and a
 //    small grid warms L2 with its inputs (prefetch only, no data is read) while the previous kernel
@@ -22,10 +23,12 @@
 #include <stdint.h>
 
 #ifndef ASTRA_PDL
-#define ASTRA_PDL 2  // 0: plain launch, 1: PDL trigger after the stores, 2: PDL early trigger + L2 prefetch
+// 0: plain launch; 1: PDL, trigger after the stores (production's placement); 2: PDL, L2 prefetch,
+// trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
+#define ASTRA_PDL 2
 #endif
-#ifndef ASTRA_MAX_P
-#define ASTRA_MAX_P 4  // most vectors per thread
+#ifndef ASTRA_P_BIG
+#define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
 
 namespace astra_silu {
@@ -71,15 +74,26 @@ union Vec {
   T v[N];
 };
 
+#ifndef ASTRA_CS
+#define ASTRA_CS 0  // dev: bit 0 streaming (evict-first) loads, bit 1 streaming stores
+#endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> ldg(const T* p) {
   Vec<T, N> r;
+#if ASTRA_CS & 1
+  r.raw = __ldcs(reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p));
+#else
   r.raw = __ldg(reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p));
+#endif
   return r;
 }
 template <typename T, int N>
 __device__ __forceinline__ void stg(T* p, const Vec<T, N>& r) {
+#if ASTRA_CS & 2
+  __stcs(reinterpret_cast<typename Raw<sizeof(T) * N>::type*>(p), r.raw);
+#else
   *reinterpret_cast<typename Raw<sizeof(T) * N>::type*>(p) = r.raw;
+#endif
 }
 
 __device__ __forceinline__ float silu(float x) {
@@ -104,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
     col[j] = idx - row[j] * nv;
   }
   const size_t d = size_t(nv) * W;
-#if ASTRA_PDL == 2
+#if ASTRA_PDL >= 2
   if (prefetch) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
@@ -115,6 +129,9 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
       }
     }
   }
+#endif
+#if ASTRA_PDL == 3
+  pdl_trigger();
 #endif
 #if ASTRA_PDL >= 1
   pdl_wait();
@@ -216,28 +233,16 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   const uint32_t nv = uint32_t(d / W);
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
-  // Vectors per thread: the fewest that fit the problem into one full wave of resident threads; past
-  // ASTRA_MAX_P waves, ASTRA_MAX_P per thread over as many waves as it takes.
+  // One vector per thread while the problem fits one wave of resident threads; past that, ASTRA_P_BIG
+  // per thread over as many waves as it takes (several waves keep reads and writes streaming together;
+  // packing a medium problem into one wave of 4-vector threads measured slower: reads first, then
+  // all the writes).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
-  int p = 1;
-  if (total > resident1) {
-    p = ASTRA_MAX_P;
-    if (ASTRA_MAX_P >= 2 && total <= 2 * uint64_t(info.sms) * blocks_per_sm<T, W, 2>() * kThreads) p = 2;
-    else if (ASTRA_MAX_P >= 4 && total <= 4 * uint64_t(info.sms) * blocks_per_sm<T, W, 4>() * kThreads) p = 4;
-  }
+  const int p = total > resident1 ? ASTRA_P_BIG : 1;
   // Prefetching only pays (and only stays in L2) for a single-wave grid with a small input.
-  const int prefetch = (p == 1 && uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
-  switch (p) {
-    case 1: return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
-#if ASTRA_MAX_P >= 2
-    case 2: return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
-#endif
-#if ASTRA_MAX_P >= 4
-    default: return launch_p<T, W, 4>(out, in, nv, total, pdl, prefetch, stream);
-#else
-    default: return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
-#endif
-  }
+  const int prefetch = (p == 1 && total <= resident1 && uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
+  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
 }
 
 template <typename T>
