@@ -177,7 +177,6 @@ def extract(
             out.write_text(text)
             files[f"src/excerpts/{ex.header}"] = hashlib.sha256(text.encode()).hexdigest()
             excerpt_info.append({"header": f"src/excerpts/{ex.header}", "from": whole, "meaning": ex.meaning})
-        closure_sha = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
         include_dirs = [f"src/{r.name}/{sub}".rstrip("/.") if sub != "." else f"src/{r.name}" for r in roots for sub in r.include_subdirs]
         if excerpts:
             include_dirs.append("src/excerpts")
@@ -190,6 +189,8 @@ def extract(
             files[f"src/shims/{name}"] = hashlib.sha256(text.encode()).hexdigest()
         if shims:
             include_dirs.append("src/shims")
+        # over every file the build reads (closure, excerpts, shims): the build cache key
+        closure_sha = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
         for d in include_dirs:
             (tmp / d).mkdir(parents=True, exist_ok=True)
         flags = compile_flags(v.flag_profile, arch, v.extra_flags)
