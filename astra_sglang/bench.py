@@ -485,6 +485,9 @@ def bench(
     if cand_path is not None:
         if not cand_path.exists():
             raise AstraError(f"candidate {cand_path} does not exist")
+        import hashlib
+
+        rep.candidate_sha256 = hashlib.sha256(cand_path.read_bytes()).hexdigest()
         if static:
             s = summarize(scan_file(cand_path, ws.include_dirs))
             if s:

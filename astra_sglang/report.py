@@ -120,6 +120,7 @@ class BenchReport:
     op: str
     variant: str = ""
     candidate: Optional[str] = None
+    candidate_sha256: str = ""
     device: str = ""
     date: str = ""
     command: str = ""
@@ -243,8 +244,8 @@ class BenchReport:
                 ax.axhline(g, color="#264653", lw=1, ls="--", label=f"geomean {g:.3f}x")
                 ax.legend(loc="best", fontsize=8)
             ax.set_ylabel("speedup vs production")
-            ax.set_title(f"{self.op}: candidate vs production ({self.device}, L2-{self.l2}); grey = within noise",
-                         fontsize=9)
+            ax.set_title(f"{self.op} speedup vs production, {self.device}, L2-{self.l2} (grey: within noise)",
+                         fontsize=8)
             ax.set_xticks(x)
             ax.set_xticklabels(labels, fontsize=7, rotation=0)
             ax = axes[1][0]

@@ -109,7 +109,7 @@ def run_worker(
     child_env.update(env or {})
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     # the child must import this package even when the caller runs from a source tree
-    pkg_root = str(Path(__file__).resolve().parent.parent)
+    pkg_root = str(Path(__file__).absolute().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     events: List[Dict[str, Any]] = []
     payload: Optional[Dict[str, Any]] = None

@@ -107,3 +107,87 @@ def segfault(t, dims, dtype, scalars):
 
 def raises(t, dims, dtype, scalars):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+# ---------------------------------------------------------------- fused_add_rmsnorm
+
+
+def rms_good(t, dims, dtype, scalars):
+    x = t["input"].float() + t["residual"].float()
+    inv = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + scalars["eps"])
+    t["residual"].copy_(x.to(t["residual"].dtype))
+    t["input"].copy_((x * inv * t["weight"].float()).to(t["input"].dtype))
+    return 0
+
+
+def rms_residual_not_updated(t, dims, dtype, scalars):
+    x = t["input"].float() + t["residual"].float()
+    inv = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + scalars["eps"])
+    t["input"].copy_((x * inv * t["weight"].float()).to(t["input"].dtype))
+    return 0
+
+
+def rms_fp16_accum(t, dims, dtype, scalars):
+    """Sum of squares accumulated in fp16, 32 columns at a time: overflows on large activations."""
+    x = t["input"].float() + t["residual"].float()
+    ss = torch.zeros(x.shape[0], dtype=torch.float16)
+    for j in range(0, x.shape[1], 32):
+        ss = (ss.float() + x[:, j:j + 32].pow(2).sum(-1)).half()
+    inv = torch.rsqrt(ss.float() / x.shape[1] + scalars["eps"]).unsqueeze(-1)
+    t["residual"].copy_(x.to(t["residual"].dtype))
+    t["input"].copy_((x * inv * t["weight"].float()).to(t["input"].dtype))
+    return 0
+
+
+# ---------------------------------------------------------------- merge_state
+
+
+def _merge(va, sa, vb, sb, map_inf=True):
+    if map_inf:
+        sa = torch.where(torch.isinf(sa), torch.full_like(sa, float("-inf")), sa)
+        sb = torch.where(torch.isinf(sb), torch.full_like(sb, float("-inf")), sb)
+    m = torch.maximum(sa, sb)
+    pa, pb = torch.exp(sa - m), torch.exp(sb - m)
+    se = pa + pb
+    v = va.float() * (pa / se).unsqueeze(-1) + vb.float() * (pb / se).unsqueeze(-1)
+    return v, torch.log(se) + m
+
+
+def merge_good(t, dims, dtype, scalars):
+    v, s = _merge(t["v_a"], t["s_a"], t["v_b"], t["s_b"])
+    t["v_out"].copy_(v.to(t["v_out"].dtype))
+    t["s_out"].copy_(s)
+    return 0
+
+
+def merge_no_inf_handling(t, dims, dtype, scalars):
+    v, s = _merge(t["v_a"], t["s_a"], t["v_b"], t["s_b"], map_inf=False)
+    t["v_out"].copy_(v.to(t["v_out"].dtype))
+    t["s_out"].copy_(s)
+    return 0
+
+
+def merge_lse_not_written(t, dims, dtype, scalars):
+    v, _ = _merge(t["v_a"], t["s_a"], t["v_b"], t["s_b"])
+    t["v_out"].copy_(v.to(t["v_out"].dtype))
+    return 0
+
+
+def merge_flashinfer_base2(t, dims, dtype, scalars):
+    """A production stand-in with FlashInfer's conventions: base-2 lse in and out, and its
+    special values (an +inf side is not mapped; two empty sides give v = 0, s = -inf)."""
+    sa, sb = t["s_a"].double(), t["s_b"].double()  # base 2
+    m = torch.maximum(sa, sb)
+    ninf = torch.full_like(sa, float("-inf"))
+    da, db = sa - m, sb - m
+    ea = torch.exp2(torch.where(torch.isnan(da), ninf, da))
+    eb = torch.exp2(torch.where(torch.isnan(db), ninf, db))
+    se = ea + eb
+    pos = se > 0
+    one = torch.ones_like(se)
+    a = torch.where(pos, ea / torch.where(pos, se, one), torch.zeros_like(se))
+    b = torch.where(pos, eb / torch.where(pos, se, one), torch.zeros_like(se))
+    v = t["v_a"].double() * a.unsqueeze(-1) + t["v_b"].double() * b.unsqueeze(-1)
+    t["v_out"].copy_(v.to(t["v_out"].dtype))
+    t["s_out"].copy_((torch.log2(se) + m).float())
+    return 0

@@ -1,0 +1,215 @@
+"""Timing statistics, run planning, report rendering (table, JSON, plot), ceiling cache, ncu and
+compute-sanitizer parsing — everything in bench that needs no GPU."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from astra_sglang.bench import (
+    HELPERS_CU,
+    L2_FACTOR,
+    ceiling_key,
+    load_cached_ceiling,
+    plan_calls,
+    plan_sets,
+    store_ceiling,
+)
+from astra_sglang.check import parse_sanitizer_log
+from astra_sglang.ncu import not_permitted, parse_csv, parse_resource_usage, summarize_kernel
+from astra_sglang.report import BenchReport, BenchRow, geomean, is_noise, median, pct_of_ceiling, percentile, spread
+from astra_sglang.static_checks import errors, scan_source
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def test_percentiles_median_spread():
+    xs = [10.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 11.0]
+    assert median(xs) == 6.0
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 11.0
+    assert percentile([1.0, 2.0], 50) == 1.5
+    assert spread([5.0] * 10) == 0.0
+    assert spread(xs) == pytest.approx((percentile(xs, 90) - percentile(xs, 10)) / 6.0)
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_one_outlier_barely_moves_median_or_spread():
+    xs = [2.0] * 29 + [50.0]
+    assert median(xs) == 2.0 and spread(xs) == 0.0
+
+
+def test_geomean_and_noise():
+    assert geomean([2.0, 0.5]) == pytest.approx(1.0)
+    assert geomean([1.1, 1.2, 1.3]) == pytest.approx((1.1 * 1.2 * 1.3) ** (1 / 3))
+    assert geomean([]) is None and geomean([None, 0.0]) is None
+    assert is_noise(10.0, 0.02, 10.1, 0.01)  # 1% < 2% spread
+    assert not is_noise(10.0, 0.02, 9.0, 0.01)  # 10% faster is real
+    assert is_noise(10.0, 0.0, 10.0, 0.0) is False  # identical with no spread: not "noise", just equal
+
+
+def test_pct_of_ceiling():
+    assert pct_of_ceiling(3_000_000, 1.0, 3000.0) == pytest.approx(100.0)  # 3 MB in 1 µs = 3 TB/s
+    assert pct_of_ceiling(1, 0.0, 3000.0) is None
+
+
+# ------------------------------------------------------------------ planning
+
+
+def test_plan_sets_exceeds_four_l2():
+    l2 = 50 << 20
+    n, note = plan_sets(393_216, l2)  # silu 16x4096 fp16: 384 KiB per set
+    assert n * 393_216 > L2_FACTOR * l2 and note == ""
+    n, _ = plan_sets(4096 * 14336 * 3 * 2, l2)  # bigger than 4x L2 alone: still rotate 2
+    assert n == 2
+    n, note = plan_sets(10 << 30, l2, mem_cap=16 << 30)
+    assert n == 1 and "only 1 input sets fit" in note
+    assert plan_sets(393_216, l2, "warm") == (1, "")
+
+
+def test_plan_calls_uses_every_set_equally_and_targets_replay_length():
+    n = plan_calls(2.0, 512)
+    assert n % 512 == 0 and n >= 1000
+    n = plan_calls(100.0, 2)
+    assert n % 2 == 0 and 20 <= n <= 22
+    assert plan_calls(0.01, 7, max_calls=100) == 98
+    assert plan_calls(1.0, 5000, max_calls=4096) == 5000  # at least one full pass over the sets
+
+
+def test_ceiling_cache_round_trip(tmp_path):
+    p = tmp_path / "ceiling.json"
+    k = ceiling_key("NVIDIA H100 80GB HBM3", "GPU-abc", "13.0")
+    assert load_cached_ceiling(p, k) is None
+    store_ceiling(p, k, {"gbps": 3010.5, "bytes": 1 << 30})
+    store_ceiling(p, "other", {"gbps": 1.0})
+    assert load_cached_ceiling(p, k)["gbps"] == 3010.5
+    p.write_text("{broken")
+    assert load_cached_ceiling(p, k) is None
+
+
+def test_helper_kernels_obey_the_candidate_rules():
+    assert errors(scan_source(HELPERS_CU)) == []
+
+
+# ------------------------------------------------------------------ report
+
+
+def _report():
+    rows = [
+        BenchRow.make("16x4096", "fp16", [1.65, 1.66, 1.64, 1.65], [1.20, 1.21, 1.19, 1.20], 16 * 4096 * 6, 3000.0,
+                      calls_per_replay=1536, input_sets=512, replays=4, tags=["paper"]),
+        BenchRow.make("4096x14336", "bf16", [85.0, 85.2, 84.9, 85.1], [85.1, 85.0, 85.2, 84.9], 4096 * 14336 * 6,
+                      3000.0, calls_per_replay=22, input_sets=2, replays=4),
+    ]
+    return BenchReport(op="silu_and_mul", variant="jit", candidate="cand.cu", device="NVIDIA H100 80GB HBM3",
+                       date="2026-11-21T00:00:00+00:00", l2="cold", replays=4, ceiling_gbps=3000.0,
+                       ceiling_source="measured", launch_floor_us=0.85, rows=rows,
+                       recheck={"ok": True, "reason": "", "cases": 2})
+
+
+def test_rows_speedup_noise_and_ceiling():
+    rep = _report()
+    a, b = rep.rows
+    assert a.speedup == pytest.approx(1.65 / 1.20) and not a.noise
+    assert b.noise and b.speedup == pytest.approx(1.0, abs=0.01)
+    assert b.pct_of_ceiling == pytest.approx(100 * 4096 * 14336 * 6 / (b.cand_us * 1e-6) / 3e12)
+    assert rep.geomean == pytest.approx(math.sqrt(a.speedup * b.speedup))
+    assert rep.max_spread == pytest.approx(max(r.max_spread for r in rep.rows))
+
+
+def test_table_renders_every_row_and_the_summary():
+    t = _report().table()
+    assert "16x4096" in t and "4096x14336" in t and "noise" in t
+    assert "geomean speedup" in t and "copy ceiling 3000 GB/s" in t and "0.85 µs" in t
+    assert "re-check after timing: passed" in t
+    prod_only = BenchReport(op="x", rows=[BenchRow.make("1x1", "fp16", [1.0, 1.1], None, 10, 3000.0)])
+    t2 = prod_only.table()
+    assert "cand" not in t2.splitlines()[0] and "geomean" not in t2
+
+
+def test_json_round_trip(tmp_path):
+    rep = _report()
+    p = rep.to_json(tmp_path / "r.json")
+    d = json.loads(p.read_text())
+    assert d["geomean"] == pytest.approx(rep.geomean) and d["rows"][0]["pct_of_ceiling"] is not None
+    back = BenchReport.from_json(p)
+    assert back.rows[1].shape == "4096x14336" and back.geomean == pytest.approx(rep.geomean)
+    assert back.rows[0].prod_samples_us == rep.rows[0].prod_samples_us
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = _report().plot(tmp_path / "r.png")
+    assert p and p.exists() and p.read_bytes()[:4] == b"\x89PNG"
+    prod_only = BenchReport(op="x", rows=[BenchRow.make("1x1", "fp16", [1.0, 1.1], None, 10, 3000.0)])
+    assert prod_only.plot(tmp_path / "p.png").exists()
+
+
+# ------------------------------------------------------------------ ncu / sanitizer parsing
+
+NCU_LONG = '''==PROF== Connected to process 1234 (/usr/bin/python3.12)
+==PROF== Profiling "act_and_mul_kernel": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","2.53"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","12.34"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","sm__warps_active.avg.pct_of_peak_sustained_active","%","9.8"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","18"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum","byte","0"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum","byte","1,024"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","ratio","5.5"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","ratio","0.7"
+"0","1234","python3.12","127.0.0.1","void sglang::act_and_mul_kernel<__half, 0, true, false>(sglang::ActivationParams)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","ratio","0"
+"1","1234","python3.12","127.0.0.1","other_kernel","1","7","(32, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","1,500"
+==PROF== Disconnected from process 1234
+'''
+
+
+def test_ncu_long_csv_parse_and_summary():
+    ks = parse_csv(NCU_LONG)
+    assert [k["id"] for k in ks] == ["0", "1"]
+    s = summarize_kernel(ks[0])
+    assert s["duration_us"] == pytest.approx(2.53)
+    assert s["dram_throughput_pct"] == pytest.approx(12.34)
+    assert s["achieved_occupancy_pct"] == pytest.approx(9.8)
+    assert s["registers_per_thread"] == 18
+    assert s["local_store_bytes"] == 1024 and s["local_spills"] is True
+    assert [x["reason"] for x in s["top_stalls"]] == ["long_scoreboard", "wait"]
+    assert summarize_kernel(ks[1])["duration_us"] == pytest.approx(1.5)
+
+
+def test_ncu_wide_raw_csv_parse():
+    text = ('"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread"\n'
+            '"","","msecond","register/thread"\n'
+            '"0","k","0.0042","32"\n')
+    ks = parse_csv(text)
+    s = summarize_kernel(ks[0])
+    assert s["duration_us"] == pytest.approx(4.2) and s["registers_per_thread"] == 32
+
+
+def test_ncu_permission_message():
+    assert not_permitted("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+                         "Performance Counters") is not None
+    assert not_permitted("==PROF== Disconnected") is None
+
+
+def test_cuobjdump_resource_usage_parse():
+    text = (" Function _Z6kernelPf:\n  REG:18 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:368 TEXTURE:0 SURFACE:0 SAMPLER:0\n"
+            " Function _Z5spillPf:\n  REG:255 STACK:64 SHARED:1024 LOCAL:32 CONSTANT[0]:368\n")
+    r = parse_resource_usage(text)
+    assert r == [{"function": "_Z6kernelPf", "registers": 18, "stack": 0, "shared": 0, "local": 0},
+                 {"function": "_Z5spillPf", "registers": 255, "stack": 64, "shared": 1024, "local": 32}]
+
+
+def test_sanitizer_log_parse():
+    log = ("========= COMPUTE-SANITIZER\n"
+           "========= Invalid __global__ write of size 2 bytes\n"
+           "=========     at void silu_mul_kernel<__half>(...)+0x1d0\n"
+           "========= ERROR SUMMARY: 3 errors\n")
+    n, first = parse_sanitizer_log(log)
+    assert n == 3 and first.startswith("Invalid __global__ write of size 2 bytes")
+    assert parse_sanitizer_log("========= ERROR SUMMARY: 0 errors\n") == (0, "")
+    n, first = parse_sanitizer_log("========= Race reported between Write access at k+0x10\n"
+                                   "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+    assert n == 1 and first.startswith("Race reported")

@@ -1,0 +1,102 @@
+"""GPU: every deliberately wrong candidate in tests/bad_candidates/ is rejected with the right reason;
+correct candidates written differently from production, and the production kernels themselves, pass.
+
+Workspaces: $ASTRA_TEST_WORKSPACES/<op> when set (e.g. extracted beforehand with --arch), else extracted
+here from the pinned wheels (tests/conftest.py). $ASTRA_RESULTS_DIR, when set, receives every
+CheckResult as JSON (the GPU run's record).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+HERE = Path(__file__).resolve().parent
+BAD = HERE / "bad_candidates"
+OPS = ("silu_and_mul", "fused_add_rmsnorm", "merge_state")
+
+
+def meta(path: Path):
+    text = path.read_text()
+    op = re.search(r"^// op: (\w+)", text, re.M).group(1)
+    expect = re.search(r"^// expect: (.+)$", text, re.M).group(1).strip()
+    return op, expect
+
+
+CANDIDATES = sorted(BAD.glob("*.cu"))
+
+
+@pytest.fixture(scope="session")
+def workspaces(request, tmp_path_factory):
+    env = os.environ.get("ASTRA_TEST_WORKSPACES")
+    if env:
+        return Path(env)
+    src = request.getfixturevalue("wheel_sources")
+    from astra_sglang.cli import main
+
+    root = tmp_path_factory.mktemp("workspaces")
+    for op in OPS:
+        try:
+            main(["extract", op, "--out", str(root), "--sglang-src", str(src["sglang"]),
+                  "--flashinfer-src", str(src["flashinfer"]), "--tvm-ffi-src", str(src["tvm"]), "--no-build"])
+        except SystemExit as e:
+            if e.code:
+                raise
+    return root
+
+
+def _workspace(root: Path, op: str):
+    from astra_sglang.workspace import Workspace
+
+    if not (root / op / "manifest.json").exists():
+        pytest.skip(f"no {op} workspace under {root}")
+    return Workspace.open(op, path=root / op)
+
+
+def _record(res, name: str) -> None:
+    out = os.environ.get("ASTRA_RESULTS_DIR")
+    if out:
+        res.to_json(Path(out) / f"{name}.json")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_production_passes_its_own_check(workspaces, op):
+    from astra_sglang.check import check_candidate
+
+    res = check_candidate(op, _workspace(workspaces, op), None, timeout=120)
+    _record(res, f"production-{op}")
+    assert res.ok, res.reason
+    assert res.details and all(d["ok"] for d in res.details)
+
+
+@pytest.mark.parametrize("cand", CANDIDATES, ids=[c.stem for c in CANDIDATES])
+def test_candidate_verdict(workspaces, cand):
+    from astra_sglang.check import check_candidate
+
+    op, expect = meta(cand)
+    hang = "timed out" in expect
+    res = check_candidate(op, _workspace(workspaces, op), cand, timeout=15 if hang else 120)
+    _record(res, f"candidate-{cand.stem}")
+    if expect == "pass":
+        assert res.ok, res.reason
+    else:
+        assert not res.ok, f"{cand.name} was accepted"
+        assert re.search(expect, res.reason), f"{cand.name}: {res.reason!r} does not match {expect!r}"
+
+
+def test_bench_times_and_rechecks(workspaces, tmp_path):
+    from astra_sglang.bench import bench
+
+    ws = _workspace(workspaces, "silu_and_mul")
+    rep = bench("silu_and_mul", ws, BAD / "ok_silu_simple.cu", shapes="16x4096,1024x4096", dtypes=("fp16",),
+                replays=10)
+    assert rep.ok, rep.reason
+    assert len(rep.rows) == 2 and all(r.prod_us > 0 and r.cand_us > 0 for r in rep.rows)
+    assert rep.ceiling_gbps > 500 and 0 < rep.launch_floor_us < 10
+    assert rep.recheck["ok"] and rep.recheck["cases"] == 2
+    rep.to_json(tmp_path / "b.json")
+    assert "geomean" in rep.table()

@@ -1,0 +1,77 @@
+"""`astra-sglang check` / `bench` command lines: help, usage errors as one line, verdicts as exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from astra_sglang.cli import cli, main
+
+BAD = Path(__file__).resolve().parent / "bad_candidates"
+
+
+def _fake_ws(tmp_path: Path) -> Path:
+    d = tmp_path / "silu_and_mul"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({
+        "op": "silu_and_mul", "variant": "jit", "include_dirs": [], "flags": [], "dtypes": ["fp16", "bf16", "fp32"],
+        "closure_sha256": "x", "attrs": {}, "arch": "sm_90"}))
+    return d
+
+
+def test_help_lists_check_and_bench():
+    r = CliRunner().invoke(cli, ["--help"])
+    assert r.exit_code == 0 and "check" in r.output and "bench" in r.output
+    r = CliRunner().invoke(cli, ["check", "--help"])
+    assert r.exit_code == 0 and "--candidate" in r.output and "--sanitize" in r.output
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0 and "--shapes" in r.output and "--ncu" in r.output and "--l2" in r.output
+
+
+def test_missing_workspace_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["check", "silu_and_mul", "--root", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no workspace for silu_and_mul")
+
+
+def test_bad_dtype_is_a_usage_error(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["check", "silu_and_mul", "--workspace", str(ws), "--dtype", "fp8",
+              "--candidate", str(BAD / "silu_created_stream.cu")])
+    assert e.value.code == 2 and "fp8" in capsys.readouterr().err
+
+
+def test_rejected_candidate_exits_1_with_reason_and_json(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    out = tmp_path / "res.json"
+    with pytest.raises(SystemExit) as e:
+        main(["check", "silu_and_mul", "--workspace", str(ws), "--candidate", str(BAD / "silu_default_stream.cu"),
+              "--json", str(out)])
+    assert e.value.code == 1
+    text = capsys.readouterr().out
+    assert text.startswith("FAIL silu_and_mul") and "default-stream" in text
+    d = json.loads(out.read_text())
+    assert d["ok"] is False and d["stage"] == "static" and d["candidate_sha256"]
+
+
+def test_bench_static_rejection_writes_report(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    out = tmp_path / "b.json"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "silu_and_mul", "--workspace", str(ws), "--candidate", str(BAD / "silu_created_stream.cu"),
+              "--out", str(out)])
+    assert e.value.code == 1
+    d = json.loads(out.read_text())
+    assert d["ok"] is False and "stream-create" in d["reason"]
+
+
+def test_bench_rejects_unknown_shape_selector(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "silu_and_mul", "--workspace", str(ws), "--shapes", "nonsense"])
+    assert e.value.code == 2 and "no shapes tagged" in capsys.readouterr().err

@@ -1,0 +1,267 @@
+"""The check oracle on the CPU: tolerance rules, error metric, poison, guards, shape plans, and the whole
+worker pipeline with Python stand-in kernels that misbehave the way bad GPU candidates do."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from astra_sglang.check import (  # noqa: E402
+    BASELINE_SLACK,
+    GuardedSet,
+    case_plan,
+    count_poison,
+    nonfinite_mismatch,
+    poison_,
+    reference_kwargs,
+    rel_err,
+    run_check,
+    select_shapes,
+    to_prod_abi,
+    tolerance,
+    workspace_dtypes,
+)
+from astra_sglang.errors import AstraError  # noqa: E402
+from astra_sglang.registry import get_op  # noqa: E402
+from astra_sglang.spec import Shape  # noqa: E402
+
+STANDINS = Path(__file__).resolve().parent / "check_stand_ins.py"
+
+
+def impl(name: str) -> str:
+    return f"py:{STANDINS}:{name}"
+
+
+# ------------------------------------------------------------------ tolerance and metric
+
+
+def test_tolerance_is_k_times_production_or_the_floor():
+    spec = get_op("silu_and_mul")
+    assert tolerance(spec, "fp16", 1e-4) == pytest.approx(2e-3)  # floor wins
+    assert tolerance(spec, "fp16", 5e-3) == pytest.approx(1e-2)  # 2 x production
+    assert tolerance(spec, "bf16", 0.0) == pytest.approx(1.6e-2)
+    assert tolerance(spec, "fp32", None) == pytest.approx(1e-5)
+    assert tolerance(spec, "fp32", float("inf")) == pytest.approx(1e-5)  # a broken production never widens it
+
+
+def test_rel_err_basic_and_near_zero_elements():
+    ref = torch.tensor([1.0, -2.0, 1e-6, 4.0], dtype=torch.float64)
+    out = ref.to(torch.float32).clone()
+    assert rel_err(out, ref)["err"] < 1e-6
+    out[0] = 1.01  # 1% off on a unit element
+    assert rel_err(out, ref)["err"] == pytest.approx(0.01 / (1 + 0.01 * math.sqrt((1 + 4 + 16) / 4)), rel=1e-3)
+    out = ref.to(torch.float32).clone()
+    out[2] = 0.0  # flushing a tiny element costs little: |r| + 0.01*rms in the denominator
+    assert rel_err(out, ref)["err"] < 1e-4
+
+
+def test_rel_err_nan_is_infinite_error_and_counted():
+    ref = torch.ones(8, dtype=torch.float64)
+    out = torch.ones(8, dtype=torch.float16)
+    out[3] = float("nan")
+    e = rel_err(out, ref)
+    assert e["nan"] == 1 and e["err"] == float("inf")
+
+
+def test_rel_err_overflow_to_inf_matches_a_reference_beyond_the_dtype_range():
+    ref = torch.tensor([1e6, -1e6, 1.0], dtype=torch.float64)  # beyond fp16's 65504
+    out = torch.tensor([float("inf"), float("-inf"), 1.0], dtype=torch.float16)
+    assert rel_err(out, ref)["err"] == 0.0
+    out = torch.tensor([float("-inf"), float("-inf"), 1.0], dtype=torch.float16)  # wrong sign
+    assert rel_err(out, ref)["err"] > 1.0
+
+
+def test_nonfinite_reference_positions_must_match_reference_or_production():
+    ref = torch.tensor([float("-inf"), float("nan"), 2.0], dtype=torch.float64)
+    assert nonfinite_mismatch(torch.tensor([float("-inf"), float("nan"), 2.0]), ref) == 0
+    assert nonfinite_mismatch(torch.tensor([0.0, float("nan"), 2.0]), ref) == 1
+    prod = torch.tensor([0.0, 0.0, 2.0])
+    assert nonfinite_mismatch(torch.tensor([0.0, 0.0, 2.0]), ref, prod) == 0  # production's convention
+
+
+def test_poison_round_trip_every_dtype():
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        t = torch.zeros(10, dtype=dt)
+        poison_(t)
+        assert count_poison(t) == 10 and torch.isnan(t.float()).all()
+        t[:4] = 1.0
+        assert count_poison(t) == 6
+
+
+def test_guarded_set_detects_writes_outside_and_poisons_outputs():
+    spec = get_op("silu_and_mul")
+    protos = spec.make_inputs((2, 8), "fp16", torch.Generator().manual_seed(0), "normal", device="cpu")
+    g = GuardedSet(spec, protos, "cpu", guard_bytes=256)
+    g.load(protos)
+    assert count_poison(g.views["out"]) == 16
+    assert torch.equal(g.views["input"], protos["input"])
+    assert g.guard_damage() == {}
+    o = g.views["out"]
+    torch.as_strided(o, (2,), (1,), o.storage_offset() + o.numel()).fill_(0)
+    torch.as_strided(o, (1,), (1,), o.storage_offset() - 1).fill_(0)
+    assert g.guard_damage() == {"out": (2, 4)}
+    g.load(protos)  # guards rewritten for the next run
+    assert g.guard_damage() == {}
+
+
+# ------------------------------------------------------------------ shapes, dtypes, plans
+
+
+def test_check_shapes_cover_edge_paper_sample_and_largest():
+    spec = get_op("silu_and_mul")
+    shapes = select_shapes(spec, "check")
+    dims = [s.dims for s in shapes]
+    assert len(dims) == len(set(dims))
+    for s in spec.edge_shapes:
+        assert s.dims in dims
+    for s in spec.shapes("paper"):
+        assert s.dims in dims
+    assert any("largest" in s.tags for s in spec.edge_shapes if s.dims in dims)
+    biggest = max(spec.corpus, key=lambda s: s.dims[0] * s.dims[1]).dims
+    assert max(d[0] * d[1] for d in dims) >= 0.9 * biggest[0] * biggest[1]
+    assert dims == sorted(dims, key=lambda d: d[0] * d[1])  # small first
+    assert len(dims) < len(spec.corpus)
+    assert [s.dims for s in select_shapes(spec, "paper+edge")] == [s.dims for s in spec.shapes("paper")] + [
+        s.dims for s in spec.edge_shapes if s.dims not in {p.dims for p in spec.shapes("paper")}]
+    assert select_shapes(spec, "3x64")[0].dims == (3, 64)
+
+
+def test_case_plan_reruns_in_the_same_buffers_and_limits_big_cases():
+    spec = get_op("fused_add_rmsnorm")
+    plan = case_plan(spec, (16, 4096), "fp16")
+    assert plan[:2] == [("normal", 0), ("normal", 1)]
+    assert [d for d, _ in plan[2:]] == ["large", "uniform"]
+    assert case_plan(spec, (16384, 8192), "fp16", big=1 << 20) == [("normal", 0), ("normal", 1)]
+
+
+def test_workspace_dtypes():
+    spec = get_op("merge_state")
+    assert workspace_dtypes(spec, {"dtypes": ["fp16", "bf16"]}) == ["fp16", "bf16"]
+    with pytest.raises(AstraError, match="fp32"):
+        workspace_dtypes(spec, {"dtypes": ["fp16", "bf16"]}, ["fp32"])
+
+
+def test_variant_conventions_for_production_only():
+    spec = get_op("merge_state")
+    attrs = {"lse_base": 2.0, "semantics": "flashinfer"}
+    assert reference_kwargs(spec, attrs) == {"semantics": "flashinfer"}
+    assert reference_kwargs(get_op("silu_and_mul"), {"max_hidden": 8192}) == {}
+    t = {"s_a": torch.tensor([1.0, float("-inf")]), "s_b": torch.tensor([2.0, 0.0]), "v_a": torch.ones(1)}
+    c = to_prod_abi(spec, t, attrs)
+    assert c["s_a"][0].item() == pytest.approx(1 / math.log(2)) and c["s_a"][1].item() == float("-inf")
+    assert c["v_a"] is t["v_a"]
+    assert to_prod_abi(spec, t, {}) is t
+
+
+# ------------------------------------------------------------------ the pipeline, on the CPU
+
+SILU_SHAPES = [Shape((3, 64)), Shape((5, 136))]
+
+
+def _run(op, prod, cand, shapes, dtypes, **kw):
+    return run_check(get_op(op), impl(prod), impl(cand) if cand else None, shapes, dtypes, device="cpu",
+                     timeout=kw.pop("timeout", 30), **kw)
+
+
+def test_good_candidate_and_production_pass():
+    ok, reason, failures, details, notes, dev, wr = _run("silu_and_mul", "good", "good", SILU_SHAPES, ["fp16", "bf16", "fp32"])
+    assert ok and reason == "" and not failures, reason
+    # every shape x dtype x (normal, normal re-run, large, uniform) x output
+    assert len(details) == 2 * 3 * 4
+    assert {d["dist"] for d in details} == {"normal", "large", "uniform"}
+    assert all(d["cand_err"] <= d["tol"] for d in details)
+    ok, reason, *_ = _run("silu_and_mul", "good", None, SILU_SHAPES, ["fp16"])
+    assert ok, reason
+
+
+@pytest.mark.parametrize("cand,expect", [
+    ("noisy", r"candidate's out error 0\.05\d* > tolerance"),
+    ("half_written", r"never wrote 96 of 192 elements of out \(poison left\)$"),
+    ("past_end", r"wrote outside out: 16 guard bytes changed past the end"),
+    ("before_start", r"wrote outside out: 8 guard bytes changed before the start"),
+    ("writes_input", r"modified its input input \(1 elements changed\)"),
+    ("one_nan", r"candidate's out has 1 NaN where the reference is finite"),
+    ("cached_by_pointer", r"error .* on a re-run with fresh inputs in the same buffers \(stale result cached"),
+    ("skip_repeat", r"never wrote 192 of 192 elements of out \(poison left\) on a re-run with fresh inputs"),
+    ("error_code", r"candidate returned cudaError 1"),
+    ("raises", r"candidate crashed the CUDA context: CUDA error: an illegal memory access"),
+])
+def test_bad_stand_ins_are_rejected_with_the_right_reason(cand, expect):
+    import re
+
+    ok, reason, failures, details, notes, dev, wr = _run("silu_and_mul", "good", cand, SILU_SHAPES, ["fp16"])
+    assert not ok
+    assert re.search(expect, reason), reason
+    assert reason.startswith("3x64 fp16 normal: ")
+
+
+def test_hang_and_segfault_fail_with_a_reason():
+    ok, reason, failures, *_ , wr = _run("silu_and_mul", "good", "hang", SILU_SHAPES, ["fp16"], timeout=4)
+    assert not ok and wr.status == "timeout"
+    assert "no progress for 4s" in reason and "candidate on 3x64 fp16 normal" in reason
+    ok, reason, failures, *_ , wr = _run("silu_and_mul", "good", "segfault", SILU_SHAPES, ["fp16"])
+    assert not ok and wr.status == "crashed" and "SIGSEGV" in reason and "candidate on 3x64 fp16" in reason
+
+
+def test_production_disagreeing_with_fp64_fails_the_baseline_check():
+    ok, reason, *_ = _run("silu_and_mul", "noisy", None, SILU_SHAPES[:1], ["fp16"])
+    assert not ok and "production's out disagrees with the fp64 reference" in reason
+    assert f"{BASELINE_SLACK:g}× the fp16 floor" in reason
+
+
+def test_fused_add_rmsnorm_in_place_outputs():
+    shapes = [Shape((3, 256)), Shape((2, 1001))]
+    ok, reason, failures, details, *_ = _run("fused_add_rmsnorm", "rms_good", "rms_good", shapes, ["fp16", "bf16", "fp32"])
+    assert ok, reason
+    assert {d["tensor"] for d in details} == {"input", "residual"}
+    ok, reason, *_ = _run("fused_add_rmsnorm", "rms_good", "rms_residual_not_updated", shapes, ["bf16"])
+    assert not ok and "candidate's residual error" in reason
+    ok, reason, *_ = _run("fused_add_rmsnorm", "rms_good", "rms_fp16_accum", shapes, ["fp16"])
+    assert not ok and "fp16 large: candidate's input error" in reason
+
+
+@pytest.mark.parametrize("prod,attrs", [("merge_good", {}),
+                                        ("merge_flashinfer_base2", {"lse_base": 2.0, "semantics": "flashinfer"})])
+def test_merge_state_conventions_and_special_values(prod, attrs):
+    shapes = [Shape((3, 4, 64)), Shape((5, 2, 128))]
+    ok, reason, failures, details, notes, *_ = _run("merge_state", prod, None, shapes, ["fp16"], prod_attrs=attrs)
+    assert ok, reason  # production passes against its own semantics, in its own lse base
+    ok, reason, failures, details, *_ = _run("merge_state", prod, "merge_good", shapes, ["fp16", "bf16"], prod_attrs=attrs)
+    assert ok, reason
+    assert {d["tensor"] for d in details} == {"v_out", "s_out"}
+    assert any(d["ref_nonfinite"] for d in details if d["dist"] == "inf_lse")
+    ok, reason, *_ = _run("merge_state", prod, "merge_no_inf_handling", shapes, ["fp16"], prod_attrs=attrs)
+    assert not ok and "inf_lse: candidate's v_out" in reason
+    ok, reason, *_ = _run("merge_state", prod, "merge_lse_not_written", shapes, ["fp16"], prod_attrs=attrs)
+    assert not ok and "never wrote 12 of 12 elements of s_out" in reason
+
+
+def test_skipped_shapes_are_notes_not_passes():
+    ok, reason, failures, details, notes, *_ = _run("silu_and_mul", "good", "good", SILU_SHAPES, ["fp16"],
+                                                    skip={"5x136 fp16": "production routes it elsewhere"})
+    assert ok
+    assert {d["shape"] for d in details} == {"3x64"}
+    assert notes == ["5x136 fp16: skipped (production routes it elsewhere)"]
+
+
+def test_check_candidate_static_rejection_needs_no_gpu(tmp_path):
+    """check_candidate stops at the static checks before building anything."""
+    import json
+
+    from astra_sglang.check import check_candidate
+    from astra_sglang.workspace import Workspace
+
+    ws_dir = tmp_path / "silu_and_mul"
+    ws_dir.mkdir()
+    (ws_dir / "manifest.json").write_text(json.dumps({
+        "op": "silu_and_mul", "variant": "jit", "include_dirs": [], "flags": [], "dtypes": ["fp16", "bf16", "fp32"],
+        "closure_sha256": "x", "attrs": {}}))
+    cand = Path(__file__).resolve().parent / "bad_candidates" / "silu_created_stream.cu"
+    res = check_candidate("silu_and_mul", Workspace.open("silu_and_mul", path=ws_dir), cand)
+    assert not res.ok and res.stage == "static"
+    assert "stream-create: creates a CUDA stream" in res.reason
+    assert res.static and res.static[0]["rule"] == "stream-create"
+    assert "FAIL silu_and_mul" in res.summary()
