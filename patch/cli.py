@@ -81,7 +81,8 @@ def _jit_methods(ops: List[str]) -> Dict[str, List[str]]:
               help="Where the server's processes write their counters (default: a fresh directory under $TMPDIR).")
 @click.option("--counters", "show_counters", type=click.Path(path_type=Path),
               help="Print the counters a patched server wrote to DIR, and exit.")
-@click.option("--sglang-src", type=click.Path(path_type=Path), help="Scan this SGLang source (checkout or unpacked wheel) for --dry-run.")
+@click.option("--sglang-src", type=click.Path(path_type=Path),
+              help="Discover call sites in this SGLang source (checkout or unpacked wheel) instead of the installed one.")
 @click.option("--arch", help="Build the kernels for this arch (default: the local GPU's), e.g. sm_90.")
 @click.option("--python", "python_exe", default=sys.executable, show_default=True, help="Python that runs the server.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output for --dry-run and --counters.")
@@ -123,7 +124,7 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
 
     disc = None
     if ops:
-        disc = _discovery(ops, sglang_src if dry_run else None)
+        disc = _discovery(ops, sglang_src)
     if dry_run:
         _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, arch, as_json)
         return

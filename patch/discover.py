@@ -302,19 +302,27 @@ def discover(
             target_of[(mod, fn)] = t
     jit_files = {f: q.op for q in queries for f in q.jit_files}
 
-    words = {n for (_, n) in want} | set(jit_files)
-    files = _candidate_files(list(pkg_dirs.values()), words)
     parsed: Dict[Path, Tuple[str, _Visitor]] = {}
-    for p in files:
-        pkg = next(d for d in pkg_dirs.values() if d in p.parents or d == p.parent)
-        mod = module_name(pkg, p)
-        try:
-            tree = cst.parse_module(p.read_text(errors="replace"))
-        except cst.ParserSyntaxError:
-            continue
-        v = _Visitor(mod, p.name == "__init__.py")
-        MetadataWrapper(tree, unsafe_skip_copy=True).visit(v)
-        parsed[p] = (mod, v)
+
+    def parse_new(words: Set[str]) -> bool:
+        added = False
+        for p in _candidate_files(list(pkg_dirs.values()), words):
+            if p in parsed:
+                continue
+            pkg = next(d for d in pkg_dirs.values() if d in p.parents or d == p.parent)
+            mod = module_name(pkg, p)
+            try:
+                tree = cst.parse_module(p.read_text(errors="replace"))
+            except cst.ParserSyntaxError:
+                continue
+            v = _Visitor(mod, p.name == "__init__.py")
+            MetadataWrapper(tree, unsafe_skip_copy=True).visit(v)
+            parsed[p] = (mod, v)
+            added = True
+        return added
+
+    searched = {n for (_, n) in want} | set(jit_files)
+    parse_new(searched)
 
     def rel(p: Path) -> str:
         for d in pkg_dirs.values():
@@ -323,11 +331,12 @@ def discover(
         return str(p)
 
     sites: Set[Site] = set()
-    # Re-export closure: module-level bindings become new sources, to a fixpoint.
+    # Re-export closure: module-level bindings become new sources, to a fixpoint; files
+    # mentioning a new alias are parsed as it appears.
     changed = True
     while changed:
         changed = False
-        for p, (mod, v) in parsed.items():
+        for p, (mod, v) in list(parsed.items()):
             for src, name, local, line, scope, guard in v.imports:
                 key = (src, name)
                 if key not in want:
@@ -342,6 +351,10 @@ def discover(
                     want[(mod, local)] = op
                     target_of[(mod, local)] = tgt
                     changed = True
+        fresh = {n for (_, n) in want} - searched
+        if fresh:
+            searched |= fresh
+            changed |= parse_new(fresh)
     for p, (mod, v) in parsed.items():
         for name, line, guard in v.defs:
             if (mod, name) in want and target_of[(mod, name)] == f"{mod}:{name}":
@@ -363,7 +376,7 @@ def discover(
                     sites.add(Site(op, "torch_op", mod, rel(p), line, f"torch.ops.{ns}.{name}", name, scope, guard))
     ordered = sorted(sites, key=lambda s: (s.op, KINDS.index(s.kind), s.module, s.line, s.local_name))
     root = pkg_dirs["sglang"].parent
-    return Discovery(root, tuple(pkg_dirs), versions, ordered, len(files))
+    return Discovery(root, tuple(pkg_dirs), versions, ordered, len(parsed))
 
 
 def discover_for_specs(specs, roots: Optional[Dict[str, Path]] = None) -> Discovery:

@@ -12,6 +12,8 @@ import pytest
 
 # Pinned to what sglang 0.5.23 requires (its METADATA): flashinfer_python==0.7.2, apache-tvm-ffi==0.1.11.
 WHEELS = {"sglang": "sglang==0.5.23", "flashinfer": "flashinfer-python==0.7.2", "tvm": "apache-tvm-ffi==0.1.11"}
+# Fetched only by the tests that ask for them (not part of wheel_sources).
+EXTRA_WHEELS = {"sglang_0_5_17": "sglang==0.5.17"}
 CACHE = Path(os.environ.get("ASTRA_TEST_CACHE", Path.home() / ".cache" / "astra-sglang-tests"))
 
 
@@ -36,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _fetch(key: str) -> Path:
     """Download (once) and unpack a pinned wheel; return the unpack dir."""
+    req = WHEELS.get(key) or EXTRA_WHEELS[key]
     dest = CACHE / key
     done = dest / ".unpacked"
     if done.exists():
@@ -45,12 +48,12 @@ def _fetch(key: str) -> Path:
     # Any platform tag: only the sources/headers inside are used, never the binaries.
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
-           "--platform", "any", "-d", str(dl), WHEELS[key]]
+           "--platform", "any", "-d", str(dl), req]
     subprocess.run(cmd, check=True, timeout=900)
-    name = WHEELS[key].split("==")[0].replace("-", "_")
-    whl = sorted(p for p in dl.glob("*.whl") if p.name.lower().startswith(name.lower() + "-" + WHEELS[key].split("==")[1]))
+    name = req.split("==")[0].replace("-", "_")
+    whl = sorted(p for p in dl.glob("*.whl") if p.name.lower().startswith(name.lower() + "-" + req.split("==")[1]))
     if not whl:
-        raise RuntimeError(f"downloaded no wheel for {WHEELS[key]}")
+        raise RuntimeError(f"downloaded no wheel for {req}")
     if dest.exists():
         shutil.rmtree(dest)
     with zipfile.ZipFile(whl[0]) as z:
@@ -68,3 +71,14 @@ def wheel_sources():
         if os.environ.get("CI"):
             raise
         pytest.skip(f"cannot fetch the sglang/flashinfer wheels: {e}")
+
+
+@pytest.fixture(scope="session")
+def sglang_0_5_17_source():
+    """The unpacked sglang 0.5.17 wheel (the version the GPU test machine runs)."""
+    try:
+        return _fetch("sglang_0_5_17")
+    except Exception as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"cannot fetch the sglang 0.5.17 wheel: {e}")

@@ -1,0 +1,598 @@
+"""patch/: discovery over the real sglang wheels, patch application in real SGLang modules
+(on CPU, see sglang_cpu_env.py), counters, the kill switch, self-check, activation paths.
+
+Where a real module is used: sglang 0.5.23's activation.py, layernorm.py,
+attention/merge_state.py, kernels/ops/activation/activation.py and srt/plugins (imported
+for real with stubbed heavy dependencies). Where a synthetic package is used, and why:
+the start-up hook and `patch --serve` need `import sglang` / `python -m
+sglang.launch_server` to run, and sglang/__init__.py cannot import without SGLang's full
+dependency set, so those tests use a tiny package named `sglang` whose modules bind
+`from sgl_kernel import silu_and_mul` the way SGLang's do.
+
+No kernel is launched on CPU: the astra kernels are stood in for by torch code
+(TorchBackend), and the one test that loads a real built kernel checks it is never called.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+STARTUP = ROOT / "patch" / "_startup"
+
+
+def _env(extra=None, pythonpath=()):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRA_SGLANG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(p) for p in pythonpath] + [str(TESTS)])
+    env.update(extra or {})
+    return env
+
+
+def run_child(code: str, env=None, pythonpath=(), timeout=300):
+    """Run `code` in a fresh interpreter; it prints one JSON line last. Returns (json, proc)."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=_env(env, pythonpath), timeout=timeout, cwd=str(ROOT))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"child failed (rc {proc.returncode}):\nSTDOUT:\n{proc.stdout[-3000:]}\n"
+                             f"STDERR:\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1]), proc
+
+
+@pytest.fixture(scope="module")
+def sglang_root(wheel_sources):
+    return Path(wheel_sources["sglang"])
+
+
+@pytest.fixture(scope="module")
+def discovery(sglang_root):
+    from astra_sglang.patch.discover import discover_for_specs
+    from astra_sglang.registry import get_op, op_names
+
+    return discover_for_specs([get_op(o) for o in op_names()], roots={"sglang": sglang_root / "sglang"})
+
+
+def _sites(disc, op, kind):
+    return {(s.module, s.local_name) for s in disc.for_op(op, kind)}
+
+
+# ---------------------------------------------------------------------- discovery
+def test_discovery_finds_real_import_sites(discovery):
+    assert discovery.versions["sglang"] == "0.5.23"
+    silu = _sites(discovery, "silu_and_mul", "import_binding")
+    # sglang/srt/layers/activation.py binds both production paths under aliases, at import time
+    assert ("sglang.srt.layers.activation", "_sgl_silu_and_mul") in silu
+    assert ("sglang.srt.layers.activation", "_jit_silu_and_mul") in silu
+    assert ("sglang.srt.layers.moe.cutlass_moe", "silu_and_mul") in silu
+    assert ("sglang.srt.layers.activation", "silu_and_mul") in _sites(discovery, "silu_and_mul", "definition")
+    assert ("sglang.kernels.ops.activation.activation", "silu_and_mul") in _sites(discovery, "silu_and_mul", "definition")
+    # imports inside function bodies: looked up at call time
+    assert ("sglang.kernels.ops.activation", "jit_silu_and_mul") in _sites(discovery, "silu_and_mul", "call_time_import")
+    # the JIT module factory of the production activation kernel
+    assert ("sglang.kernels.ops.activation.activation", "activation_module") in _sites(discovery, "silu_and_mul", "jit_factory")
+    # sglang/srt/layers/layernorm.py: `from sgl_kernel import (fused_add_rmsnorm, ...)` under `if _is_cuda ...`
+    rms = [s for s in discovery.for_op("fused_add_rmsnorm", "import_binding") if s.module == "sglang.srt.layers.layernorm"]
+    assert rms and rms[0].local_name == "fused_add_rmsnorm" and "_is_cuda" in rms[0].guard
+    assert rms[0].path.endswith("sglang/srt/layers/layernorm.py")
+    assert ("sglang.kernels.ops.layernorm.norm", "_jit_fused_add_rmsnorm_module") in _sites(
+        discovery, "fused_add_rmsnorm", "jit_factory")
+    merge = _sites(discovery, "merge_state", "import_binding")
+    assert ("sglang.srt.layers.attention.merge_state", "merge_state_v2") in merge
+    assert ("sglang.srt.layers.attention.flashattention_backend", "merge_state_v2") in merge
+
+
+def test_discovery_roundtrips(discovery):
+    from astra_sglang.patch.discover import Discovery
+
+    assert Discovery.from_json(discovery.to_json()).sites == discovery.sites
+
+
+def test_discovery_kinds_and_reexports(tmp_path):
+    """Every kind of site on a small synthetic tree, including a re-export chain."""
+    from astra_sglang.patch.discover import discover_for_specs
+    from astra_sglang.registry import get_op
+
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "a.py": "if _is_cuda:\n    from sgl_kernel import silu_and_mul\n",
+        "b.py": "from sglang.a import silu_and_mul as s2\n",
+        "c.py": "from .b import s2\n",
+        "d.py": "import sglang.a as A\ndef f(x):\n    return A.silu_and_mul(x)\n",
+        "e.py": "def g(x):\n    from sgl_kernel import silu_and_mul\n    return silu_and_mul(x)\n",
+        "f.py": "import torch\ndef h(x):\n    return torch.ops.sgl_kernel.silu_and_mul.default(x)\n",
+        "unrelated.py": "silu_and_mul_clamp = 1\n",
+    }
+    for n, t in files.items():
+        (pkg / n).write_text(t)
+    d = discover_for_specs([get_op("silu_and_mul")], roots={"sglang": pkg})
+    got = {(s.kind, s.module, s.local_name, s.guard) for s in d.sites}
+    assert ("import_binding", "sglang.a", "silu_and_mul", "if _is_cuda") in got
+    assert ("import_binding", "sglang.b", "s2", "") in got
+    assert ("import_binding", "sglang.c", "s2", "") in got  # relative import of a re-export
+    assert ("attribute_lookup", "sglang.d", "silu_and_mul", "") in got
+    assert ("call_time_import", "sglang.e", "silu_and_mul", "") in got
+    assert ("torch_op", "sglang.f", "silu_and_mul", "") in got
+    assert {s.target for s in d.sites if s.kind != "torch_op"} == {"sgl_kernel:silu_and_mul"}
+    assert d.files_scanned == 6  # unrelated.py is not parsed
+
+
+def test_discovery_sglang_0_5_17(sglang_0_5_17_source):
+    from astra_sglang.patch.discover import discover_for_specs
+    from astra_sglang.registry import get_op, op_names
+
+    d = discover_for_specs([get_op(o) for o in op_names()], roots={"sglang": Path(sglang_0_5_17_source) / "sglang"})
+    assert d.versions["sglang"] == "0.5.17"
+    silu = _sites(d, "silu_and_mul", "import_binding")
+    assert ("sglang.srt.layers.activation", "_sgl_silu_and_mul") in silu
+    assert ("sglang.srt.layers.activation", "_jit_silu_and_mul") in silu
+    assert any(m == "sglang.srt.layers.layernorm" for m, _ in _sites(d, "fused_add_rmsnorm", "import_binding"))
+    assert ("sglang.srt.layers.attention.merge_state", "merge_state_v2") in _sites(d, "merge_state", "import_binding")
+
+
+@pytest.mark.parametrize("which", ["0.5.23", "0.5.17"])
+def test_sglang_has_the_plugin_entry_point(which, request):
+    """Both versions run `load_plugins()` (group sglang.srt.plugins) first thing in every scheduler process."""
+    if which == "0.5.23":
+        root = Path(request.getfixturevalue("wheel_sources")["sglang"])
+    else:
+        root = Path(request.getfixturevalue("sglang_0_5_17_source"))
+    plugins = (root / "sglang/srt/plugins/__init__.py").read_text()
+    assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in plugins
+    sched = (root / "sglang/srt/managers/scheduler.py").read_text()
+    body = sched[sched.index("def run_scheduler_process("):]
+    assert "load_plugins()" in body[:1500]
+    import tomllib
+
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["sglang.srt.plugins"]
+    assert eps == {"astra_sglang": "astra_sglang.patch.hook:sglang_plugin"}
+
+
+def test_dry_run_report(sglang_root):
+    env = _env({"ASTRA_SGLANG_CACHE": str(sglang_root.parent / "patch-cache")}, [sglang_root])
+    cmd = [sys.executable, "-m", "astra_sglang.cli", "patch", "--dry-run", "--", "--model-path", "/m", "--port", "1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "sglang 0.5.23" in out
+    assert "sglang.srt.layers.activation:62" in out and "_sgl_silu_and_mul <- sgl_kernel:silu_and_mul" in out
+    assert "sglang.srt.layers.layernorm" in out
+    assert "activation_module() [elementwise/activation.cuh]" in out and "routes run_activation" in out
+    assert "ASTRA_SGLANG_OPS=fused_add_rmsnorm,merge_state,silu_and_mul" in out
+    assert "-m sglang.launch_server --model-path /m --port 1" in out
+    assert "nothing built, nothing started" in out
+    pj = subprocess.run(cmd[:5] + ["--json", "--ops", "merge_state"], capture_output=True, text=True, env=env,
+                        timeout=300)
+    assert pj.returncode == 0, pj.stderr
+    data = json.loads(pj.stdout)
+    assert data["ops"] == ["merge_state"]
+    assert any(s["module"] == "sglang.srt.layers.attention.merge_state" for s in data["discovery"]["sites"])
+
+
+# ---------------------------------------------------------------------- real modules, patched
+_REAL_PRELUDE = """
+import json, os, sys
+import sglang_cpu_env as E
+E.install({root!r})
+import torch
+from astra_sglang.patch import apply_astra_kernels, revert_astra_kernels, counters
+"""
+
+
+def test_patch_real_modules_imported_before(sglang_root, discovery, tmp_path):
+    plan = tmp_path / "plan.json"  # what `patch --serve` hands its server: the JIT factories to wrap
+    plan.write_text(discovery.to_json())
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.srt.layers.activation as A
+import sglang.srt.layers.layernorm as L
+import sglang.srt.layers.attention.merge_state as M
+import sglang.kernels.ops.activation.activation as J
+sk = sys.modules["sgl_kernel"]
+orig = {{"A._sgl": A._sgl_silu_and_mul, "A._jit": A._jit_silu_and_mul, "A.silu": A.silu_and_mul,
+        "L.rms": L.fused_add_rmsnorm, "M.v2": M.merge_state_v2, "J.silu": J.silu_and_mul,
+        "J.factory": J.activation_module}}
+A._jit_act_max_vec_bytes = 1 << 20   # route the layer to sgl_kernel (the JIT one cannot run on CPU)
+L.is_batch_invariant_mode_enabled = lambda: False
+p = apply_astra_kernels(backends=E.astra_standins(), counter_dir={str(tmp_path)!r}, propagate=False,
+                        plan={str(plan)!r})
+patched = {{k: getattr(v, "__astra_op__", None) for k, v in {{
+    "A._sgl": A._sgl_silu_and_mul, "A._jit": A._jit_silu_and_mul, "A.silu": A.silu_and_mul,
+    "L.rms": L.fused_add_rmsnorm, "M.v2": M.merge_state_v2, "J.silu": J.silu_and_mul,
+    "J.factory": J.activation_module}}.items()}}
+g = torch.Generator().manual_seed(0)
+x = torch.randn(8, 64, generator=g)
+y = A.SiluAndMul().forward_cuda(x)
+ref = torch.nn.functional.silu(x[:, :32]) * x[:, 32:]
+n = L.RMSNorm(64); n.weight.data.copy_(torch.rand(64, generator=g) + 0.5)
+h, r = torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g)
+ho, ro = n.forward_cuda(h.clone(), r.clone())
+s = h + r
+href = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * n.weight.data
+va, vb = torch.randn(8, 4, 16, generator=g), torch.randn(8, 4, 16, generator=g)
+sa, sb = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+v, lse = M.merge_state(va, sa, vb, sb)
+# the JIT factory: the module it returns routes run_activation("silu") to the astra op
+xo = torch.empty(8, 32)
+J.activation_module(torch.float32).run_activation(x, xo, "silu")
+c = counters({str(tmp_path)!r})
+summary = p.summary()
+revert_astra_kernels()
+restored = A._sgl_silu_and_mul is orig["A._sgl"] and L.fused_add_rmsnorm is orig["L.rms"] and \\
+    M.merge_state_v2 is orig["M.v2"] and J.activation_module is orig["J.factory"] and A.silu_and_mul is orig["A.silu"]
+print(json.dumps(dict(patched=patched, counters=c, restored=restored, sk_calls=sk.calls,
+    silu_ok=bool(torch.allclose(y, ref, atol=1e-5)), rms_ok=bool(torch.allclose(ho, href, atol=1e-4))
+    and bool(torch.allclose(ro, s)), merge_ok=bool(torch.allclose(lse, torch.logaddexp(sa, sb), atol=1e-5)),
+    jit_ok=bool(torch.allclose(xo, ref, atol=1e-5)),
+    rebound=summary["silu_and_mul"]["targets"]["sgl_kernel:silu_and_mul"]["rebound"])))
+""")
+    assert set(res["patched"].values()) >= {"silu_and_mul", "fused_add_rmsnorm", "merge_state"}
+    assert all(v is not None for v in res["patched"].values()), res["patched"]
+    assert "sglang.srt.layers.activation:_sgl_silu_and_mul" in res["rebound"]
+    assert res["silu_ok"] and res["rms_ok"] and res["merge_ok"] and res["jit_ok"]
+    c = res["counters"]
+    # SiluAndMul once + the JIT module once; each first use self-checked against the original
+    assert c["silu_and_mul"]["calls"] == 2 and c["silu_and_mul"]["checks_passed"] >= 1
+    assert c["fused_add_rmsnorm"]["calls"] == 1 and c["fused_add_rmsnorm"]["checks_passed"] == 1
+    assert c["merge_state"]["calls"] == 1 and c["merge_state"]["checks_passed"] == 1
+    assert all(v["checks_failed"] == 0 and v["disabled"] == 0 for v in c.values())
+    # the production stand-ins ran only inside the self-checks
+    assert res["sk_calls"] == {"silu_and_mul": 1, "fused_add_rmsnorm": 1, "merge_state_v2": 1}
+    assert res["restored"]
+
+
+def test_patch_real_modules_imported_after(sglang_root, tmp_path):
+    """Apply first: modules imported later are rebound as they finish importing."""
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+p = apply_astra_kernels(["fused_add_rmsnorm", "merge_state"], backends=E.astra_standins(),
+                        counter_dir={str(tmp_path)!r}, propagate=False, self_check="off")
+assert "sglang.srt.layers.layernorm" not in sys.modules
+import sglang.srt.layers.layernorm as L
+import sglang.srt.layers.attention.merge_state as M
+L.is_batch_invariant_mode_enabled = lambda: False
+n = L.RMSNorm(32)
+n.forward_cuda(torch.randn(3, 32), torch.randn(3, 32))
+M.merge_state(torch.randn(2, 2, 8), torch.randn(2, 2), torch.randn(2, 2, 8), torch.randn(2, 2))
+print(json.dumps(dict(rms=getattr(L.fused_add_rmsnorm, "__astra_op__", None),
+                      v2=getattr(M.merge_state_v2, "__astra_op__", None), counters=counters({str(tmp_path)!r}),
+                      sk=sys.modules["sgl_kernel"].calls)))
+""")
+    assert res["rms"] == "fused_add_rmsnorm" and res["v2"] == "merge_state"
+    assert res["counters"]["fused_add_rmsnorm"]["calls"] == 1 and res["counters"]["merge_state"]["calls"] == 1
+    assert res["sk"]["fused_add_rmsnorm"] == 0 and res["sk"]["merge_state_v2"] == 0  # self_check off: no original ran
+
+
+def test_self_check_mismatch_disables_the_op(sglang_root, tmp_path):
+    res, proc = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.srt.layers.layernorm as L
+L.is_batch_invariant_mode_enabled = lambda: False
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(wrong={{"fused_add_rmsnorm"}}),
+                    counter_dir={str(tmp_path)!r}, propagate=False)
+g = torch.Generator().manual_seed(1)
+n = L.RMSNorm(64)
+h, r = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g)
+outs = [n.forward_cuda(h.clone(), r.clone()) for _ in range(3)]
+s = h + r
+ok = all(torch.allclose(o[1], s) and torch.allclose(o[0], s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6),
+         atol=1e-4) for o in outs)
+from astra_sglang.patch.counters import read_counters
+st = read_counters({str(tmp_path)!r})[0].status["fused_add_rmsnorm"]
+print(json.dumps(dict(ok=ok, counters=counters({str(tmp_path)!r}), status=st)))
+""")
+    c = res["counters"]["fused_add_rmsnorm"]
+    assert res["ok"], "a wrong kernel served tokens: the original's result must be returned"
+    assert c["checks_failed"] == 1 and c["disabled"] == 1 and c["fallbacks"] == 2
+    assert res["status"]["state"] == "disabled" and "residual" in res["status"]["reason"]
+    assert "PATCH DISABLED for fused_add_rmsnorm" in proc.stderr
+
+
+def test_jit_silu_extra_arguments_fall_back(sglang_root, tmp_path):
+    """The JIT silu_and_mul's MoE arguments, strided views and other dtypes are not the op's
+    contract: SGLang's original gets those calls (on CPU it then raises, which shows it ran)."""
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.kernels.ops.activation.activation as J
+apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), counter_dir={str(tmp_path)!r}, propagate=False,
+                    self_check="off")
+x = torch.randn(4, 16)
+reached_original = []
+for args in [(x, None, torch.zeros(4, dtype=torch.int32), 1), (x.t().contiguous().t(),), (x.to(torch.int32),)]:
+    try:
+        J.silu_and_mul(*args)
+        reached_original.append(False)
+    except Exception:
+        reached_original.append(True)   # SGLang's CUDA-only custom op refused the CPU call
+y = J.silu_and_mul(x)
+ok = bool(torch.allclose(y, torch.nn.functional.silu(x[:, :8]) * x[:, 8:], atol=1e-6))
+print(json.dumps(dict(reached=reached_original, ok=ok, counters=counters({str(tmp_path)!r}))))
+""")
+    c = res["counters"]["silu_and_mul"]
+    assert res["reached"] == [True, True, True] and res["ok"]
+    assert c["calls"] == 1 and c["fallbacks"] == 3
+
+
+# ---------------------------------------------------------------------- activation paths
+def test_disable_switch(sglang_root, tmp_path):
+    res, proc = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.srt.layers.attention.merge_state as M
+before = M.merge_state_v2
+p = apply_astra_kernels(backends=E.astra_standins(), counter_dir={str(tmp_path)!r}, propagate=False)
+from astra_sglang.patch.hook import activate_from_env
+from sglang.srt.plugins import load_plugins
+load_plugins()   # SGLang's own plugin loader, which runs our entry point
+print(json.dumps(dict(p=p is None, hook=activate_from_env() is None, same=M.merge_state_v2 is before,
+                      files=os.listdir({str(tmp_path)!r}))))
+""", env={"ASTRA_SGLANG_DISABLE": "1", "ASTRA_SGLANG_OPS": "all"})
+    assert res == {"p": True, "hook": True, "same": True, "files": []}
+
+
+@pytest.fixture(scope="module")
+def silu_lib(tmp_path_factory):
+    """kernels/silu_and_mul/kernel.cu built for sm_90 with nvcc (no GPU needed to build)."""
+    from astra_sglang.build import find_nvcc
+
+    try:
+        find_nvcc()
+    except Exception:
+        pytest.skip("needs nvcc")
+    os.environ["ASTRA_SGLANG_CACHE"] = str(tmp_path_factory.mktemp("patch-cache"))
+    try:
+        from astra_sglang.patch.apply import build_kernel
+
+        return build_kernel("silu_and_mul", arch="sm_90")
+    finally:
+        os.environ.pop("ASTRA_SGLANG_CACHE", None)
+
+
+@pytest.mark.nvcc
+def test_no_kernel_launch_on_cpu(silu_lib, tmp_path):
+    """The real kernel library is loaded and patched in; CPU tensors never reach it."""
+    res, _ = run_child(f"""
+import json, sys, types, torch
+fake = types.ModuleType("fake_sk")
+def silu_and_mul(input, out=None):
+    d = input.shape[-1] // 2
+    out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+    out.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
+    return out
+fake.silu_and_mul = silu_and_mul
+sys.modules["fake_sk"] = fake
+from astra_sglang.patch import apply_astra_kernels, counters
+p = apply_astra_kernels(["silu_and_mul"], libs={{"silu_and_mul": {str(silu_lib)!r}}},
+                        targets={{"silu_and_mul": ["fake_sk:silu_and_mul"]}}, counter_dir={str(tmp_path)!r},
+                        propagate=False, plan=False)
+backend = p.states["silu_and_mul"].backend
+launched = []
+real_fn = backend.lib._fn
+backend.lib._fn = lambda *a: launched.append(a) or real_fn(*a)
+y = fake.silu_and_mul(torch.randn(4, 64))
+print(json.dumps(dict(name=backend.name, launched=len(launched), c=counters({str(tmp_path)!r})["silu_and_mul"],
+                      patched=getattr(fake.silu_and_mul, "__astra_op__", None), shape=list(y.shape))))
+""")
+    assert res["patched"] == "silu_and_mul" and "kernel" in res["name"]
+    assert res["launched"] == 0 and res["c"]["calls"] == 0 and res["c"]["fallbacks"] == 1
+    assert res["shape"] == [4, 32]
+
+
+@pytest.mark.nvcc
+def test_plugin_entry_point_activates_in_real_sglang(sglang_root, silu_lib, tmp_path):
+    """SGLang's real load_plugins() (as every scheduler process runs it) activates the patch from the env."""
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + """
+import sglang.srt.layers.activation as A
+before = A._sgl_silu_and_mul
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import astra_sglang.patch as P
+print(json.dumps(dict(op=getattr(A._sgl_silu_and_mul, "__astra_op__", None),
+                      jit=getattr(A._jit_silu_and_mul, "__astra_op__", None), active=P.active_patcher() is not None)))
+""", env={"ASTRA_SGLANG_OPS": "silu_and_mul", "ASTRA_SGLANG_LIBS": f"silu_and_mul={silu_lib}",
+          "ASTRA_SGLANG_COUNTER_DIR": str(tmp_path), "ASTRA_SGLANG_PLAN": str(tmp_path / "none.json")})
+    assert res == {"op": "silu_and_mul", "jit": "silu_and_mul", "active": True}
+    assert list(tmp_path.glob("*.cnt"))
+
+
+def _synthetic_sglang(root: Path, launch_calls: int = 3) -> Path:
+    """A tiny package named `sglang` (the real one cannot `import sglang` on CPU CI) that
+    binds the production callable at import time like SGLang's layers do."""
+    (root / "sglang").mkdir(parents=True)
+    (root / "sgl_kernel").mkdir()
+    (root / "sgl_kernel" / "__init__.py").write_text(textwrap.dedent("""
+        import torch
+        def silu_and_mul(input, out=None):
+            d = input.shape[-1] // 2
+            out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+            out.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
+            return out
+    """))
+    (root / "sglang" / "__init__.py").write_text("")
+    (root / "sglang" / "layer.py").write_text("from sgl_kernel import silu_and_mul as _act\n"
+                                              "def forward(x):\n    return _act(x)\n")
+    (root / "sglang" / "launch_server.py").write_text(textwrap.dedent(f"""
+        import sys, torch
+        import sglang.layer as layer
+        print("patched:", getattr(layer._act, "__astra_op__", None), "args:", sys.argv[1:], flush=True)
+        for _ in range({launch_calls}):
+            layer.forward(torch.randn(2, 8))
+    """))
+    return root
+
+
+@pytest.mark.nvcc
+def test_startup_hook_activates_spawned_processes(silu_lib, tmp_path):
+    pkg = _synthetic_sglang(tmp_path / "pkg")
+    cdir = tmp_path / "cnt"
+    res, _ = run_child(f"""
+import json, multiprocessing as mp, subprocess, sys, os
+from astra_sglang.patch import apply_astra_kernels
+apply_astra_kernels(["silu_and_mul"], libs={{"silu_and_mul": {str(silu_lib)!r}}},
+                    targets={{"silu_and_mul": ["sgl_kernel:silu_and_mul"]}}, counter_dir={str(cdir)!r}, plan=False)
+# a fresh interpreter with the exported environment, as SGLang spawns its schedulers
+code = "import sglang.layer as l, json; print(json.dumps(getattr(l._act, '__astra_op__', None)))"
+out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+print(json.dumps(dict(child=out.stdout.strip(), err=out.stderr[-2000:], ops=os.environ["ASTRA_SGLANG_OPS"],
+                      pp=os.environ["PYTHONPATH"].split(os.pathsep)[0])))
+""", pythonpath=[pkg])
+    assert res["ops"] == "silu_and_mul" and res["pp"] == str(STARTUP)
+    assert res["child"] == '"silu_and_mul"', res["err"]
+    # the targets= extension is process-local: the child patched sgl_kernel through the spec's own list
+    assert len(list(cdir.glob("*.cnt"))) == 2
+
+
+def test_counters_readable_from_another_process_and_per_fork(tmp_path):
+    cdir = tmp_path / "cnt"
+    res, proc = run_child(f"""
+import json, os, sys, types, torch
+import sglang_cpu_env as E
+fake = types.ModuleType("fake_sk")
+def silu_and_mul(input, out=None):
+    d = input.shape[-1] // 2
+    out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+    out.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
+    return out
+fake.silu_and_mul = silu_and_mul
+sys.modules["fake_sk"] = fake
+from astra_sglang.patch import apply_astra_kernels
+apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), targets={{"silu_and_mul": ["fake_sk:silu_and_mul"]}},
+                    counter_dir={str(cdir)!r}, propagate=False, plan=False)
+for _ in range(5):
+    fake.silu_and_mul(torch.randn(3, 16))
+pid = os.fork()
+if pid == 0:
+    for _ in range(2):
+        fake.silu_and_mul(torch.randn(3, 16))
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps(dict(parent=os.getpid(), child=pid)))
+""")
+    from astra_sglang.patch import read_counters, totals
+    from astra_sglang.patch.counters import format_table
+
+    procs = {p.pid: p for p in read_counters(cdir)}
+    assert set(procs) == {res["parent"], res["child"]}
+    assert procs[res["parent"]].counts["silu_and_mul"]["calls"] == 5
+    assert procs[res["child"]].counts["silu_and_mul"]["calls"] == 2  # the fork counts in its own file
+    assert procs[res["parent"]].status["silu_and_mul"]["state"] == "patched"
+    assert not procs[res["parent"]].alive
+    assert totals(cdir)["silu_and_mul"]["calls"] == 7
+    assert "silu_and_mul" in format_table(list(procs.values()))
+
+
+def test_torch_compile_sees_one_custom_op(tmp_path):
+    res, _ = run_child(f"""
+import json, sys, types, torch
+import sglang_cpu_env as E
+fake = types.ModuleType("fake_sk")
+def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    s = input + residual
+    residual.copy_(s)
+    input.copy_(s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight)
+fake.fused_add_rmsnorm = fused_add_rmsnorm
+sys.modules["fake_sk"] = fake
+from astra_sglang.patch import apply_astra_kernels, counters
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(),
+                    targets={{"fused_add_rmsnorm": ["fake_sk:fused_add_rmsnorm"]}}, counter_dir={str(tmp_path)!r},
+                    propagate=False, plan=False)
+graphs = []
+def backend(gm, example_inputs):
+    graphs.append(str(gm.graph))
+    return gm.forward
+def layer(x, r, w):
+    x = x * 2
+    fake.fused_add_rmsnorm(x, r, w, 1e-6, enable_pdl=True)
+    return x + 1, r
+x, r, w = torch.randn(4, 32), torch.randn(4, 32), torch.rand(32) + 0.5
+want = layer(x.clone(), r.clone(), w)
+got = torch.compile(layer, backend=backend, fullgraph=True)(x.clone(), r.clone(), w)
+print(json.dumps(dict(ok=all(torch.allclose(a, b, atol=1e-5) for a, b in zip(want, got)),
+                      graph="astra_sglang.fused_add_rmsnorm" in graphs[0], n=len(graphs),
+                      op=hasattr(torch.ops.astra_sglang, "fused_add_rmsnorm"), c=counters({str(tmp_path)!r}))))
+""")
+    assert res["op"] and res["graph"] and res["n"] == 1 and res["ok"]
+    # eager call (self-checked) + the compiled graph's call of the custom op
+    assert res["c"]["fused_add_rmsnorm"]["calls"] == 2
+
+
+# ---------------------------------------------------------------------- validate, CLI
+def test_validate_logic_on_cpu():
+    import torch
+
+    import sglang_cpu_env as E
+    from astra_sglang.patch.validate import format_results, validate
+
+    mod = type(sys)("fake_validate_sk")
+    sys.modules["fake_validate_sk"] = mod
+
+    def silu_and_mul(input, out=None):
+        d = input.shape[-1] // 2
+        out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+        out.copy_((torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()).to(out.dtype))
+        return out
+
+    mod.silu_and_mul = silu_and_mul
+    layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
+    kw = dict(device="cpu", layers=layer, targets={"silu_and_mul": ["fake_validate_sk:silu_and_mul"]},
+              shapes="4x64,3x1001", dtypes=["fp32", "bf16"])
+    try:
+        good = validate(["silu_and_mul"], backends=E.astra_standins(), **kw)
+        bad = validate(["silu_and_mul"], backends=E.astra_standins(wrong={"silu_and_mul"}), **kw)
+        never = validate(["silu_and_mul"], backends=E.astra_standins(),
+                         **{**kw, "layers": {"silu_and_mul": lambda inp, d, s: {"out": silu_and_mul(inp["input"])}}})
+    finally:
+        del sys.modules["fake_validate_sk"]
+    assert good and all(c.status == "PASS" and c.calls == 1 for c in good), format_results(good)
+    assert all(c.status == "FAIL" for c in bad) and "err" in bad[0].detail
+    assert any(c.status == "FAIL" for c in never) and "reached the astra kernel" in format_results(never)
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "astra_sglang.cli", *args], capture_output=True, text=True,
+                          env=_env(env), timeout=120)
+
+
+def test_cli_bad_input_one_line_nonzero(tmp_path):
+    p = _cli("patch")
+    assert p.returncode == 2 and "give --serve" in p.stderr
+    p = _cli("patch", "--dry-run", "--ops", "bogus")
+    assert p.returncode == 2 and "unknown op(s) bogus; known ops:" in p.stderr
+    p = _cli("patch", "--serve", "--ops", "none")
+    assert p.returncode == 2 and "no server arguments" in p.stderr
+    p = _cli("patch", "--counters", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "no such directory" in p.stderr
+    p = _cli("patch", "--dry-run", "--candidate", "silu_and_mul=/no/such.cu", "--ops", "silu_and_mul")
+    assert p.returncode == 2 and "no such file" in p.stderr
+    for p in [_cli("patch", "--dry-run", "--ops", "bogus")]:
+        assert len([l for l in p.stderr.splitlines() if l.strip()]) == 1
+
+
+@pytest.mark.nvcc
+def test_serve_plumbing_and_never_ran(silu_lib, tmp_path):
+    """`patch --serve` on a synthetic `sglang.launch_server`: the server process is patched through the
+    start-up hook, CPU calls never reach the CUDA kernel, so it refuses to report success (exit 3);
+    `--ops none` runs the same server unpatched."""
+    pkg = _synthetic_sglang(tmp_path / "pkg")
+    cache = tmp_path / "cache"
+    (cache / "silu_and_mul").mkdir(parents=True)
+    import shutil
+
+    shutil.copy(silu_lib, cache / "silu_and_mul" / Path(silu_lib).name)
+    env = {"PYTHONPATH": os.pathsep.join([str(pkg), str(TESTS)]), "ASTRA_SGLANG_CACHE": str(cache)}
+    cdir = tmp_path / "cnt"
+    p = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", "silu_and_mul",
+                        "--arch", "sm_90", "--sglang-src", str(pkg), "--counter-dir", str(cdir), "--", "--port", "1"],
+                       capture_output=True, text=True, env={**_env(), **env}, timeout=300)
+    assert "patched: silu_and_mul args: ['--port', '1']" in p.stdout, p.stderr
+    assert p.returncode == 3 and "never ran (0 astra kernel calls): silu_and_mul" in p.stderr
+    from astra_sglang.patch import totals
+
+    assert totals(cdir)["silu_and_mul"]["fallbacks"] == 3
+    shown = _cli("patch", "--counters", str(cdir))
+    assert shown.returncode == 0 and "silu_and_mul" in shown.stdout and "fallbacks" in shown.stdout
+    p = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", "none", "--", "--x"],
+                       capture_output=True, text=True, env={**_env(), **env}, timeout=300)
+    assert p.returncode == 0 and "patched: None args: ['--x']" in p.stdout, p.stderr
