@@ -53,19 +53,25 @@ VARIANTS = {
     "wlate": ["-DASTRA_W_LATE=1"],
     "kt4wl": ["-DASTRA_RMS_KT=4", "-DASTRA_W_LATE=1"],
     "cl": ["-DASTRA_CLUSTER=1"],
+    "pf0": ["-DASTRA_PF_MAX=0"],
+    "pfbig": ["-DASTRA_PF_MAX=(64u<<20)"],
+    "pfall": ["-DASTRA_PF_ALL=1", "-DASTRA_PF_MAX=(1u<<31)"],
+    "k4all": ["-DASTRA_K4_MIN=512"],
+    "k4none": ["-DASTRA_K4_MIN=4096"],
 }
 # which variants make sense per op
 _SM = ("silu_and_mul", "merge_state")
 _RN = ("fused_add_rmsnorm",)
 VARIANT_OPS = {"p2big": _SM, "cs1": _SM, "cs2": _SM, "t128": _SM, "t512": _SM, "precise": ("merge_state",),
-               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN}
+               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN, "pfall": _SM,
+               "k4all": _RN, "k4none": _RN}
 
 UTIL_CU = r"""
 #include <cuda_runtime.h>
 #include <stdint.h>
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, s = (size_t)gridDim.x * blockDim.x;
-  for (; i < n; i += s) b[i] = __ldg(a + i);
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;  // one 16-byte vector per thread
+  if (i < n) b[i] = __ldg(a + i);
 }
 __global__ void empty_kernel(int x) {}
 __global__ void empty_pdl_kernel(int x) {
@@ -83,7 +89,7 @@ extern "C" int util_empty_pdl(cudaStream_t st) {
 }
 extern "C" int util_copy(const void* a, void* b, size_t bytes, int sms, cudaStream_t st) {
   size_t n = bytes / 16;
-  copy_kernel<<<sms * 8, 256, 0, st>>>((const uint4*)a, (uint4*)b, n);
+  copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>((const uint4*)a, (uint4*)b, n);
   return (int)cudaGetLastError();
 }
 extern "C" int util_empty(cudaStream_t st) { empty_kernel<<<1, 32, 0, st>>>(0); return (int)cudaGetLastError(); }
@@ -137,6 +143,9 @@ def build_all(ops, variants, bdir: Path, log):
         jobs["silu_and_mul:base"] = _manifest_cmd(KW / "silu_and_mul", bdir / "silu_and_mul.base.so")
     if "fused_add_rmsnorm" in ops:
         jobs["fused_add_rmsnorm:base"] = _manifest_cmd(KW / "fused_add_rmsnorm", bdir / "fused_add_rmsnorm.base.so", extra)
+    sgl = ROOT / ".gpu_ws" / "sgl_kernel" / "merge_state"  # sgl-kernel merge_attn_states (natural-log lse)
+    if "merge_state" in ops and (sgl / "manifest.json").exists():
+        jobs["merge_state:sgl"] = _manifest_cmd(sgl, bdir / "merge_state.sgl.so")
     if "merge_state" in ops:
         ws = KW / "merge_state"
         if (ws / "manifest.json").exists():
@@ -495,7 +504,7 @@ def check(op, libs, shapes, dtypes, dists, log, base_name="base", offsets=(0,)):
                     ref = O.reference(s, dims, snap)
                     errs = {}
                     for name, lib in libs.items():
-                        if off and name in ("base", "fi", "v2cfg"):
+                        if off and name in ("base", "fi", "v2cfg", "sgl"):
                             continue  # production kernels assume aligned tensors (torch's allocator)
                         if is_lse2(op, name) and (dtype == "fp32" or dims[2] not in (64, 128, 256, 512)):
                             continue
@@ -517,7 +526,7 @@ def check(op, libs, shapes, dtypes, dists, log, base_name="base", offsets=(0,)):
                         errs[name] = e
                     base = errs.get(base_name)
                     for name, e in errs.items():
-                        if name in ("base", "fi", "v2cfg"):
+                        if name in ("base", "fi", "v2cfg", "sgl"):
                             continue
                         if isinstance(base, dict):
                             base = {k: v for k, v in base.items() if math.isfinite(v[0])}
@@ -691,7 +700,7 @@ def print_table(rows, log, floor_us):
         for n in r["impls"]:
             if n not in names:
                 names.append(n)
-    base = "base" if "base" in names else names[0]
+    base = "sgl" if "sgl" in names else ("base" if "base" in names else names[0])
     hdr = f"{'op':<18}{'shape':<16}{'dt':<5}" + "".join(f"{n[:9]:>10}" for n in names) + "  spd(default)  %copy  x-floor copy/def"
     log(hdr)
     for r in rows:
@@ -769,7 +778,7 @@ def main():
             t0 = time.time()
             dists = {"silu_and_mul": ("normal", "large", "uniform"), "fused_add_rmsnorm": ("normal", "large", "uniform"),
                      "merge_state": ("normal", "large", "special", "inf_lse")}[op]
-            base_name = "v2cfg" if op == "merge_state" else "base"
+            base_name = ("sgl" if "sgl" in libs else "v2cfg") if op == "merge_state" else "base"
             f, rows = check(op, libs, shapes, a.check_dtypes.split(","), dists, log, base_name, offsets=(0, 1))
             total_fail += f
             results["check"] += rows
@@ -782,9 +791,9 @@ def main():
             results["bench"] += rows
             log(f"bench {op}: {len(rows)} rows ({time.time() - t0:.1f}s)")
             print_table(rows, log, floor_us)
-            base = "base" if "base" in libs else "v2cfg"
+            base = "sgl" if "sgl" in libs else ("base" if "base" in libs else "v2cfg")
             for v in list(libs) + ["copy"]:
-                if v in ("base",):
+                if v == base:
                     continue
                 sp = [r["impls"][base]["us"] / r["impls"][v]["us"] for r in rows if base in r["impls"] and v in r["impls"]]
                 if sp:

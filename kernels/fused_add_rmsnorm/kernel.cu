@@ -33,7 +33,13 @@
 #define ASTRA_PDL 2
 #endif
 #ifndef ASTRA_W_LATE
-#define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction (fewer live registers)
+#define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction at every K (default: only K = 4)
+#endif
+#ifndef ASTRA_K4_MIN
+#define ASTRA_K4_MIN 1024  // rows of more vectors than this use K = 4 (weight loaded late)
+#endif
+#ifndef ASTRA_PF_MAX
+#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
 #endif
 #ifndef ASTRA_RMS_KT
 #define ASTRA_RMS_KT 2  // target vectors per thread when picking threads per row
@@ -164,12 +170,15 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
   }
 #if ASTRA_PDL >= 2
   if (prefetch) {
+    // The weight is shared by every row: only the first row's CTA(s) prefetch it (one request per
+    // line; every CTA prefetching it measured 2x slower on many-row shapes: L2 hot spot).
+    const bool pf_w = threadIdx.y == 0 && blockIdx.x < (CL ? gridDim.x / tokens : 1u);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (ok[k]) {
         prefetch_l2(input + roff + size_t(vi[k]) * W);
         prefetch_l2(residual + roff + size_t(vi[k]) * W);
-        prefetch_l2(weight + size_t(vi[k]) * W);
+        if (pf_w) prefetch_l2(weight + size_t(vi[k]) * W);
       }
     }
   }
@@ -183,15 +192,15 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #if ASTRA_PDL == 2
   pdl_trigger();
 #endif
+  // K = 4 (wide rows) loads the weight after the reduction: fewer live registers, more rows per SM.
+  constexpr bool kWLate = ASTRA_W_LATE || K >= 4;
   Vec<T, W> a[K], b[K], w[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
       a[k] = ld<T, W>(input + roff + size_t(vi[k]) * W);
       b[k] = ld<T, W>(residual + roff + size_t(vi[k]) * W);
-#if !ASTRA_W_LATE
-      w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
-#endif
+      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
     }
   }
   float x[K][W];
@@ -231,11 +240,11 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
     cluster_arrive();  // our reads of the peers' red_cl are done; waited for before exit
   }
 #endif
-#if ASTRA_W_LATE
+  if constexpr (kWLate) {
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
-#endif
+    for (int k = 0; k < K; ++k)
+      if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
+  }
   const float rcp = rsqrtf(ss * inv_d + eps);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -249,6 +258,53 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   if constexpr (CL) cluster_wait();  // keep red_cl alive until every peer has read it
 #endif
+#if ASTRA_PDL == 1
+  pdl_trigger();
+#endif
+}
+
+// Fallback for rows that neither one CTA's registers nor a cluster hold (misaligned very wide rows,
+// or > 16384 vectors): FlashInfer's layout, x kept in dynamic shared memory (d floats), one CTA per row.
+template <typename T, int W>
+__global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restrict__ input, T* __restrict__ residual,
+                                                                      const T* __restrict__ weight, uint32_t nv,
+                                                                      float inv_d, float eps) {
+  extern __shared__ float xs[];
+  __shared__ float red[32];
+  const size_t roff = size_t(blockIdx.x) * nv * W;
+#if ASTRA_PDL >= 1
+  pdl_wait();
+#endif
+#if ASTRA_PDL >= 2
+  pdl_trigger();
+#endif
+  float ss = 0.f;
+  for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    const Vec<T, W> a = ld<T, W>(input + roff + size_t(v) * W);
+    const Vec<T, W> b = ld<T, W>(residual + roff + size_t(v) * W);
+    Vec<T, W> r;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float x = to_f(a.v[i]) + to_f(b.v[i]);
+      ss += x * x;
+      r.v[i] = from_f<T>(x);
+      xs[v * W + i] = x;
+    }
+    st<T, W>(residual + roff + size_t(v) * W, r);
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (uint32_t i = 0; i < (blockDim.x >> 5); ++i) ss += red[i];
+  const float rcp = rsqrtf(ss * inv_d + eps);
+  for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    const Vec<T, W> w = ldg<T, W>(weight + size_t(v) * W);
+    Vec<T, W> o;
+#pragma unroll
+    for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(xs[v * W + i] * rcp * to_f(w.v[i]));
+    st<T, W>(input + roff + size_t(v) * W, o);
+  }
 #if ASTRA_PDL == 1
   pdl_trigger();
 #endif
@@ -307,6 +363,34 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
 
 inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
 
+template <typename T, int W>
+cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv, float inv_d, float eps, bool pdl,
+                        cudaStream_t stream) {
+  const size_t smem = size_t(nv) * W * sizeof(float);
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidValue;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (smem + 32 * sizeof(float) > size_t(optin)) return cudaErrorInvalidValue;  // production fails here too
+  static size_t raised = 0;  // per instantiation
+  if (smem > 48u * 1024u && smem > raised) {
+    cudaError_t e = cudaFuncSetAttribute(fused_add_rmsnorm_smem_kernel<T, W>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+    raised = smem;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tokens);
+  cfg.blockDim = dim3(1024);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, fused_add_rmsnorm_smem_kernel<T, W>, in, res, w, nv, inv_d, eps);
+}
+
 template <typename T, int W, bool CL>
 cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* in, T* res,
                      const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float inv_d, float eps,
@@ -325,6 +409,11 @@ cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t str
 constexpr uint32_t kMaxVecPerCta = 2048u;
 inline bool pick_rk(uint32_t n, uint32_t& R, int& K) {
   if (n > kMaxVecPerCta) return false;
+  if (n > ASTRA_K4_MIN) {  // wide rows: 4 vectors per thread, weight after the reduction (<= 512 threads)
+    R = round_up32((n + 3) / 4);
+    K = 4;
+    return true;
+  }
   uint32_t r = round_up32((n + ASTRA_RMS_KT - 1) / ASTRA_RMS_KT);
   if (r < 32) r = 32;
   if (r > 1024) r = 1024;
@@ -344,7 +433,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   const uint32_t nv = uint32_t(d / W);
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
-  const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
   const float inv_d = 1.0f / float(d);  // mean of squares as sum * (1/d)
 
   // Cluster split for few tokens with wide rows (sm_90+).
@@ -355,7 +444,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   if (nv > kMaxVecPerCta && info.major >= 9) {  // rows too wide for one CTA's registers: always split
     while (cl < 8 && (nv + cl - 1) / cl > kMaxVecPerCta) cl *= 2;
   }
-  if (cl > 1) {
+  if (cl > 1 && (nv + cl - 1) / cl <= kMaxVecPerCta) {
     const uint32_t slice = (nv + cl - 1) / cl;
     uint32_t R;
     int K;
@@ -365,7 +454,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   }
   uint32_t R;
   int K;
-  if (!pick_rk(nv, R, K)) return cudaErrorInvalidValue;
+  if (!pick_rk(nv, R, K)) return launch_smem<T, W>(in, res, w, tokens, nv, inv_d, eps, pdl, stream);
   // Rows per CTA: up to 256 threads per CTA, but keep at least one CTA per SM while tokens allow.
   uint32_t rows = 1;
   while (R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;

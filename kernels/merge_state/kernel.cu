@@ -30,6 +30,12 @@
 // trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
 #define ASTRA_PDL 2
 #endif
+#ifndef ASTRA_PF_MAX
+#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the op's inputs fit in this
+#endif
+#ifndef ASTRA_PF_ALL
+#define ASTRA_PF_ALL 0  // dev: 1 prefetches in multi-wave grids too
+#endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave
 #endif
@@ -121,8 +127,10 @@ __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restri
       if (ok[j]) {
         prefetch_l2(va + size_t(idx[j]) * W);
         prefetch_l2(vb + size_t(idx[j]) * W);
-        prefetch_l2(sa + hp[j]);
-        prefetch_l2(sb + hp[j]);
+        if (idx[j] == hp[j] * nvh && (hp[j] & 31u) == 0) {  // one request per 128-byte line of LSEs
+          prefetch_l2(sa + hp[j]);
+          prefetch_l2(sb + hp[j]);
+        }
       }
     }
   }
@@ -262,7 +270,8 @@ cudaError_t run_w(const T* va, const float* sa, const T* vb, const float* sb, T*
   // many waves as it takes (streaming waves beat packing into one wave of fat threads: measured).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
-  const int prefetch = (total <= resident1 && uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  const int prefetch = ((ASTRA_PF_ALL || total <= resident1) &&
+                        uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
   if (p == 2) return launch_p<T, W, 2>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
   return launch_p<T, W, 1>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
 }

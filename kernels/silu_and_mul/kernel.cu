@@ -27,6 +27,12 @@
 // trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
 #define ASTRA_PDL 2
 #endif
+#ifndef ASTRA_PF_MAX
+#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the op's inputs fit in this
+#endif
+#ifndef ASTRA_PF_ALL
+#define ASTRA_PF_ALL 0  // dev: 1 prefetches in multi-wave grids too
+#endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
@@ -240,7 +246,8 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
   // Prefetching only pays (and only stays in L2) for a single-wave grid with a small input.
-  const int prefetch = (p == 1 && total <= resident1 && uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= (8u << 20)) ? 1 : 0;
+  const int prefetch = ((ASTRA_PF_ALL || total <= resident1) &&
+                        uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
   if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
   return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
 }
