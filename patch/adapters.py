@@ -26,10 +26,6 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, 
 TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def dtype_code_name(t) -> Optional[str]:
-    return TORCH_DTYPES.get(str(t.dtype).replace("torch.", ""))
-
-
 @dataclass(frozen=True)
 class JitRoute:
     """One method of a JIT module that computes the op.
@@ -83,6 +79,8 @@ def _silu_normalize(c):
     bad = _contig(c, ("input", "out"))
     if bad:
         return bad
+    if x.dim() == 2:
+        return {"input": x, "out": out}, (x.shape[0], d)
     t = x.numel() // (2 * d) if d else 0
     return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
 
@@ -123,6 +121,8 @@ def _rms_normalize(c):
     bad = _contig(c, ("input", "residual", "weight"))
     if bad:
         return bad
+    if x.dim() == 2:
+        return {"input": x, "residual": r, "weight": w}, (x.shape[0], h)
     t = x.numel() // h if h else 0
     return {"input": x.view(t, h), "residual": r.view(t, h), "weight": w}, (t, h)
 

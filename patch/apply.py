@@ -98,6 +98,8 @@ class Patcher:
             self.active = False
             for st in self.states.values():
                 st.counters.set_status(st.name, state="reverted")
+            for c in {id(st.counters): st.counters for st in self.states.values()}.values():
+                c.close()
 
     # ------------------------------------------------------------------ resolution
     def _resolve_all(self) -> None:

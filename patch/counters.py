@@ -48,6 +48,7 @@ class CounterFile:
         self._index = {op: i for i, op in enumerate(self.ops)}
         self._lock = threading.Lock()
         self.status: Dict[str, Dict[str, object]] = {op: {} for op in self.ops}
+        self.closed = False
         self._open()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
@@ -72,7 +73,13 @@ class CounterFile:
             off += 8 * len(FIELDS)
         self._write_meta()
 
+    def close(self) -> None:
+        """No longer in use (reverted): a later fork does not open a file for it."""
+        self.closed = True
+
     def _after_fork(self) -> None:
+        if self.closed:
+            return
         # A forked child shares the parent's MAP_SHARED mapping: give it its own file,
         # starting from zero (its calls are its own), keeping the parent's op status.
         self._lock = threading.Lock()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from astra_sglang.errors import AstraError
 
-from .adapters import OpAdapter, abi_layout, dtype_code_name, torch_schema
+from .adapters import TORCH_DTYPES, OpAdapter, abi_layout, torch_schema
 from .counters import CounterFile
 
 log = logging.getLogger("astra_sglang.patch")
@@ -53,12 +53,8 @@ class _Bypass:
 
 
 def is_tracing(t) -> bool:
-    """A fake/meta tensor, or torch.compile tracing: emit the custom op, do not run."""
-    import torch
-
-    if torch.compiler.is_compiling():
-        return True
-    return t.device.type == "meta" or type(t).__name__ == "FakeTensor"
+    """A fake or meta tensor (tracing outside torch.compile): emit the custom op, do not run."""
+    return type(t).__name__ == "FakeTensor" or t.is_meta
 
 
 # ---------------------------------------------------------------------- backends
@@ -174,6 +170,11 @@ class OpState:
         self.disabled: Optional[str] = None
         self.default_original: Optional[Callable[[Dict[str, Any]], Any]] = None
         self.last_check: Optional[CheckResult] = None
+        import torch
+
+        # torch dtype -> ABI dtype name, for the dtypes both the spec and the backend take
+        self._dtypes = {getattr(torch, t): n for t, n in TORCH_DTYPES.items()
+                        if n in spec.dtypes and n in backend.dtypes}
         _ensure_custom_op(self)
 
     @property
@@ -182,28 +183,32 @@ class OpState:
 
     # ------------------------------------------------------------ support
     def prepare(self, canon: Dict[str, Any]):
-        """Allocate optional outputs; -> (views, dims, dtype) or a reason to fall back."""
+        """Allocate optional outputs; -> (views, dims, dtype) or a reason to fall back.
+        On the hot path of every eager call: keep it lean."""
+        import torch
+
         ad = self.adapter
         for n, mk in ad.alloc.items():
             if canon.get(n) is None:
                 canon[n] = mk(canon)
-        import torch
-
-        for n in self.layout.tensors:
-            if not isinstance(canon.get(n), torch.Tensor):
+        tensors = self.layout.tensors
+        Tensor = torch.Tensor
+        for n in tensors:
+            if not isinstance(canon.get(n), Tensor):
                 return f"{n} is not a tensor"
         data = canon[ad.data]
-        dt = dtype_code_name(data)
-        if dt is None or dt not in self.spec.dtypes or dt not in self.backend.dtypes:
-            return f"dtype {data.dtype} not supported"
+        ddt = data.dtype
+        dt = self._dtypes.get(ddt)
+        if dt is None:
+            return f"dtype {ddt} not supported"
         for n in ad.same_dtype:
-            if canon[n].dtype != data.dtype:
-                return f"{n} is {canon[n].dtype}, {ad.data} is {data.dtype}"
+            if canon[n].dtype is not ddt:
+                return f"{n} is {canon[n].dtype}, {ad.data} is {ddt}"
         for n in ad.fp32:
-            if canon[n].dtype != torch.float32:
+            if canon[n].dtype is not torch.float32:
                 return f"{n} is {canon[n].dtype}, not float32"
         dev = data.device
-        for n in self.layout.tensors:
+        for n in tensors:
             if canon[n].device != dev:
                 return f"{n} on {canon[n].device}, {ad.data} on {dev}"
         if dev.type not in self.backend.devices and dev.type != "meta":
@@ -212,7 +217,7 @@ class OpState:
         if isinstance(res, str):
             return res
         views, dims = res
-        if any(d == 0 for d in dims):
+        if 0 in dims:
             return "empty tensor"
         for n, _ in self.layout.scalars:
             views[n] = canon[n]
