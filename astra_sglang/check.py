@@ -697,11 +697,11 @@ def run_check_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 notes.append(f"{key}: not checked: the harness ran out of GPU memory ({msg})")
                 emit("case", details=[], failures=[], notes=[notes[-1]])
                 out = None
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
-            if out is not None:
+            if out is not None:  # fatal (the CUDA context may be gone: touch nothing) or too many failures
                 out["device"] = dev_name
                 return out
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
     return {"ok": not failures, "reason": failures[0] if failures else "", "failures": failures,
             "details": details, "notes": notes, "device": dev_name}
 

@@ -28,12 +28,15 @@ def main(run: Path) -> None:
     if env.exists():
         out += ["## Environment", "", "```", env.read_text().strip(), "```", ""]
     out += ["## check", "", "| what | verdict | reason / cases | expected | seconds |", "|---|---|---|---|---|"]
-    for f in sorted((run / "check").glob("*.json")):
+    for f in sorted(run.glob("check*/*.json")):
         d = json.loads(f.read_text())
         if "ok" not in d or "details" not in d:
+            if "summary" in d:  # a sanitize_run record
+                out.append(f"| {f.stem} | {'PASS' if d['ok'] else 'REJECTED'} | compute-sanitizer: {d['summary']}: "
+                           f"{d.get('reason', '')[:160]} | | |")
             continue
-        name = f.stem
-        exp = _expect(name.replace("candidate-", "")) if name.startswith("candidate-") else "pass"
+        name = f.stem if f.parent.name == "check" else f"{f.stem} ({f.parent.name})"
+        exp = _expect(f.stem.replace("candidate-", "")) if f.stem.startswith("candidate-") else "pass"
         verdict = "PASS" if d["ok"] else "REJECTED"
         if d["ok"]:
             n = len({(x["shape"], x["dtype"]) for x in d["details"]})
