@@ -19,19 +19,17 @@ Everything is undone by `Patcher.revert()`.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from astra_sglang.errors import AstraError
 
-from .adapters import Binder, JitRoute, OpAdapter, adapter_mismatch, get_adapter
-from .counters import CounterFile, default_dir
+from .adapters import Binder, JitRoute
 from .ops import OpState, bypassing, is_tracing
 
 log = logging.getLogger("astra_sglang.patch")

@@ -204,7 +204,6 @@ def _run_forwarding_signals(cmd: List[str], env: Dict[str, str]) -> int:
 def _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, arch, as_json) -> None:
     from astra_sglang.build import find_nvcc
 
-    from .adapters import get_adapter
     from .apply import kernel_source
     from .discover import format_report
 

@@ -311,8 +311,6 @@ class OpState:
         return out
 
     def _checked_launch(self, views, dims, dt, cls, original) -> None:
-        import torch
-
         idx = self._rows(dims[0])
         pristine = self._sample(views, idx)  # inputs, before anything runs
         expected = {n: (v.clone() if hasattr(v, "clone") else v) for n, v in pristine.items()}

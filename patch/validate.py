@@ -110,7 +110,7 @@ def validate(
         raise AstraError(f"no SGLang layer to validate {', '.join(missing)} with")
     if real_layers:
         try:
-            import sglang  # noqa: F401
+            import sglang  # noqa: F401  (fail early with one line)
         except Exception as e:
             raise AstraError(f"cannot import sglang here ({e}); validate needs an SGLang that runs on this GPU")
 

@@ -596,3 +596,19 @@ def test_serve_plumbing_and_never_ran(silu_lib, tmp_path):
     p = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", "none", "--", "--x"],
                        capture_output=True, text=True, env={**_env(), **env}, timeout=300)
     assert p.returncode == 0 and "patched: None args: ['--x']" in p.stdout, p.stderr
+
+
+def test_server_side_reads_the_plan_without_libcst(discovery, tmp_path):
+    """Server processes only read the CLI's plan: libcst (a CLI-side dependency) is not imported."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(discovery.to_json())
+    res, _ = run_child(f"""
+import json, sys
+sys.modules["libcst"] = None   # any import of libcst now fails
+import sglang_cpu_env as E
+from astra_sglang.patch import apply_astra_kernels
+p = apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), counter_dir={str(tmp_path)!r},
+                        propagate=False, plan={str(plan)!r})
+print(json.dumps(dict(factories=sorted(m + ":" + f for _, m, f, _ in p.factories))))
+""")
+    assert "sglang.kernels.ops.activation.activation:activation_module" in res["factories"]
