@@ -59,6 +59,22 @@ def discovery(sglang_root):
     return discover_for_specs([get_op(o) for o in op_names()], roots={"sglang": sglang_root / "sglang"})
 
 
+@pytest.fixture(scope="module")
+def discovery_0_5_17(sglang_0_5_17_source):
+    from astra_sglang.patch.discover import discover_for_specs
+    from astra_sglang.registry import get_op, op_names
+
+    return discover_for_specs([get_op(o) for o in op_names()], roots={"sglang": Path(sglang_0_5_17_source) / "sglang"})
+
+
+@pytest.fixture(params=["0.5.23", "0.5.17"])
+def sglang_tree(request):
+    """(root holding sglang/, its discovery) for both SGLang versions the project supports."""
+    if request.param == "0.5.23":
+        return request.getfixturevalue("sglang_root"), request.getfixturevalue("discovery")
+    return Path(request.getfixturevalue("sglang_0_5_17_source")), request.getfixturevalue("discovery_0_5_17")
+
+
 def _sites(disc, op, kind):
     return {(s.module, s.local_name) for s in disc.for_op(op, kind)}
 
@@ -125,11 +141,8 @@ def test_discovery_kinds_and_reexports(tmp_path):
     assert d.files_scanned == 6  # unrelated.py is not parsed
 
 
-def test_discovery_sglang_0_5_17(sglang_0_5_17_source):
-    from astra_sglang.patch.discover import discover_for_specs
-    from astra_sglang.registry import get_op, op_names
-
-    d = discover_for_specs([get_op(o) for o in op_names()], roots={"sglang": Path(sglang_0_5_17_source) / "sglang"})
+def test_discovery_sglang_0_5_17(discovery_0_5_17):
+    d = discovery_0_5_17
     assert d.versions["sglang"] == "0.5.17"
     silu = _sites(d, "silu_and_mul", "import_binding")
     assert ("sglang.srt.layers.activation", "_sgl_silu_and_mul") in silu
@@ -187,7 +200,8 @@ from astra_sglang.patch import apply_astra_kernels, revert_astra_kernels, counte
 """
 
 
-def test_patch_real_modules_imported_before(sglang_root, discovery, tmp_path):
+def test_patch_real_modules_imported_before(sglang_tree, tmp_path):
+    sglang_root, discovery = sglang_tree
     plan = tmp_path / "plan.json"  # what `patch --serve` hands its server: the JIT factories to wrap
     plan.write_text(discovery.to_json())
     res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
@@ -381,8 +395,9 @@ print(json.dumps(dict(name=backend.name, launched=len(launched), c=counters({str
 
 
 @pytest.mark.nvcc
-def test_plugin_entry_point_activates_in_real_sglang(sglang_root, silu_lib, tmp_path):
+def test_plugin_entry_point_activates_in_real_sglang(sglang_tree, silu_lib, tmp_path):
     """SGLang's real load_plugins() (as every scheduler process runs it) activates the patch from the env."""
+    sglang_root, _ = sglang_tree
     res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + """
 import sglang.srt.layers.activation as A
 before = A._sgl_silu_and_mul
