@@ -565,6 +565,44 @@ def test_validate_logic_on_cpu():
     assert any(c.status == "FAIL" for c in never) and "reached the astra kernel" in format_results(never)
 
 
+def test_validate_runs_sglangs_own_layers(sglang_tree, tmp_path):
+    """validate's SGLang layer calls (SiluAndMul, RMSNorm with residual, merge_state) on the real
+    modules of both versions, on CPU: unpatched they reach the sgl_kernel stand-ins, patched the
+    astra stand-ins."""
+    sglang_root, _ = sglang_tree
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + """
+import sglang.srt.layers.activation as A
+import sglang.srt.layers.layernorm as L
+A._jit_act_max_vec_bytes = 1 << 20
+L.is_batch_invariant_mode_enabled = lambda: False
+from astra_sglang.patch.validate import format_results, validate
+out = {}
+for op, shapes in [("silu_and_mul", "5x64,2x1001"), ("fused_add_rmsnorm", "3x128,1x4100"), ("merge_state", "4x3x16")]:
+    cases = validate([op], device="cpu", backends=E.astra_standins(), shapes=shapes, dtypes=["fp32", "bf16"])
+    out[op] = [c.status for c in cases]
+    print(format_results(cases), file=sys.stderr)
+print(json.dumps(out))
+""")
+    for op, statuses in res.items():
+        assert statuses and set(statuses) == {"PASS"}, (op, statuses)
+
+
+def test_validate_constructs_layers_outside_a_server():
+    from astra_sglang.patch.validate import construct
+
+    class Base:
+        def __init__(self):
+            self.base = True
+
+    class NeedsContext(Base):
+        def __init__(self):
+            super().__init__()
+            raise ValueError("config namespace 'exec' not published")
+
+    obj = construct(NeedsContext)
+    assert isinstance(obj, NeedsContext) and obj.base
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "astra_sglang.cli", *args], capture_output=True, text=True,
                           env=_env(env), timeout=120)
