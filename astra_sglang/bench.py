@@ -471,7 +471,11 @@ def bench(
     spec = get_op(op)
     ws = _open_workspace(op, workspace)
     shape_list = select_shapes(spec, shapes)
-    dts = workspace_dtypes(spec, ws.manifest, dtypes)
+    have = workspace_dtypes(spec, ws.manifest)
+    dts = [d for d in dtypes if d in have]
+    if not dts:
+        raise AstraError(f"none of the dtypes {', '.join(dtypes)} is supported by this {op} workspace "
+                         f"(it has: {', '.join(have)})")
     seed = int(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     rep = BenchReport(op=op, variant=ws.variant, candidate=str(candidate) if candidate else None, l2=l2, replays=replays,
                       date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), command=command)
@@ -517,7 +521,8 @@ def bench(
     for k in ("device", "sm_count", "l2_bytes", "ceiling_gbps", "ceiling_source", "launch_floor_us", "software"):
         if k in p:
             setattr(rep, k, p[k])
-    rep.notes = list(p.get("notes", []))
+    rep.notes = [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]
+    rep.notes += list(p.get("notes", []))
     rep.recheck = dict(p.get("recheck", {}))
     rep.seconds = time.monotonic() - t0
     if wr.status in ("ok", "failed") and p:

@@ -108,10 +108,6 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
 
     ws = _workspace(op, ws_path, root)
     dts = _dtypes(dtypes) or ("fp16", "bf16")
-    from .check import workspace_dtypes
-    from .registry import get_op
-
-    dts = tuple(d for d in dts if d in workspace_dtypes(get_op(op), ws.manifest)) or dts
     cmd = "astra-sglang " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress)

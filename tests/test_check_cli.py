@@ -75,3 +75,22 @@ def test_bench_rejects_unknown_shape_selector(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "silu_and_mul", "--workspace", str(ws), "--shapes", "nonsense"])
     assert e.value.code == 2 and "no shapes tagged" in capsys.readouterr().err
+
+
+def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):
+    from astra_sglang.bench import bench
+    from astra_sglang.errors import AstraError
+    from astra_sglang.workspace import Workspace
+
+    d = tmp_path / "merge_state"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({
+        "op": "merge_state", "variant": "flashinfer", "include_dirs": [], "flags": [], "dtypes": ["fp16", "bf16"],
+        "closure_sha256": "x", "attrs": {"lse_base": 2.0, "semantics": "flashinfer"}, "arch": "sm_90"}))
+    ws = Workspace.open("merge_state", path=d)
+    with pytest.raises(AstraError, match="none of the dtypes fp32"):
+        bench("merge_state", ws, None, dtypes=("fp32",))
+    bad = tmp_path / "bad.cu"
+    bad.write_text("void f(){ cudaDeviceSynchronize(); }\n")
+    rep = bench("merge_state", ws, bad, dtypes=("fp16", "fp32"))  # static rejection: no build, no GPU
+    assert not rep.ok and "host-sync" in rep.reason
