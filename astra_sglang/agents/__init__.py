@@ -1,0 +1,10 @@
+"""`astra-sglang optimize`: the multi-agent optimization loop (the Astra paper's Algorithm 1).
+
+A deterministic orchestrator (orchestrator.py) owns the loop: rounds, budgets, which candidate a
+round starts from, the JSONL log, resume, and the final re-verification and report. The agents
+(roles.py) run on the OpenAI Agents SDK (`agents`, the optional `[agents]` extra), imported lazily
+so this package installs beside SGLang's exact openai pin. Candidates are compiled, checked and
+timed through an executor (executor.py): the real one calls astra_sglang.check / astra_sglang.bench
+on a GPU; a CPU stand-in (standin.py) runs C candidates for tests and demos. Nothing here imports
+sglang.
+"""

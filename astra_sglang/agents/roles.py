@@ -1,0 +1,134 @@
+"""The four agents of the Astra paper (testing, profiling, planning, coding) and the single-agent
+ablation: their instructions, their tools, and the planner's output contract.
+
+The planner answers with a JSON plan. With strict-schema providers (OpenAI) the SDK enforces it as
+the agent's output type; with servers that lack strict JSON-schema support the schema is in the
+prompt and the answer is parsed and validated here (one retry, then the raw text is kept as the
+plan and the log says it was not valid).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from .tools import ROLE_TOOLS, ToolBox, sdk_tools
+
+PLAN_FIELDS = {
+    "change": "the one change to make, concretely (what code, how)",
+    "rationale": "why, citing the log, the roofline gap or the profiler's numbers",
+    "expected_effect": "which shapes should get faster and by about how much",
+}
+PLAN_SCHEMA = {
+    "type": "object",
+    "properties": {k: {"type": "string", "description": v} for k, v in PLAN_FIELDS.items()},
+    "required": list(PLAN_FIELDS),
+    "additionalProperties": False,
+}
+
+
+@dataclass
+class Plan:
+    change: str
+    rationale: str
+    expected_effect: str
+
+
+def parse_plan(text: str) -> Tuple[Optional[Dict[str, str]], str]:
+    """(plan, "") or (None, what is wrong). Accepts the object bare or inside a ``` fence."""
+    candidates = re.findall(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.S)
+    start, end = text.find("{"), text.rfind("}")
+    if start >= 0 and end > start:
+        candidates.append(text[start:end + 1])
+    if not candidates:
+        return None, "no JSON object found"
+    err = ""
+    for c in candidates:
+        try:
+            obj = json.loads(c)
+        except json.JSONDecodeError as e:
+            err = f"invalid JSON: {e}"
+            continue
+        if not isinstance(obj, dict):
+            err = "the JSON is not an object"
+            continue
+        missing = [k for k in PLAN_FIELDS if not isinstance(obj.get(k), str) or not obj.get(k).strip()]
+        if missing:
+            err = f"missing or empty string fields: {', '.join(missing)}"
+            continue
+        return {k: obj[k].strip() for k in PLAN_FIELDS}, ""
+    return None, err
+
+
+def _common(ctx: Dict[str, Any]) -> str:
+    return (
+        f"You are part of Astra, a multi-agent system that optimizes one GPU kernel taken from SGLang's "
+        f"production code: {ctx['op']} ({ctx['summary']}).\n"
+        f"Kernel ABI (every candidate is one self-contained source file): {ctx['signature']}\n"
+        f"Candidate language and rules: {ctx['language']}\n"
+        f"Speed: geometric-mean speedup over the production kernel on the timing suite "
+        f"({ctx['bench_shapes']} x {ctx['bench_dtypes']}), {ctx['timer']}.\n"
+        f"Correctness oracle: {ctx['check_suite']}\n"
+        f"Shapes are written {ctx['dims']} (e.g. {ctx['example_shape']}).\n"
+    )
+
+
+INSTRUCTIONS = {
+    "testing": (
+        "You are the TESTING agent. Propose extra tests (shapes and value distributions) that would expose "
+        "bugs an optimized variant of this kernel is likely to have: tails when a size is not a multiple of "
+        "the vector width or block size, a single token, odd sizes, the largest sizes, value ranges that "
+        "overflow exp. Tests are added to the mandatory suite, never replace it; each is first run on the "
+        "production kernel and rejected if that fails. Use list_tests to see what is covered and add_tests "
+        "to add (at most {max_tests} shapes per round, no duplicates of the suite). Finish with two or three "
+        "sentences on what you added and which bug each would catch."
+    ),
+    "profiling": (
+        "You are the PROFILING agent. Explain where the kernel under study loses time, with numbers: use "
+        "bench (interleaved with production), roofline (bytes moved, achieved bandwidth, % of the copy "
+        "ceiling) and ncu (DRAM throughput, occupancy, registers, spills, stall reasons) when available. "
+        "Answer in at most ten lines: the bottleneck per shape class (small/decode vs large/prefill), the "
+        "evidence, and where the headroom is. Facts only; no code."
+    ),
+    "planning": (
+        "You are the PLANNING agent. Choose the ONE next change to make to the current best kernel, using "
+        "the log of what was tried (do not repeat a change that failed unless you say how its failure is "
+        "avoided), the roofline gap and the profiler's facts. Prefer the change with the largest expected "
+        "gain on the shapes with the most headroom; correctness first."
+    ),
+    "coding": (
+        "You are the CODING agent. Apply the given plan to the given kernel source and write the COMPLETE new "
+        "file with write_candidate (the whole file, never a diff). Keep the ABI entry point's name and "
+        "signature exactly; support every dtype the ABI takes; keep all sizes correct (tails, one token). If "
+        "you are given compiler errors, fix them and write the whole file again. Finish with one line saying "
+        "what you changed."
+    ),
+    "single": (
+        "You are the only agent: you design tests, profile, plan and code. In each round: read the log and the "
+        "current best kernel, optionally add tests (add_tests) and profile (bench, ncu, roofline), decide ONE "
+        "change, and write the COMPLETE new candidate file with write_candidate (never a diff; keep the ABI "
+        "entry point exactly; keep all sizes correct). The orchestrator compiles, checks and times it after "
+        "you finish. Finish with one line saying what you changed and why."
+    ),
+}
+
+
+def plan_prompt_suffix() -> str:
+    return ("\nAnswer with ONLY a JSON object (no prose before or after) matching this JSON schema:\n"
+            + json.dumps(PLAN_SCHEMA, indent=1))
+
+
+def build_agent(role: str, ctx: Dict[str, Any], provider, box: ToolBox, strict: bool):
+    """One SDK Agent for `role`, with its tools and a metered model from `provider`."""
+    from agents import Agent
+
+    instructions = _common(ctx) + "\n" + INSTRUCTIONS[role].format(max_tests=ctx["max_tests"])
+    kwargs: Dict[str, Any] = {}
+    if role == "planning":
+        if strict:
+            kwargs["output_type"] = Plan
+        else:
+            instructions += plan_prompt_suffix()
+    tools = sdk_tools(box, ROLE_TOOLS[role], strict)
+    return Agent(name=f"astra-{role}", instructions=instructions, tools=tools, model=provider.model(role), **kwargs)
