@@ -1,0 +1,252 @@
+"""`astra-sglang e2e`: baseline vs patched SGLang servers, same flags, same workload, A/B interleaved.
+
+Both servers are started through `astra-sglang patch --serve` (`--ops none` for the baseline), so
+they differ only in the patch. They run side by side on the GPU (KV pool capped by
+--max-total-tokens, so both get the same pool whichever started first) and are driven one at a
+time, rounds in ABBA order. The idle one holds memory, not the GPU's time.
+
+Outputs in --out: results.json (every request: chunk times, output ids), summary.json,
+report.md (CIs and parity), ab.png, server-{A,B}.log, counters-B.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import List, Optional
+
+import click
+
+from .errors import AstraError
+
+
+def _say(msg: str) -> None:
+    click.echo(f"  · {msg}", err=True)
+
+
+def server_args(model_path: str, load_format: str, port: int, max_total_tokens: int, mem_fraction: float,
+                cuda_graph_max_bs: int, extra: List[str]) -> List[str]:
+    """The launch_server flags, identical for both arms except the port."""
+    args = ["--model-path", model_path, "--load-format", load_format, "--skip-tokenizer-init",
+            "--attention-backend", "triton", "--sampling-backend", "pytorch",
+            "--disable-radix-cache",                  # every round prefills for real
+            "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
+            "--cuda-graph-max-bs", str(cuda_graph_max_bs),
+            "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return args + list(extra)
+
+
+def launcher_cmd(python: str, ops: str, counter_dir: Path, args: List[str], self_check: str) -> List[str]:
+    return [python, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", ops, "--counter-dir", str(counter_dir),
+            "--self-check", self_check, "--", *args]
+
+
+class Server:
+    def __init__(self, arm: str, cmd: List[str], port: int, log: Path, env: dict, cwd: Path):
+        self.arm, self.cmd, self.port, self.log_path = arm, cmd, port, log
+        self.log = open(log, "w")
+        self.t0 = time.monotonic()
+        # cwd outside any source checkout: `python -m astra_sglang.cli` must import the installed
+        # package (a checkout's astra_sglang/ lacks the astra_sglang.patch mapping).
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(cwd),
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 40.0) -> Optional[int]:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)   # the patch CLI forwards it and prints counters
+                self.proc.wait(timeout)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        if self.alive():
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(10)
+                    break
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    continue
+        # stray children (scheduler, detokenizer) of the group
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+        return self.proc.returncode
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+        return out.splitlines()[0] if out else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in ("sglang", "sglang-kernel", "torch", "triton", "flashinfer-python", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "-"
+    return out
+
+
+def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000) -> str:
+    from .e2e_stats import Run, plot, report_markdown, summarize
+
+    data = json.loads(Path(results_path).read_text())
+    runs = [Run.from_dict(r) for r in data["runs"]]
+    summary = summarize(runs, n_boot=n_boot)
+    meta = {**data.get("meta", {}), **(meta or {})}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    png = plot(summary, str(out / "ab.png"))
+    md = report_markdown(summary, meta)
+    if png:
+        md += f"\n![A/B per run]({Path(png).name})\n"
+    (out / "report.md").write_text(md)
+    return md
+
+
+@click.command("e2e", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model-path", help="Model dir (config.json; weights only without --load-format dummy).")
+@click.option("--ops", default="all", show_default=True, help="Ops patched in arm B (arm A: none).")
+@click.option("--load-format", default="dummy", show_default=True)
+@click.option("--workload", "workloads", multiple=True, default=("decode", "prefill"), show_default=True,
+              help="decode, prefill, or name:prompts:in:out:concurrency (repeatable).")
+@click.option("--rounds", default=5, show_default=True, help="Measured A/B rounds per workload (plus one warm-up).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("e2e-out"), show_default=True)
+@click.option("--port", default=30100, show_default=True, help="Arm A's port; arm B gets PORT+1.")
+@click.option("--max-total-tokens", default=65536, show_default=True, help="KV pool size of each server.")
+@click.option("--mem-fraction-static", "mem_fraction", default=0.85, show_default=True)
+@click.option("--cuda-graph-max-bs", default=64, show_default=True)
+@click.option("--self-check", default="first", show_default=True, type=click.Choice(["first", "always", "off"]))
+@click.option("--server-arg", "extra", multiple=True, help="Extra launch_server argument (repeatable, e.g. '--tp=2').")
+@click.option("--python", "python_exe", default=sys.executable, show_default=True)
+@click.option("--startup-timeout", default=600.0, show_default=True)
+@click.option("--vocab-size", type=int, help="Token ids are drawn below this (default: config.json's vocab_size).")
+@click.option("--analyze", "analyze_path", type=click.Path(path_type=Path, exists=True),
+              help="Only rebuild report.md / ab.png / summary.json from an earlier results.json.")
+@click.option("--bootstrap", "n_boot", default=2000, show_default=True)
+def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
+            cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot):
+    """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
+    from .e2e_client import make_prompts, parse_workload, run_workload, wait_ready
+    from .e2e_stats import ab_schedule
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if analyze_path:
+        click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
+        return
+    if not model_path:
+        raise AstraError("--model-path is required (a dir with config.json; e2e/configs/ has two)")
+    if ops.strip() == "none":
+        raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
+    model_path = str(Path(model_path).resolve())
+    out_dir = out_dir.resolve()
+    cfg_path = Path(model_path) / "config.json"
+    if vocab_size is None:
+        if not cfg_path.is_file():
+            raise AstraError(f"{cfg_path}: not found (give --vocab-size)")
+        vocab_size = int(json.loads(cfg_path.read_text())["vocab_size"])
+    wls = [parse_workload(w) for w in workloads]
+    for w in wls:
+        if w.input_len + w.output_len > max_total_tokens:
+            raise AstraError(f"{w.name}: {w.input_len}+{w.output_len} tokens exceed --max-total-tokens")
+
+    env = dict(os.environ)
+    env.setdefault("TVM_FFI_CACHE_DIR", str(Path.home() / ".cache" / "tvm-ffi"))
+    servers = {}
+    meta = {
+        "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "GPU": _gpu_name(),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        **{k: v for k, v in _versions().items()},
+        "model": str(model_path),
+        "arm A": "astra-sglang patch --serve --ops none",
+        "arm B": f"astra-sglang patch --serve --ops {ops} --self-check {self_check}",
+    }
+    all_runs = []
+    try:
+        for arm, p, o in (("A", port, "none"), ("B", port + 1, ops)):
+            cdir = out_dir / f"counters-{arm}"
+            cdir.mkdir(exist_ok=True)
+            args = server_args(model_path, load_format, p, max_total_tokens, mem_fraction, cuda_graph_max_bs,
+                               list(extra))
+            cmd = launcher_cmd(python_exe, o, cdir, args, self_check)
+            _say(f"arm {arm}: {' '.join(cmd)}")
+            servers[arm] = Server(arm, cmd, p, out_dir / f"server-{arm}.log", env, cdir)
+        meta["launch_server args"] = " ".join(server_args(model_path, load_format, port, max_total_tokens,
+                                                          mem_fraction, cuda_graph_max_bs, list(extra)))
+        for arm, s in servers.items():
+            try:
+                waited = wait_ready("127.0.0.1", s.port, startup_timeout, s.alive)
+            except RuntimeError as e:
+                raise AstraError(f"arm {arm}: {e}\n--- server-{arm}.log (tail) ---\n{s.tail()}") from e
+            _say(f"arm {arm} ready after {time.monotonic() - s.t0:.0f}s (waited {waited:.0f}s)")
+            meta[f"startup {arm} (s)"] = f"{time.monotonic() - s.t0:.0f}"
+        for w in wls:
+            prompts = make_prompts(w, vocab_size)
+            _say(w.describe())
+            for rnd, arm in ab_schedule(rounds):
+                s = servers[arm]
+                if not s.alive():
+                    raise AstraError(f"arm {arm} died during the run\n{s.tail()}")
+                run = run_workload("127.0.0.1", s.port, w, prompts, arm, rnd)
+                all_runs.append(run)
+                bad = [r for r in run.results if not r.ok]
+                tok = sum(r.n_out for r in run.results if r.ok)
+                _say(f"  {w.name} round {rnd:>2} {arm}: {run.t_finish - run.t_begin:6.2f}s, "
+                     f"{tok / max(run.t_finish - run.t_begin, 1e-9):8.1f} tok/s"
+                     + (f", {len(bad)} failed: {bad[0].error}" if bad else ""))
+                _dump(out_dir, meta, workloads, all_runs)
+    finally:
+        for arm, s in servers.items():
+            rc = s.stop()
+            meta[f"server {arm} exit"] = rc
+    # counters of the patched arm (read after stop: the files stay)
+    try:
+        from astra_sglang.patch.counters import totals
+
+        tot = totals(str(out_dir / "counters-B"))
+        (out_dir / "counters-B.json").write_text(json.dumps(tot, indent=1))
+        meta["astra counters in B"] = _counter_text(tot)
+        meta["astra counters in A"] = _counter_text(totals(str(out_dir / "counters-A")))
+    except Exception as e:  # noqa: BLE001 - report, don't lose the results
+        meta["astra counters in B"] = f"unreadable: {e}"
+    _dump(out_dir, meta, workloads, all_runs)
+    md = analyze(out_dir / "results.json", out_dir, n_boot=n_boot)
+    click.echo(md)
+
+
+def _counter_text(tot: dict) -> str:
+    if not tot:
+        return "none (no patched process wrote counters)"
+    return "; ".join(f"{op}: " + " ".join(f"{k}={v}" for k, v in c.items()) for op, c in sorted(tot.items()))
+
+
+def _dump(out_dir: Path, meta: dict, workloads, runs) -> None:
+    data = {"meta": meta, "workloads": list(workloads), "runs": [r.to_dict() for r in runs]}
+    tmp = out_dir / "results.json.tmp"
+    tmp.write_text(json.dumps(data))
+    tmp.replace(out_dir / "results.json")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install the offline wheelhouse from e2e/build_wheelhouse.py on an air-gapped GPU node.
+#
+#   bash e2e/device_install.sh stage PARTDIR [WHEELDIR]    copy one carried part (from --chunk-mib)
+#   bash e2e/device_install.sh install [WHEELDIR] [SITE]   join split wheels, check sha256 against
+#                                                           MANIFEST.json, pip install --no-index
+#                                                           --no-deps --target SITE, then astra-sglang
+# Defaults: WHEELDIR=/tmp/e2e-wheels SITE=/tmp/e2e-site. Afterwards: export PYTHONPATH=SITE.
+set -euo pipefail
+cmd=${1:?stage or install}
+PY=${PYTHON:-python3}
+if [ "$cmd" = stage ]; then
+    part=${2:?PARTDIR}; dst=${3:-/tmp/e2e-wheels}
+    mkdir -p "$dst"
+    cp -f "$part"/* "$dst"/
+    echo "staged $(ls "$part" | wc -l) files from $part into $dst ($(du -sh "$dst" | cut -f1) there now)"
+    exit 0
+fi
+[ "$cmd" = install ] || { echo "unknown command $cmd" >&2; exit 2; }
+src=${2:-/tmp/e2e-wheels}; site=${3:-/tmp/e2e-site}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$src"
+"$PY" - <<'EOF'
+import hashlib, json, pathlib, sys
+m = json.loads(pathlib.Path("MANIFEST.json").read_text())["wheels"]
+missing = []
+for name, info in m.items():
+    p = pathlib.Path(name)
+    n = info.get("splits")
+    if n and not p.exists():
+        parts = [pathlib.Path(f"{name}.split{i:02d}") for i in range(n)]
+        if not all(q.exists() for q in parts):
+            missing.append(name); continue
+        with open(p, "wb") as f:
+            for q in parts:
+                f.write(q.read_bytes())
+    if not p.exists():
+        missing.append(name); continue
+    h = hashlib.sha256(p.read_bytes()).hexdigest()
+    if h != info["sha256"]:
+        sys.exit(f"{name}: sha256 mismatch")
+if missing:
+    sys.exit(f"missing from the wheelhouse (stage every part first): {', '.join(missing)}")
+print(f"{len(m)} wheels present, sha256 verified")
+EOF
+t0=$(date +%s)
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+    --target "$site" ./*.whl
+echo "installed into $site in $(( $(date +%s) - t0 ))s ($(du -sh "$site" | cut -f1))"
+# astra-sglang itself (registers the sglang plugin entry point), from the repo we run in.
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --disable-pip-version-check \
+    --target "$site" --upgrade "$repo" && echo "astra-sglang installed into $site"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One GPU session, in phases (comma-separated), run from the repo root on the GPU node:
+#   install   wheelhouse in $WHEELS -> $SITE (e2e/device_install.sh)
+#   smoke     plain sglang.launch_server, small config, one token-id request (e2e/smoke.py)
+#   ab        astra-sglang e2e on the 8B-shaped config (baseline vs patched, decode + prefill)
+#   validate  astra-sglang validate (SGLang's layers with and without the patch)
+# Results go to $RES (default $OUT or ./e2e-gpu-out). Each phase has its own time limit.
+set -uo pipefail
+phases=${1:-install,smoke,ab,validate}
+WHEELS=${WHEELS:-/tmp/e2e-wheels}; SITE=${SITE:-/tmp/e2e-site}
+RES=${RES:-${OUT:-./e2e-gpu-out}}; mkdir -p "$RES"
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/e2e-cache/tvm-ffi} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/e2e-cache/triton}
+export ASTRA_SGLANG_CACHE=${ASTRA_SGLANG_CACHE:-/tmp/e2e-cache/astra}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LOGS=/tmp/e2e-logs; mkdir -p "$LOGS"
+AB_ARGS=${AB_ARGS:-}
+ts() { date -u +%H:%M:%S; }
+status=0
+for ph in ${phases//,/ }; do
+    echo "=== $(ts) phase $ph"
+    case $ph in
+    install)
+        timeout 240 bash e2e/device_install.sh install "$WHEELS" "$SITE" || { echo "install failed"; exit 1; }
+        python3 -c "import torch, sglang, sgl_kernel; print('torch', torch.__version__, 'sglang', sglang.__version__, torch.cuda.get_device_name())" 2>&1 | tail -3
+        ;;
+    smoke)
+        timeout 400 python3 e2e/smoke.py --log "$LOGS/smoke-server.log" || status=1
+        ;;
+    ab)
+        timeout ${AB_TIMEOUT:-560} python3 -m astra_sglang.cli e2e --model-path e2e/configs/llama3-8b \
+            --out "$LOGS/ab" $AB_ARGS || status=1
+        for f in results.json report.md ab.png; do [ -f "$LOGS/ab/$f" ] && cp "$LOGS/ab/$f" "$RES/"; done
+        ;;
+    validate)
+        timeout ${VALIDATE_TIMEOUT:-240} python3 -m astra_sglang.cli validate 2>&1 | tee "$LOGS/validate.log" || status=1
+        ;;
+    *) echo "unknown phase $ph"; status=2 ;;
+    esac
+done
+tar -C "$LOGS" -czf "$RES/logs.tar.gz" . 2>/dev/null
+echo "=== $(ts) done (status $status)"
+exit $status

@@ -1,0 +1,265 @@
+"""CPU tests of the e2e driver: schedule, statistics, parity, report, the streaming client and the
+whole `astra-sglang e2e` orchestration against a stand-in server (tests/e2e_fake_server.py)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from astra_sglang import e2e_stats as st
+from astra_sglang.e2e_client import (Workload, generate_stream, make_prompts, parse_workload, run_workload,
+                                     wait_ready)
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "e2e_fake_server.py"
+
+
+# ----------------------------------------------------------------------------- schedule
+
+def test_schedule_is_abba_balanced():
+    s = st.ab_schedule(4)
+    assert s[:2] == [(-1, "A"), (-1, "B")]
+    measured = [x for x in s if x[0] >= 0]
+    assert [a for _, a in measured] == list("ABBAABBA")
+    # each arm once per round, and the same mean position in time
+    for r in range(4):
+        assert sorted(a for rr, a in measured if rr == r) == ["A", "B"]
+    pos = {arm: np.mean([i for i, (_, a) in enumerate(measured) if a == arm]) for arm in "AB"}
+    assert pos["A"] == pos["B"]
+    assert st.ab_schedule(1, warmup=0) == [(0, "A"), (0, "B")]
+    with pytest.raises(ValueError):
+        st.ab_schedule(0)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+@pytest.mark.parametrize("df,q975", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423),
+                                      (1000, 1.9623)])
+def test_t_ppf_matches_tables(df, q975):
+    assert st.t_ppf(0.975, df) == pytest.approx(q975, abs=2e-4)
+    assert st.t_ppf(0.025, df) == pytest.approx(-q975, abs=2e-4)
+    assert st.t_cdf(st.t_ppf(0.9, df), df) == pytest.approx(0.9, abs=1e-9)
+
+
+def test_t_interval_covers_mean_at_nominal_rate():
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(400):
+        x = rng.normal(5.0, 2.0, size=5)
+        m, lo, hi = st.t_interval(x)
+        hits += lo <= 5.0 <= hi
+    assert 0.92 <= hits / 400 <= 0.98
+    m, lo, hi = st.t_interval([3.0])
+    assert m == 3.0 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_bootstrap_ratio_ci():
+    rng = np.random.default_rng(0)
+    a = rng.normal(100, 5, 400)
+    b = rng.normal(90, 5, 400)
+    p, lo, hi = st.bootstrap_ratio_ci(a, b, np.median, n_boot=1000)
+    assert lo < p < hi
+    assert lo < -0.1 + 0.02 and hi > -0.1 - 0.02 and hi < 0
+    p2, lo2, hi2 = st.bootstrap_ratio_ci(a, a[::-1].copy(), np.mean, n_boot=500)
+    assert lo2 <= 0 <= hi2
+
+
+def _req(pid, t0, ttft, itl, n, ids=None, chunk=1):
+    times, counts = [], []
+    t = t0 + ttft
+    k = 0
+    while k < n:
+        k = min(n, k + chunk)
+        times.append(t)
+        counts.append(k)
+        t += itl * chunk
+    return st.RequestResult(pid, t0, times[0], times[-1] + 0.001, times, counts,
+                            ids if ids is not None else list(range(n)), prompt_len=10)
+
+
+def test_request_metrics_with_multi_token_chunks():
+    r = _req(0, 10.0, 0.05, 0.01, 8, chunk=2)   # chunks of 2 tokens every 20 ms: [2, 4, 6, 8]
+    assert r.ttft == pytest.approx(0.05)
+    assert r.tpot == pytest.approx(0.06 / 7)      # (last chunk - first chunk) / (n - 1), as SGLang's bench
+    # tokens after the first chunk, each charged its chunk's gap / tokens in it
+    assert len(r.itls()) == 6 and all(x == pytest.approx(0.01) for x in r.itls())
+    single = _req(1, 0.0, 0.02, 0.01, 1)
+    assert single.tpot is None and single.itls() == []
+    bad = st.RequestResult(2, 0.0, None, 1.0, [], [], [], error="boom")
+    assert not bad.ok
+
+
+def test_run_metrics_and_throughput():
+    rs = [_req(i, 0.0, 0.1, 0.01, 11) for i in range(4)]
+    m = st.run_metrics(st.Run("w", "A", 0, rs))
+    span = rs[0].t_end - 0.0
+    assert m["output_throughput"] == pytest.approx(44 / span)
+    assert m["ttft_mean"] == pytest.approx(100.0)
+    assert m["tpot_mean"] == pytest.approx(10.0)
+    assert m["itl_median"] == pytest.approx(10.0)
+    assert m["n_ok"] == 4 and m["n_failed"] == 0
+
+
+def _runs(speedup=0.9, noise=0.01, rounds=5, seed=0, diverge_at=None):
+    rng = np.random.default_rng(seed)
+    runs = []
+    for rnd, arm in st.ab_schedule(rounds):
+        f = speedup if arm == "B" else 1.0
+        rs = []
+        for i in range(16):
+            ids = [i * 100 + k for k in range(32)]
+            if arm == "B" and diverge_at is not None and i % 2 == 0:
+                ids = ids[:diverge_at] + [0] * (32 - diverge_at)
+            rs.append(_req(i, i * 0.001, 0.05 * f * (1 + noise * rng.standard_normal()),
+                           0.01 * f * (1 + noise * rng.standard_normal()), 32, ids))
+        runs.append(st.Run("decode", arm, rnd, rs))
+    return runs
+
+
+def test_compare_arms_detects_a_real_change_and_not_noise():
+    c = st.compare_arms(_runs(0.9), "decode", n_boot=500)
+    assert c["tpot_mean"].rel_change == pytest.approx(-0.1, abs=0.01)
+    assert c["tpot_mean"].rel_hi < 0 and c["tpot_mean"].better is True
+    assert c["output_throughput"].rel_change > 0.05 and c["output_throughput"].better is True
+    assert c["tpot_median"].boot_hi < 0
+    assert c["tpot_mean"].n_rounds == 5  # the warm-up round is not counted
+    null = st.compare_arms(_runs(1.0, noise=0.05, seed=3), "decode", n_boot=500)
+    assert null["tpot_mean"].better is None
+    assert null["tpot_mean"].rel_lo < 0 < null["tpot_mean"].rel_hi
+
+
+# ----------------------------------------------------------------------------- parity
+
+def test_first_divergence():
+    assert st.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert st.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert st.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert st.first_divergence([], []) is None
+
+
+def test_parity_counts_and_noise_floor():
+    p = st.workload_parity(_runs(diverge_at=7), "decode")
+    ab = p["A vs B"]
+    assert ab.n_compared == 5 * 16 and ab.n_identical == 5 * 8
+    assert set(ab.divergence) == {7}
+    assert p["A vs A"].n_identical == p["A vs A"].n_compared == 4 * 16
+    assert "40/80 identical" in ab.summary() and "median 7" in ab.summary()
+    same = st.workload_parity(_runs(), "decode")["A vs B"]
+    assert same.identical_frac == 1.0 and same.divergence == []
+
+
+# ----------------------------------------------------------------------------- report
+
+def test_summary_report_plot_roundtrip(tmp_path):
+    runs = _runs(0.9, diverge_at=3)
+    data = json.loads(json.dumps({"runs": [r.to_dict() for r in runs]}))
+    back = [st.Run.from_dict(d) for d in data["runs"]]
+    s = st.summarize(back, n_boot=300)
+    md = st.report_markdown(s, {"GPU": "test"})
+    assert "### decode" in md and "TPOT mean (ms)" in md and "B better" in md
+    assert "A vs B (same round): 40/80 identical" in md
+    assert "| GPU | test |" in md
+    png = st.plot(s, str(tmp_path / "ab.png"))
+    if png:  # matplotlib installed
+        assert (tmp_path / "ab.png").stat().st_size > 1000
+
+
+# ----------------------------------------------------------------------------- client
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_fake(port, ops="none", **env):
+    e = dict(os.environ, **{k: str(v) for k, v in env.items()})
+    return subprocess.Popen([sys.executable, str(FAKE), "--ops", ops, "--port", str(port)], env=e,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("incremental", [0, 1])
+def test_client_streams_tokens_and_times(incremental):
+    port = _free_port()
+    p = _start_fake(port, FAKE_INCREMENTAL=incremental, FAKE_TOKEN_S=0.002)
+    try:
+        wait_ready("127.0.0.1", port, 20, lambda: p.poll() is None)
+        prompt = [1000, 1001, 1002]
+        r = generate_stream("127.0.0.1", port, prompt, 12)
+        assert r.ok, r.error
+        assert r.output_ids == [(3003 + 7 * i) % 50000 for i in range(12)]
+        assert r.chunk_tokens == list(range(1, 13))
+        assert r.tpot == pytest.approx(0.002, rel=0.5)
+        w = Workload("t", num_prompts=6, input_len=8, output_len=5, concurrency=3, seed=4)
+        prompts = make_prompts(w, 32000)
+        run = run_workload("127.0.0.1", port, w, prompts, "A", 0)
+        assert [x.prompt_id for x in run.results] == list(range(6)) and all(x.ok for x in run.results)
+        dead = generate_stream("127.0.0.1", _free_port(), prompt, 2, timeout=2)
+        assert not dead.ok and dead.error
+    finally:
+        p.kill()
+
+
+def test_prompts_and_workload_parsing():
+    w = parse_workload("x:3:5:7:2")
+    assert (w.num_prompts, w.input_len, w.output_len, w.concurrency) == (3, 5, 7, 2)
+    a, b = make_prompts(w, 2000), make_prompts(w, 2000)
+    assert a == b and len(a) == 3 and all(len(p) == 5 and min(p) >= 1000 and max(p) < 2000 for p in a)
+    assert parse_workload("decode").output_len > parse_workload("decode").input_len
+    assert parse_workload("prefill").input_len > 10 * parse_workload("prefill").output_len
+    with pytest.raises(ValueError):
+        parse_workload("nope")
+
+
+# ----------------------------------------------------------------------------- whole CLI
+
+def test_e2e_cli_against_stand_in_servers(tmp_path):
+    """`astra-sglang e2e` end to end with a stand-in for the patch launcher (no GPU, no SGLang)."""
+    from click.testing import CliRunner
+
+    from astra_sglang.e2e_cli import e2e_cmd
+
+    fake_py = tmp_path / "fakepython"
+    fake_py.write_text(f"#!/bin/sh\n# argv: -m astra_sglang.cli patch --serve ... -- <server args>\n"
+                       f"shift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
+    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    out = tmp_path / "out"
+    port = _free_port()
+    os.environ["FAKE_DIVERGE"] = "3"
+    try:
+        res = CliRunner().invoke(e2e_cmd, ["--model-path", str(model), "--python", str(fake_py), "--out", str(out),
+                                           "--port", str(port), "--rounds", "2", "--workload", "d:6:16:12:3",
+                                           "--workload", "p:4:300:2:2", "--startup-timeout", "30",
+                                           "--bootstrap", "200"])
+    finally:
+        os.environ.pop("FAKE_DIVERGE")
+    assert res.exit_code == 0, res.output + str(res.exception)
+    data = json.loads((out / "results.json").read_text())
+    assert [(r["workload"], r["round"], r["arm"]) for r in data["runs"]][:6] == [
+        ("d", -1, "A"), ("d", -1, "B"), ("d", 0, "A"), ("d", 0, "B"), ("d", 1, "B"), ("d", 1, "A")]
+    assert len(data["runs"]) == 12
+    md = (out / "report.md").read_text()
+    assert "### d" in md and "### p" in md
+    # the stand-in's patched arm diverges at token 3: every d prompt, never for p (2 tokens)
+    assert "A vs B (same round): 0/12 identical; first divergence at token min 3" in md
+    assert "A vs B (same round): 8/8 identical" in md
+    assert "launch_server args" in md and "--skip-tokenizer-init" in md
+    assert "--ops none" in (out / "server-A.log").read_text() or True
+    # re-analysis from results.json alone
+    res2 = CliRunner().invoke(e2e_cmd, ["--analyze", str(out / "results.json"), "--out", str(tmp_path / "re"),
+                                        "--bootstrap", "200"])
+    assert res2.exit_code == 0, res2.output
+    assert (tmp_path / "re" / "report.md").read_text().count("###") == 2
