@@ -143,7 +143,8 @@ RMSNORM = OpAdapter(
             JitRoute(
                 "fused_add_rmsnorm",
                 ("input", "residual", "weight", "eps"),
-                factory_ok=lambda f: not f.get("cast_x_before_out_mul", False),
+                # conservative: a factory without this parameter is not routed
+                factory_ok=lambda f: f.get("cast_x_before_out_mul", True) is False,
             ),
         ),
     },

@@ -312,6 +312,8 @@ def make_factory_wrapper(st: OpState, factory: Callable, routes: Sequence[JitRou
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
         sig = None
+    if sig is not None and any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+        sig = None  # cannot tell which build a call asks for: leave the factory alone
     proxies: Dict[Any, _JitModuleProxy] = {}
 
     def wrapper(*args, **kwargs):

@@ -262,6 +262,34 @@ print(json.dumps(dict(patched=patched, counters=c, restored=restored, sk_calls=s
     assert res["restored"]
 
 
+def test_jit_factory_routes_only_the_ops_contract(sglang_root, discovery, tmp_path):
+    """sglang.kernels.ops.layernorm.norm: the JIT fused_add_rmsnorm module built with
+    cast_x_before_out_mul=False is routed to the astra op; the HF-parity build (True) is not."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(discovery.to_json())
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.kernels.ops.layernorm.norm as N
+real = N._jit_fused_add_rmsnorm_module
+built = []
+N._jit_fused_add_rmsnorm_module = lambda *a, **k: built.append((a, k)) or (_ for _ in ()).throw(RuntimeError("JIT"))
+N._jit_fused_add_rmsnorm_module.__wrapped__ = real
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(), counter_dir={str(tmp_path)!r},
+                    propagate=False, self_check="off", plan={str(plan)!r})
+x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.rand(64) + 0.5
+s = x + r
+N.fused_add_rmsnorm(x, r, w, 1e-6)                      # the public JIT entry, default build
+ok = bool(torch.allclose(r, s)) and bool(torch.allclose(x, s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w, atol=1e-5))
+try:
+    N.fused_add_rmsnorm(x, r, w, 1e-6, cast_x_before_out_mul=True)
+    hf = "astra"
+except RuntimeError:
+    hf = "original"
+print(json.dumps(dict(ok=ok, hf=hf, built=len(built), c=counters({str(tmp_path)!r})["fused_add_rmsnorm"])))
+""")
+    assert res["ok"] and res["hf"] == "original" and res["built"] == 1
+    assert res["c"]["calls"] == 1
+
+
 def test_patch_real_modules_imported_after(sglang_root, tmp_path):
     """Apply first: modules imported later are rebound as they finish importing."""
     res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
