@@ -14,7 +14,11 @@ export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/e2e-cache/tvm-ffi} TRITON_CAC
 export ASTRA_SGLANG_CACHE=${ASTRA_SGLANG_CACHE:-/tmp/e2e-cache/astra}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LOGS=/tmp/e2e-logs; mkdir -p "$LOGS"
-AB_ARGS=${AB_ARGS:-}
+REPO=$(pwd); RES=$(cd "$RES" && pwd)
+# astra-sglang commands run from $LOGS: in the checkout, ./astra_sglang would shadow the installed
+# package, which alone maps astra_sglang.patch.
+astra() { local t=$1; shift; (cd "$LOGS" && timeout -s INT -k 30 "$t" python3 -m astra_sglang.cli "$@"); }
+AB_ARGS=${AB_ARGS:-}; VALIDATE_ARGS=${VALIDATE_ARGS:-}
 ts() { date -u +%H:%M:%S; }
 status=0
 for ph in ${phases//,/ }; do
@@ -22,18 +26,20 @@ for ph in ${phases//,/ }; do
     case $ph in
     install)
         timeout 240 bash e2e/device_install.sh install "$WHEELS" "$SITE" || { echo "install failed"; exit 1; }
-        python3 -c "import torch, sglang, sgl_kernel; print('torch', torch.__version__, 'sglang', sglang.__version__, torch.cuda.get_device_name())" 2>&1 | tail -3
+        (cd "$LOGS" && python3 -c "import torch, sglang, sgl_kernel; print('torch', torch.__version__, 'sglang', sglang.__version__, torch.cuda.get_device_name())") 2>&1 | tail -3
+        nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
         ;;
     smoke)
-        timeout 400 python3 e2e/smoke.py --log "$LOGS/smoke-server.log" || status=1
+        timeout -s INT -k 20 ${SMOKE_TIMEOUT:-300} python3 e2e/smoke.py --log "$LOGS/smoke-server.log" \
+            --timeout $(( ${SMOKE_TIMEOUT:-300} - 30 )) || status=1
         ;;
     ab)
-        timeout ${AB_TIMEOUT:-560} python3 -m astra_sglang.cli e2e --model-path e2e/configs/llama3-8b \
-            --out "$LOGS/ab" $AB_ARGS || status=1
+        astra ${AB_TIMEOUT:-560} e2e --model-path "$REPO/e2e/configs/llama3-8b" --out "$LOGS/ab" $AB_ARGS 2>&1 \
+            | tee "$LOGS/ab.log" || status=1
         for f in results.json report.md ab.png; do [ -f "$LOGS/ab/$f" ] && cp "$LOGS/ab/$f" "$RES/"; done
         ;;
     validate)
-        timeout ${VALIDATE_TIMEOUT:-240} python3 -m astra_sglang.cli validate 2>&1 | tee "$LOGS/validate.log" || status=1
+        astra ${VALIDATE_TIMEOUT:-240} validate $VALIDATE_ARGS 2>&1 | tee "$LOGS/validate.log" || status=1
         ;;
     *) echo "unknown phase $ph"; status=2 ;;
     esac

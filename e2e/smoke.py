@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent))
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-path", default=str(HERE / "configs" / "llama-small"))
+    ap.add_argument("--model-path", default=str(HERE / "configs" / "llama-small"), type=lambda p: str(Path(p).resolve()))
     ap.add_argument("--port", type=int, default=30200)
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--log", default="smoke-server.log")
@@ -35,7 +35,10 @@ def main() -> int:
     print("$ " + " ".join(cmd), flush=True)
     log = open(a.log, "w")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # cwd outside the checkout: the astra-sglang plugin entry point (if installed) must import the
+    # installed package, not the checkout's astra_sglang/ (which lacks the .patch mapping).
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=str(Path(a.log).resolve().parent))
     rc = 1
     try:
         waited = wait_ready("127.0.0.1", a.port, a.timeout, lambda: proc.poll() is None)
