@@ -31,7 +31,7 @@ from .budget import Budget, BudgetExhausted, Meter, Usage, price_for
 from .executor import Dims, Executor, ExtraTests, parse_shape, shape_key
 from .providers import Provider, ProviderSpec, map_error
 from .report import outcome_text, roofline_table, rounds_table, timing_table, write_report
-from .roles import Plan, build_agent, parse_plan
+from .roles import build_agent, parse_plan, plan_model
 from .runlog import Redactor, RunLog, iter_rounds
 from .tools import ToolBox
 
@@ -326,7 +326,8 @@ class Optimizer:
     def _log_agent(self, role: str, purpose: str, final: Any, calls: List[str], error: Optional[str]) -> None:
         usage = self.meter.take_current()
         self.round_usage.add(usage)
-        out = final if isinstance(final, str) or final is None else getattr(final, "__dict__", str(final))
+        out = final if isinstance(final, str) or final is None else (
+            final.model_dump() if hasattr(final, "model_dump") else str(final))
         if isinstance(out, str) and len(out) > 4000:
             out = out[:4000] + " ..."
         ev = {"event": "agent", "round": self.current_round, "role": role, "purpose": purpose,
@@ -377,8 +378,8 @@ class Optimizer:
         self.box.subject, self.box.subject_round, self.box.target = self.run_dir / parent["file"], parent["round"], None
         text = self._state_text(r, parent) + "\n\nChoose the one change for this round."
         final, error = self._run_agent("planning", "chooses the change", text)
-        if isinstance(final, Plan):
-            return {**final.__dict__, "valid": True}
+        if final is not None and isinstance(final, plan_model()):
+            return {**final.model_dump(), "valid": True}
         plan, why = parse_plan(str(final or ""))
         if plan is None and not error:
             retry = (f"Your answer was not a valid plan ({why}). Answer again with ONLY the JSON object "

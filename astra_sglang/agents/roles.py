@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from .tools import ROLE_TOOLS, ToolBox, sdk_tools
@@ -28,11 +28,19 @@ PLAN_SCHEMA = {
 }
 
 
-@dataclass
-class Plan:
-    change: str
-    rationale: str
-    expected_effect: str
+@lru_cache(maxsize=None)
+def plan_model():
+    """The plan as a pydantic model: the SDK's strict output type (pydantic comes with the SDK). A
+    BaseModel, not a dataclass, so the SDK does not wrap it in {"response": ...}."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Plan(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        change: str = Field(description=PLAN_FIELDS["change"])
+        rationale: str = Field(description=PLAN_FIELDS["rationale"])
+        expected_effect: str = Field(description=PLAN_FIELDS["expected_effect"])
+
+    return Plan
 
 
 def parse_plan(text: str) -> Tuple[Optional[Dict[str, str]], str]:
@@ -127,7 +135,7 @@ def build_agent(role: str, ctx: Dict[str, Any], provider, box: ToolBox, strict: 
     kwargs: Dict[str, Any] = {}
     if role == "planning":
         if strict:
-            kwargs["output_type"] = Plan
+            kwargs["output_type"] = plan_model()
         else:
             instructions += plan_prompt_suffix()
     tools = sdk_tools(box, ROLE_TOOLS[role], strict)
