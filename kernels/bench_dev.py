@@ -7,11 +7,13 @@ One device call does everything (see kernels/NOTES.md for how it was used):
     python3 kernels/bench_dev.py --ops silu_and_mul,fused_add_rmsnorm,merge_state \
         --variants default,pdl0 --shapes paper --dtypes fp16,bf16 --out $OUT
 
-Baselines come from `astra-sglang extract` workspaces under .kwork/ (silu_and_mul: SGLang JIT;
-fused_add_rmsnorm: FlashInfer FusedAddRMSNorm with sgl-kernel's host code and flags) plus two
-dev-only ones for merge_state: FlashInfer MergeState (cascade.cuh, base-2 LSE: the harness converts)
-and `v2cfg`, our kernel built with sgl-kernel merge_attn_states' launch shape (one 16-byte pack per
-thread, 128-thread blocks, no PDL) as a stand-in until extract ships the real one.
+Baselines come from `astra-sglang extract` workspaces: .kwork/<op> (silu_and_mul: SGLang JIT;
+fused_add_rmsnorm: FlashInfer FusedAddRMSNorm with sgl-kernel's host code and flags; merge_state:
+FlashInfer MergeState, base-2 LSE, the harness converts) and, when present,
+.gpu_ws/sgl_kernel/merge_state (sgl-kernel merge_attn_states, "sgl", the merge baseline then).
+`v2cfg` is our merge kernel built with sgl-kernel's launch shape (one 16-byte pack per thread,
+128-thread blocks, no PDL), a stand-in where no sgl-kernel workspace exists. Carry .kwork (and
+.gpu_ws) to the device machine.
 
 Timing: a CUDA graph of N back-to-back calls cycling over K input sets with K * set_bytes > 4 x L2
 (every call L2-cold), implementations interleaved replay by replay, median over R replays, spread =
