@@ -14,14 +14,19 @@
 //    second pass, and the weight load is not serialised behind the reduction.
 //  * Threads per row R (a multiple of 32) and rows per CTA chosen from the hidden size and the token
 //    count: warp-per-row (no __syncthreads) for narrow rows, several rows per CTA when there are many
-//    tokens, one barrier for the cross-warp sum otherwise.
+//    tokens, one barrier for the cross-warp sum otherwise.  Rows of more than 1024 vectors use 4
+//    vectors per thread and load the weight after the reduction (fewer live registers, more rows
+//    resident per SM).
+//  * Rows that fit neither (misaligned rows over 2048 vectors, or pre-sm_90 GPUs): FlashInfer's
+//    layout, x in dynamic shared memory (d floats), one 1024-thread CTA per row.
 //  * Rows wider than one CTA's registers hold (> 2048 vectors, e.g. hidden > 16384 in fp16): a
 //    thread-block cluster splits each row over C CTAs; the partial sums of squares meet through
 //    distributed shared memory (sm_90). (Splitting narrower decode rows the same way measured slower:
 //    the cluster launch and barrier cost more than the extra SMs bring; ASTRA_CLUSTER=1 re-enables.)
 //  * Vector width W = widest (<= 16 bytes) dividing hidden and the pointers' alignment: any hidden size.
 //  * Programmatic dependent launch on sm_90+: all reads and writes behind griddepcontrol.wait; the
-//    dependents are released right after it, and small problems warm L2 with their rows first.
+//    dependents are released right after it, and problems <= 8 MB warm L2 with their rows (the
+//    weight from the first CTA only: every CTA prefetching it made an L2 hot spot) first.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
