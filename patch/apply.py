@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 from astra_sglang.errors import AstraError
 
+from ._posthook import spec_with_post_exec
 from .adapters import Binder, JitRoute
 from .ops import OpState, bypassing, is_tracing
 
@@ -347,52 +348,27 @@ def make_factory_wrapper(st: OpState, factory: Callable, routes: Sequence[JitRou
 
 # ---------------------------------------------------------------------- import hook
 class _ExecHook:
-    """A meta-path finder that never finds anything itself: for watched modules it asks
-    the other finders, then wraps the found loader's exec_module (on the loader instance,
-    so isinstance checks and resource readers are untouched) to call the patcher after
-    the module body ran."""
+    """A meta-path finder that never finds anything itself: for watched modules it has the
+    other finders find them and calls the patcher once the module body ran."""
 
     def __init__(self, patcher: Patcher):
         self.patcher = patcher
         self._busy = threading.local()
 
+    def _after(self, module) -> None:
+        try:
+            self.patcher.on_module_executed(module)
+        except Exception:  # never break an import
+            log.exception("astra-sglang: patching %s after import failed", module.__name__)
+
     def find_spec(self, fullname, path=None, target=None):
-        if not self.patcher.watches(fullname):
-            return None
-        if getattr(self._busy, "name", None) == fullname:
+        if not self.patcher.watches(fullname) or getattr(self._busy, "name", None) == fullname:
             return None
         self._busy.name = fullname
         try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
+            return spec_with_post_exec(self, fullname, path, target, self._after, owner="patcher")
         finally:
             self._busy.name = None
-        if spec is None or spec.loader is None or isinstance(spec.loader, type):
-            return spec
-        loader = spec.loader
-        inner = getattr(loader, "exec_module", None)
-        if inner is None or getattr(inner, "__astra_hook__", False):
-            return spec
-        patcher = self.patcher
-
-        def exec_module(module, _inner=inner):
-            _inner(module)
-            try:
-                patcher.on_module_executed(module)
-            except Exception:  # never break an import
-                log.exception("astra-sglang: patching %s after import failed", module.__name__)
-
-        exec_module.__astra_hook__ = True  # type: ignore[attr-defined]
-        try:
-            loader.exec_module = exec_module
-        except (AttributeError, TypeError):
-            pass
-        return spec
 
 
 # ---------------------------------------------------------------------- building backends

@@ -18,7 +18,6 @@ for modules that import it from there (transitively).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -97,29 +96,15 @@ def query_for_spec(spec) -> OpQuery:
 
 
 # ---------------------------------------------------------------------- locating sources
-def find_package_dir(name: str) -> Optional[Path]:
-    """The directory of an importable top-level package, without importing it."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
+# (extract's finders: a package's directory without importing it; a tree's version)
+from astra_sglang.extract.sources import _pkg_dir as find_package_dir  # noqa: E402
+from astra_sglang.extract.sources import _version_near  # noqa: E402
+
+_DISTS = {"sglang": ("sglang",), "sgl_kernel": ("sglang-kernel", "sgl-kernel"), "flashinfer": ("flashinfer-python",)}
 
 
 def _version_of(pkg_dir: Path) -> str:
-    name = pkg_dir.name
-    for di in sorted(pkg_dir.parent.glob(f"{name}-*.dist-info")) + sorted(pkg_dir.parent.glob(f"{name.replace('_', '-')}-*.dist-info")):
-        m = re.match(rf"{re.escape(di.name.split('-')[0])}-([^-]+)\.dist-info", di.name)
-        if m:
-            return m.group(1)
-    vf = pkg_dir / "version.py"
-    if vf.exists():
-        m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", vf.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    return "unknown"
+    return _version_near(pkg_dir, _DISTS.get(pkg_dir.name, (pkg_dir.name,)))
 
 
 def module_name(pkg_dir: Path, path: Path) -> str:

@@ -83,14 +83,11 @@ LAYERS: Dict[str, Callable[..., Dict[str, Any]]] = {
 
 
 def validation_shapes(spec, selector: str):
+    from astra_sglang.spec import dedupe_shapes
+
     if selector == "validate":
-        shapes = [s for s in list(spec.shapes("paper")) + list(spec.edge_shapes) if "largest" not in s.tags]
-        seen, out = set(), []
-        for s in shapes:
-            if s.dims not in seen:
-                seen.add(s.dims)
-                out.append(s)
-        return out
+        return list(dedupe_shapes([s for s in list(spec.shapes("paper")) + list(spec.edge_shapes)
+                                   if "largest" not in s.tags]))
     return spec.shapes(selector)
 
 

@@ -99,12 +99,12 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 # ---------------------------------------------------------------------- sgl_kernel stand-ins
-def make_sgl_kernel():
+def make_sgl_kernel(name: str = "sgl_kernel"):
     """A stub `sgl_kernel` with CPU versions of the production callables (sgl-kernel's
-    Python signatures, FlashInfer/sgl-kernel semantics)."""
+    Python signatures, FlashInfer/sgl-kernel semantics); `calls` counts their calls."""
     import torch
 
-    m = StubModule("sgl_kernel")
+    m = StubModule(name)
     m.__path__ = []
 
     def silu_and_mul(input, out=None):
@@ -141,17 +141,23 @@ def make_sgl_kernel():
     m.fused_add_rmsnorm = fused_add_rmsnorm
     m.merge_state_v2 = merge_state_v2
     m.calls = {"silu_and_mul": 0, "fused_add_rmsnorm": 0, "merge_state_v2": 0}
-    for name in list(m.calls):
-        fn = getattr(m, name)
+    for fname in list(m.calls):
+        fn = getattr(m, fname)
 
-        def counted(*a, _fn=fn, _n=name, **k):
+        def counted(*a, _fn=fn, _n=fname, **k):
             m.calls[_n] += 1
             return _fn(*a, **k)
 
-        counted.__name__ = name
+        counted.__name__ = fname
         counted.__wrapped__ = fn
-        setattr(m, name, counted)
+        setattr(m, fname, counted)
     return m
+
+
+def fake_production(name: str = "fake_sk"):
+    """make_sgl_kernel() registered as module `name`, for tests that patch it via targets=."""
+    sys.modules[name] = make_sgl_kernel(name)
+    return sys.modules[name]
 
 
 # ---------------------------------------------------------------------- astra kernels on CPU

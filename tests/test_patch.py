@@ -396,15 +396,9 @@ def silu_lib(tmp_path_factory):
 def test_no_kernel_launch_on_cpu(silu_lib, tmp_path):
     """The real kernel library is loaded and patched in; CPU tensors never reach it."""
     res, _ = run_child(f"""
-import json, sys, types, torch
-fake = types.ModuleType("fake_sk")
-def silu_and_mul(input, out=None):
-    d = input.shape[-1] // 2
-    out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
-    out.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
-    return out
-fake.silu_and_mul = silu_and_mul
-sys.modules["fake_sk"] = fake
+import json, sys, torch
+import sglang_cpu_env as E
+fake = E.fake_production("fake_sk")
 from astra_sglang.patch import apply_astra_kernels, counters
 p = apply_astra_kernels(["silu_and_mul"], libs={{"silu_and_mul": {str(silu_lib)!r}}},
                         targets={{"silu_and_mul": ["fake_sk:silu_and_mul"]}}, counter_dir={str(tmp_path)!r},
@@ -490,16 +484,9 @@ print(json.dumps(dict(child=out.stdout.strip(), err=out.stderr[-2000:], ops=os.e
 def test_counters_readable_from_another_process_and_per_fork(tmp_path):
     cdir = tmp_path / "cnt"
     res, proc = run_child(f"""
-import json, os, sys, types, torch
+import json, os, sys, torch
 import sglang_cpu_env as E
-fake = types.ModuleType("fake_sk")
-def silu_and_mul(input, out=None):
-    d = input.shape[-1] // 2
-    out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
-    out.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
-    return out
-fake.silu_and_mul = silu_and_mul
-sys.modules["fake_sk"] = fake
+fake = E.fake_production("fake_sk")
 from astra_sglang.patch import apply_astra_kernels
 apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), targets={{"silu_and_mul": ["fake_sk:silu_and_mul"]}},
                     counter_dir={str(cdir)!r}, propagate=False, plan=False)
@@ -528,15 +515,9 @@ print(json.dumps(dict(parent=os.getpid(), child=pid)))
 
 def test_torch_compile_sees_one_custom_op(tmp_path):
     res, _ = run_child(f"""
-import json, sys, types, torch
+import json, sys, torch
 import sglang_cpu_env as E
-fake = types.ModuleType("fake_sk")
-def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-    s = input + residual
-    residual.copy_(s)
-    input.copy_(s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight)
-fake.fused_add_rmsnorm = fused_add_rmsnorm
-sys.modules["fake_sk"] = fake
+fake = E.fake_production("fake_sk")
 from astra_sglang.patch import apply_astra_kernels, counters
 apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(),
                     targets={{"fused_add_rmsnorm": ["fake_sk:fused_add_rmsnorm"]}}, counter_dir={str(tmp_path)!r},

@@ -17,6 +17,20 @@ def _astra_install():
     if os.environ.get("ASTRA_SGLANG_OPS", "").strip().lower() == "none":
         return
 
+    try:
+        from astra_sglang.patch._posthook import spec_with_post_exec
+    except Exception as e:  # astra_sglang not importable here: say so, run unpatched
+        sys.stderr.write(f"astra-sglang: start-up hook cannot import astra_sglang ({e!r}); SGLang runs UNPATCHED\n")
+        return
+
+    def _activate(module):
+        try:
+            from astra_sglang.patch.hook import activate_from_env
+        except Exception as e:
+            sys.stderr.write(f"astra-sglang: start-up hook cannot import astra_sglang ({e!r}); SGLang runs UNPATCHED\n")
+            return
+        activate_from_env("start-up hook")
+
     class _AstraSGLangStartup:
         """Finds nothing; after `sglang` finished importing, activates the patch once."""
 
@@ -27,40 +41,10 @@ def _astra_install():
             if self.done or fullname != "sglang":
                 return None
             self.done = True
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            inner = spec.loader.exec_module
-
-            def exec_module(module, _inner=inner):
-                _inner(module)
-                try:
-                    from astra_sglang.patch.hook import activate_from_env
-                except Exception as e:  # astra_sglang not importable here: say so, run unpatched
-                    sys.stderr.write(f"astra-sglang: start-up hook cannot import astra_sglang ({e!r}); "
-                                     "SGLang runs UNPATCHED\n")
-                    return
-                activate_from_env("start-up hook")
-
-            try:
-                spec.loader.exec_module = exec_module
-            except (AttributeError, TypeError):
-                pass
-            return spec
+            return spec_with_post_exec(self, fullname, path, target, _activate, owner="startup")
 
     if "sglang" in sys.modules:
-        try:
-            from astra_sglang.patch.hook import activate_from_env
-
-            activate_from_env("start-up hook")
-        except Exception as e:
-            sys.stderr.write(f"astra-sglang: start-up hook failed ({e!r}); SGLang runs UNPATCHED\n")
+        _activate(sys.modules["sglang"])
         return
     sys.meta_path.insert(0, _AstraSGLangStartup())
 
