@@ -136,8 +136,8 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
     for kind, path in out.report.items():
         click.echo(f"{kind}: {path}")
     if out.error is not None:
-        best = out.best_round
-        err = AstraError(redactor.text(f"{out.error} (the log and the best kernel so far are kept: best round {best}; "
-                                       f"report {out.report.get('markdown', '-')})"))
+        kept = (f"the log and the best kernel so far are kept: best round {out.best_round}"
+                if out.best_round is not None else f"the log is kept in {out.run_dir}; no round finished")
+        err = AstraError(redactor.text(f"{out.error} ({kept}; report {out.report.get('markdown', '-')})"))
         err.exit_code = out.error.exit_code
         raise err
