@@ -111,6 +111,18 @@ class Patcher:
         for op, mod_name, fn, cfile in self.factories:
             if mod_name in sys.modules:
                 self._wrap_factory(op, sys.modules[mod_name], fn, cfile)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Record in each op's <pid>.json which callables are patched here, and where."""
+        for op, targets in self.status.items():
+            self.states[op].counters.set_status(
+                op, targets={t: (f"{s.state} (rebound in {len(s.rebound)} module(s))" if s.state == "patched"
+                                 else s.state) for t, s in targets.items()},
+                jit_factories=self._factories_of(op))
+
+    def _factories_of(self, op: str) -> List[str]:
+        return [f"{m}:{f}" for (m, f), w in self.wrapped_factories.items() if getattr(w, "__astra_op__", None) == op]
 
     def _register(self, op: str, target: str, module) -> bool:
         """Resolve `target` on its (imported) module; True if a new original was found."""
@@ -180,9 +192,12 @@ class Patcher:
                 self._scan_all()
             else:
                 self._rebind(module)
+            wrapped = len(self.wrapped_factories)
             for op, mod_name, fn, cfile in self.factories:
                 if mod_name == name:
                     self._wrap_factory(op, module, fn, cfile)
+            if new or len(self.wrapped_factories) != wrapped:
+                self._publish()
 
     def watches(self, fullname: str) -> bool:
         return fullname.split(".")[0] in self._watch
@@ -212,8 +227,7 @@ class Patcher:
                 "backend": st.backend.name,
                 "disabled": st.disabled,
                 "targets": {t: {"state": s.state, "rebound": list(s.rebound)} for t, s in targets.items()},
-                "jit_factories": [f"{m}:{f}" for (m, f) in self.wrapped_factories
-                                  if any(o == op and m == mm and f == ff for o, mm, ff, _ in self.factories)],
+                "jit_factories": self._factories_of(op),
             }
         return out
 

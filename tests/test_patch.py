@@ -326,6 +326,7 @@ ok = all(torch.allclose(o[1], s) and torch.allclose(o[0], s * torch.rsqrt(s.pow(
          atol=1e-4) for o in outs)
 from astra_sglang.patch.counters import read_counters
 st = read_counters({str(tmp_path)!r})[0].status["fused_add_rmsnorm"]
+assert st["targets"]["sglang.srt.layers.layernorm:fused_add_rmsnorm"].startswith("patched"), st
 print(json.dumps(dict(ok=ok, counters=counters({str(tmp_path)!r}), status=st)))
 """)
     c = res["counters"]["fused_add_rmsnorm"]
