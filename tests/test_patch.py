@@ -575,6 +575,39 @@ def test_validate_logic_on_cpu():
     assert any(c.status == "FAIL" for c in never) and "reached the astra kernel" in format_results(never)
 
 
+def test_validate_marks_shapes_sglang_refuses_as_na():
+    """sgl_kernel's silu_and_mul raises for halves that are not 16-byte aligned (seen on the H200
+    with 0.5.17): validate reports those shapes n/a and still validates the others."""
+    import torch
+
+    import sglang_cpu_env as E
+    from astra_sglang.patch.validate import format_results, validate
+
+    mod = type(sys)("fake_refusing_sk")
+    sys.modules["fake_refusing_sk"] = mod
+
+    def silu_and_mul(input, out=None):
+        d = input.shape[-1] // 2
+        if d % 8:
+            raise ValueError("The pointers must be multiple of 16 bytes.")
+        out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+        out.copy_((torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()).to(out.dtype))
+        return out
+
+    mod.silu_and_mul = silu_and_mul
+    layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
+    try:
+        cases = validate(["silu_and_mul"], device="cpu", layers=layer, backends=E.astra_standins(),
+                         targets={"silu_and_mul": ["fake_refusing_sk:silu_and_mul"]},
+                         shapes="4x64,3x1001", dtypes=["fp32"])
+    finally:
+        del sys.modules["fake_refusing_sk"]
+    by_shape = {c.dims: c for c in cases}
+    assert all(c.status == "PASS" for d, c in by_shape.items() if d == (4, 64)), format_results(cases)
+    refused = [c for c in cases if c.dims == (3, 1001)]
+    assert refused and all(c.status == "n/a" and "refuses" in c.detail for c in refused), format_results(cases)
+
+
 def test_validate_runs_sglangs_own_layers(sglang_tree, tmp_path):
     """validate's SGLang layer calls (SiluAndMul, RMSNorm with residual, merge_state) on the real
     modules of both versions, on CPU: unpatched they reach the sgl_kernel stand-ins, patched the
