@@ -475,7 +475,7 @@ class Optimizer:
         self._parent = parent["round"]
         self.say(f"round {r}/{self.cfg.rounds}: starting from round {parent['round']} ({parent['geomean']:.3f}x)")
         path = self.cand_path(r)
-        for stale in self.cand_dir.glob(f"r{r:02d}*"):  # an interrupted earlier try of this round
+        for stale in self.cand_dir.glob(f"r{r:02d}.*"):  # an interrupted earlier try of this round
             stale.unlink()
         base = {"round": r, "parent": parent["round"], "file": str(path.relative_to(self.run_dir))}
         plan = None
