@@ -25,10 +25,16 @@ def _price(text: Optional[str]) -> Optional[Tuple[float, float]]:
     return a, b
 
 
-def _command(params: dict) -> str:
+def _command(ctx: click.Context) -> str:
+    """The command as given (flags from the command line only; never the key)."""
+    from click.core import ParameterSource
+
+    params = ctx.params
     parts = ["astra-sglang", "optimize", params["op"]]
     for k, v in params.items():
         if k in ("op", "api_key") or v is None or v is False:
+            continue
+        if ctx.get_parameter_source(k) not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
             continue
         flag = "--" + {"ws_path": "workspace", "strict_schema": "strict-schema"}.get(k, k).replace("_", "-")
         if k == "strict_schema":
@@ -89,7 +95,7 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
     from .report import rounds_table
     from .runlog import Redactor
 
-    params = click.get_current_context().params
+    ctx = click.get_current_context()
     redactor = Redactor()
     try:
         pspec = resolve(model, base_url, api_key, strict_schema, redactor)
@@ -124,7 +130,7 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
         _say(f"optimize {op}: {mode}-agent, model {pspec.model} ({pspec.kind}), {rounds} rounds, executor "
              f"{ex.name}, run dir {run_dir}")
         opt = Optimizer(spec, ex, pspec, budget, run_dir, cfg, redactor, resume=resume, progress=_say,
-                        command=redactor.text(_command(params)))
+                        command=redactor.text(_command(ctx)))
         out = opt.run()
     except AstraError as e:
         err = AstraError(redactor.text(str(e)))

@@ -154,8 +154,12 @@ class GpuExecutor(Executor):
 
         r = check_candidate(self.spec.name, self.ws, source, shapes=shapes, seed=seed, timeout=self.timeout,
                             progress=self.progress)
-        return CheckResult(r.ok, r.reason if not r.ok else r.summary(), len(r.details),
-                           {"stage": r.stage, "seconds": round(r.seconds, 1), "notes": r.notes[:5]})
+        if r.ok:
+            cases = len({(d["shape"], d["dtype"]) for d in r.details})
+            reason = f"{cases} shape×dtype cases, {len(r.details)} comparisons passed ({r.seconds:.1f}s)"
+        else:
+            reason = r.reason
+        return CheckResult(r.ok, reason, len(r.details), {"stage": r.stage, "notes": r.notes[:5]})
 
     def check(self, source: Path, extra: ExtraTests, seed: int, full: bool = False) -> CheckResult:
         base = self._final_shapes if full else self._check_shapes

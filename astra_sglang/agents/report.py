@@ -70,9 +70,13 @@ def write_report(run_dir: Path, head: Dict[str, Any], records: List[Dict[str, An
     best = final.get("best_round")
     timings = final.get("timings") or []
     md = [f"# astra-sglang optimize: {head['op']}", ""]
+    u = head.get("usage") or {}
+    shown = dict(head, usage=(f"{u.get('requests', 0)} model requests, {u.get('input_tokens', 0)} input + "
+                              f"{u.get('output_tokens', 0)} output tokens"
+                              + (f", ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None else "")))
     for k in ("date", "device", "mode", "model", "rounds_done", "stop", "usage", "command"):
-        if head.get(k) is not None:
-            md.append(f"- **{k.replace('_', ' ')}**: {head[k]}")
+        if shown.get(k) is not None:
+            md.append(f"- **{k.replace('_', ' ')}**: {shown[k]}")
     md += ["", "## Rounds", "", rounds_table(records, best), "", "## Best kernel", ""]
     md.append(final.get("verdict", ""))
     if timings:
@@ -123,12 +127,13 @@ def _plot(path: Path, records: List[Dict[str, Any]], timings: List[Dict[str, Any
         labels = [f"{'x'.join(map(str, t.shape))}\n{t.dtype}" for t in ts]
         sp = [t.speedup for t in ts]
         err = [t.speedup * (t.baseline_spread + t.candidate_spread) for t in ts]
-        ax2.bar(range(len(ts)), sp, yerr=err, color=["tab:green" if not t.noise else "tab:olive" for t in ts])
+        ax2.bar(range(len(ts)), sp, yerr=err,
+                color=["tab:olive" if t.noise else "tab:green" if t.speedup > 1 else "tab:red" for t in ts])
         ax2.axhline(1.0, color="k", lw=0.8, ls="--")
         ax2.set_xticks(range(len(ts)))
         ax2.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
         ax2.set_ylabel("speedup (best / production)")
-        ax2.set_title("best kernel per shape (olive: within spread)")
+        ax2.set_title("best kernel per shape (red: slower, olive: within spread; dots: % of copy ceiling)")
         pct = [t.pct_ceiling for t in ts]
         if any(p is not None for p in pct):
             ax3 = ax2.twinx()
