@@ -154,7 +154,7 @@ def test_testing_agent_adds_tests_never_replaces(resumed_run):
     testing = [e for e in ev if e["event"] == "agent" and e["role"] == "testing" and e["round"] == 2][0]
     assert testing["tool_calls"] == ["add_tests"]
     rs = rounds(resumed_run["run"])
-    assert rs[4]["extra_tests"]["shapes"] == ["9x777", "2x2050", "6x1003"]
+    assert rs[4]["extra_tests"] == ["9x777", "2x2050", "6x1003"]
 
 
 def test_best_is_reverified_and_reported(resumed_run):

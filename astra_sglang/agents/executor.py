@@ -19,6 +19,13 @@ class ExecutorError(Exception):
     """A tool the executor relies on is unavailable (no ncu, profiler not permitted, ...)."""
 
 
+def numel(dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
 def shape_key(dims: Sequence[int]) -> str:
     return "x".join(str(int(d)) for d in dims)
 
@@ -30,15 +37,13 @@ def parse_shape(text: str) -> Dims:
 
 @dataclass
 class ExtraTests:
-    """Tests the Testing agent added on top of the mandatory suite (never instead of it)."""
+    """Shapes checked on top of the mandatory suite (never instead of it): the timed shapes and the
+    testing agent's. Every shape runs every distribution of the op's spec."""
 
     shapes: List[Dims] = field(default_factory=list)
-    distributions: List[str] = field(default_factory=list)
 
-    def merged(self, shapes: Sequence[Dims] = (), distributions: Sequence[str] = ()) -> "ExtraTests":
-        s = list(dict.fromkeys(list(self.shapes) + [tuple(x) for x in shapes]))
-        d = list(dict.fromkeys(list(self.distributions) + list(distributions)))
-        return ExtraTests(s, d)
+    def merged(self, shapes: Sequence[Dims]) -> "ExtraTests":
+        return ExtraTests(list(dict.fromkeys(list(self.shapes) + [tuple(x) for x in shapes])))
 
 
 @dataclass
@@ -158,18 +163,9 @@ class Executor:
     def mandatory_shapes(self, full: bool) -> List[Dims]:
         raise NotImplementedError
 
-    def check_distributions(self) -> Tuple[List[str], List[str]]:
-        """(distributions the mandatory check always runs, extra ones a test may ask for)."""
-        return list(self.spec.distributions), []
-
-    def test_elems(self, dims: Sequence[int]) -> int:
-        n = 1
-        for d in dims:
-            n *= int(d)
-        return n
-
     def max_test_elems(self) -> int:
-        return max(self.test_elems(s.dims) for s in list(self.spec.corpus) + list(self.spec.edge_shapes))
+        """The largest shape (in elements) a test may add: the largest the op's suite has."""
+        return max(numel(s.dims) for s in list(self.spec.corpus) + list(self.spec.edge_shapes))
 
     def signature(self) -> str:
         return self.spec.c_signature()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import AstraError
 from .executor import (
@@ -24,13 +24,6 @@ from .executor import (
     Timing,
     shape_key,
 )
-
-
-def _numel(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
 
 
 def _gpu_name() -> str:
@@ -84,9 +77,6 @@ class GpuExecutor(Executor):
 
     def mandatory_shapes(self, full: bool) -> List[Dims]:
         return [s.dims for s in (self._final_shapes if full else self._check_shapes)]
-
-    def max_test_elems(self) -> int:
-        return max(_numel(s.dims) for s in list(self.spec.corpus) + list(self.spec.edge_shapes))
 
     def check_suite(self, full: bool) -> str:
         shapes = self.mandatory_shapes(full)

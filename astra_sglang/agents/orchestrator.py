@@ -24,11 +24,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import AstraError
 from .budget import Budget, BudgetExhausted, Meter, Usage, price_for
-from .executor import Dims, Executor, ExtraTests, parse_shape, shape_key
+from .executor import Dims, Executor, ExtraTests, numel, parse_shape, shape_key
 from .providers import Provider, ProviderSpec, map_error
 from .report import outcome_text, roofline_table, rounds_table, timing_table, write_report
 from .roles import build_agent, parse_plan, plan_model
@@ -149,7 +149,7 @@ class Optimizer:
         for e in events:
             kind = e.get("event")
             if kind == "tests_added":
-                self.extra = self.extra.merged([parse_shape(s) for s in e.get("shapes", [])], e.get("distributions", []))
+                self.extra = self.extra.merged([parse_shape(s) for s in e.get("shapes", [])])
             elif kind == "profile":
                 self.profiles[int(e["subject_round"])] = e.get("text", "")
             elif kind == "agent":
@@ -218,49 +218,40 @@ class Optimizer:
                 notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}, all positive")
             elif dims in mandatory or dims in new_shapes:
                 notes.append(f"skipped {shape_key(dims)}: already in the suite")
-            elif ex.test_elems(dims) > ex.max_test_elems():
+            elif numel(dims) > ex.max_test_elems():
                 notes.append(f"rejected {shape_key(dims)}: larger than the largest shape the oracle checks")
             elif len(new_shapes) >= room:
                 notes.append(f"rejected {shape_key(dims)}: at most {self.cfg.max_tests_per_round} shapes per round")
             else:
                 new_shapes.append(dims)
-        mand_d, opt_d = ex.check_distributions()
-        new_dists: List[str] = []
-        for d in distributions:
-            if d in mand_d or d in self.extra.distributions:
-                notes.append(f"skipped distribution {d!r}: already in the suite")
-            elif d not in opt_d:
-                notes.append(f"rejected distribution {d!r}: unknown (valid: {', '.join(list(mand_d) + list(opt_d))})")
-            elif d not in new_dists:
-                new_dists.append(d)
-        if not new_shapes and not new_dists:
+        for d in distributions:  # the oracle runs every distribution the spec knows on every shape
+            notes.append(f"distribution {d!r}: " + ("already run on every shape" if d in spec.distributions else
+                                                     f"unknown (every shape runs {', '.join(spec.distributions)})"))
+        if not new_shapes:
             return "nothing added. " + "; ".join(notes)
         # A test the production kernel fails is not a valid test.
         seed = self._seed(self.current_round, 100 + box.added_this_round)
-        res = ex.check_tests_on_baseline(ExtraTests(new_shapes, new_dists), seed)
-        if not res.ok:
-            keep_s: List[Dims] = []
+        if not ex.check_tests_on_baseline(ExtraTests(new_shapes), seed).ok:
+            keep: List[Dims] = []
             for dims in new_shapes:
-                one = ex.check_tests_on_baseline(ExtraTests([dims], []), seed)
-                (keep_s.append(dims) if one.ok else notes.append(f"rejected {shape_key(dims)}: the production kernel fails it ({one.reason})"))
-            keep_d: List[str] = []
-            for d in new_dists:
-                one = ex.check_tests_on_baseline(ExtraTests([], [d]), seed)
-                (keep_d.append(d) if one.ok else notes.append(f"rejected distribution {d}: the production kernel fails it ({one.reason})"))
-            new_shapes, new_dists = keep_s, keep_d
-        if new_shapes or new_dists:
-            self.extra = self.extra.merged(new_shapes, new_dists)
+                one = ex.check_tests_on_baseline(ExtraTests([dims]), seed)
+                if one.ok:
+                    keep.append(dims)
+                else:
+                    notes.append(f"rejected {shape_key(dims)}: the production kernel fails it ({one.reason})")
+            new_shapes = keep
+        if new_shapes:
+            self.extra = self.extra.merged(new_shapes)
             box.added_this_round += len(new_shapes)
             self.log.append({"event": "tests_added", "round": self.current_round, "role": box.role,
-                             "shapes": [shape_key(s) for s in new_shapes], "distributions": new_dists,
-                             "reason": reason})
-            self.say(f"    tests + {', '.join([shape_key(s) for s in new_shapes] + new_dists)}")
-        added = ", ".join([shape_key(s) for s in new_shapes] + new_dists) or "nothing"
+                             "shapes": [shape_key(s) for s in new_shapes], "reason": reason})
+            self.say(f"    tests + {', '.join(shape_key(s) for s in new_shapes)}")
+        added = ", ".join(shape_key(s) for s in new_shapes) or "nothing"
         return f"added: {added}." + (" " + "; ".join(notes) if notes else "")
 
     def _suite(self) -> ExtraTests:
         """What a check adds to the executor's mandatory suite: the timed shapes and the agents' tests."""
-        return ExtraTests(list(self.cfg.bench_shapes)).merged(self.extra.shapes, self.extra.distributions)
+        return ExtraTests(list(self.cfg.bench_shapes)).merged(self.extra.shapes)
 
     def _seed(self, r: int, k: int) -> int:
         return int(hashlib.sha256(f"{self.run_id}:{r}:{k}".encode()).hexdigest()[:8], 16)
@@ -339,8 +330,7 @@ class Optimizer:
     # -- steps ---------------------------------------------------------------------------------------
     def _testing(self, r: int, path: Path, parent: Optional[Dict[str, Any]] = None,
                  plan: Optional[Dict[str, str]] = None) -> None:
-        self.box.subject = None
-        self.box.target = None
+        self.box.subject, self.box.subject_round, self.box.target = path, r, None  # read_source("current")
         src = _fence(path.read_text())
         if r == 0:
             text = (f"Propose the initial extra tests for {self.spec.name}. The production kernel:\n{src}")
@@ -425,8 +415,7 @@ class Optimizer:
         rec["status"] = _status(rec)
         rec["usage"] = self.round_usage.to_json()
         rec["wall_s"] = round(self.log.elapsed_s - t0, 3)
-        rec["extra_tests"] = {"shapes": [shape_key(s) for s in self.extra.shapes],
-                              "distributions": list(self.extra.distributions)}
+        rec["extra_tests"] = [shape_key(s) for s in self.extra.shapes]
         ev = self.log.append({"event": "round", **rec})
         self.records[rec["round"]] = ev
         best = self.best()

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .executor import Timing, geomean, parse_shape
+from .executor import Timing, geomean
 
 
 def _pct(x: Optional[float]) -> str:

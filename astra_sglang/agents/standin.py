@@ -35,6 +35,7 @@ from .executor import (
     ExecutorError,
     ExtraTests,
     Timing,
+    numel,
     shape_key,
 )
 from .standin_worker import MARK
@@ -54,13 +55,6 @@ enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 CHECK_MAX_ELEMS = 1 << 18
 FULL_MAX_ELEMS = 1 << 20
 BENCH_MAX_ELEMS = 1 << 18
-
-
-def _numel(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
 
 
 def _cc() -> str:
@@ -91,8 +85,8 @@ class StandinExecutor(Executor):
         from ..check import select_shapes
 
         # the same selectors as the GPU executor, minus what the CPU cannot check quickly
-        self._check_shapes = [s.dims for s in select_shapes(spec, check_shapes) if _numel(s.dims) <= CHECK_MAX_ELEMS]
-        self._final_shapes = [s.dims for s in select_shapes(spec, final_shapes) if _numel(s.dims) <= FULL_MAX_ELEMS]
+        self._check_shapes = [s.dims for s in select_shapes(spec, check_shapes) if numel(s.dims) <= CHECK_MAX_ELEMS]
+        self._final_shapes = [s.dims for s in select_shapes(spec, final_shapes) if numel(s.dims) <= FULL_MAX_ELEMS]
         self._baseline_lib: Optional[Path] = None
 
     # -- facts -------------------------------------------------------------------------------
@@ -106,7 +100,7 @@ class StandinExecutor(Executor):
     def default_bench_shapes(self) -> List[Dims]:
         if self._bench_shapes:
             return list(self._bench_shapes)
-        return [s.dims for s in self.spec.shapes("paper") if _numel(s.dims) <= BENCH_MAX_ELEMS]
+        return [s.dims for s in self.spec.shapes("paper") if numel(s.dims) <= BENCH_MAX_ELEMS]
 
     def default_bench_dtypes(self) -> List[str]:
         return ["fp32"]

@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
-from .executor import ExecutorError, ExtraTests, parse_shape, shape_key
+from .executor import ExecutorError, parse_shape, shape_key
 from .report import roofline_table, timing_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,10 +68,9 @@ class ToolBox:
                 f"mandatory correctness suite (always run): {ex.check_suite(False)}",
                 f"final re-verification: {ex.check_suite(True)}",
                 f"timing suite: {', '.join(shape_key(s) for s in o.cfg.bench_shapes)} x {', '.join(o.cfg.bench_dtypes)}",
-                f"valid distributions: {', '.join(o.spec.distributions)}",
+                f"every shape runs the distributions {', '.join(o.spec.distributions)}",
                 f"shape dimensions: {' x '.join(o.spec.dim_names)}",
-                f"added so far: shapes {', '.join(shape_key(s) for s in extra.shapes) or 'none'}; "
-                f"distributions {', '.join(extra.distributions) or 'none'}",
+                f"shapes added so far: {', '.join(shape_key(s) for s in extra.shapes) or 'none'}",
                 f"you may still add {max(0, o.cfg.max_tests_per_round - self.added_this_round)} shapes this round",
             ])
         return self._guard(go)
@@ -162,7 +161,8 @@ def sdk_tools(box: ToolBox, names: Sequence[str], strict: bool) -> list:
 
         Args:
             shapes: shapes like "7x1001" (dimensions in the op's order; see list_tests).
-            distributions: value distributions by name (see list_tests); may be empty.
+            distributions: value distributions by name; the oracle already runs every one the op knows
+                (see list_tests) on every shape, so this only confirms coverage; may be empty.
             reason: what bug these tests would catch.
         """
         return box.add_tests(shapes, distributions, reason)
