@@ -98,6 +98,9 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
     ctx = click.get_current_context()
     redactor = Redactor()
     try:
+        from . import sdk
+
+        agents_sdk = sdk.require()
         pspec = resolve(model, base_url, api_key, strict_schema, redactor)
         spec = get_op(op)
         mode = "single" if single_agent else "multi"
@@ -124,9 +127,7 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
         cfg = OptimizeConfig(rounds=rounds, mode=mode, bench_shapes=bench_shapes, bench_dtypes=bench_dtypes,
                              max_fix_attempts=max_fixes, max_turns=max_turns, trace=trace, price=_price(price))
         if not trace:
-            from . import sdk
-
-            sdk.require().set_tracing_disabled(True)
+            agents_sdk.set_tracing_disabled(True)
         _say(f"optimize {op}: {mode}-agent, model {pspec.model} ({pspec.kind}), {rounds} rounds, executor "
              f"{ex.name}, run dir {run_dir}")
         opt = Optimizer(spec, ex, pspec, budget, run_dir, cfg, redactor, resume=resume, progress=_say,
