@@ -85,6 +85,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         srv.requests.append(body)
         srv.auth.add(self.headers.get("Authorization", ""))
+        if srv.mode == "reject-chat":  # the key is revoked after the run started
+            return self._send(401, {"error": {"message": f"Incorrect API key provided: {KEY}"}})
         system = next((m["content"] for m in body["messages"] if m["role"] == "system"), "")
         last = body["messages"][-1]
         if "CODING agent" in system and last["role"] != "tool":
@@ -172,3 +174,15 @@ def test_endpoint_errors_are_one_line(tmp_path):
     assert res.returncode == 2
     assert "error: model 'not-served' is not served at" in res.stderr and "fake-coder" in res.stderr
     assert not (tmp_path / "r" / "log.jsonl").exists()  # nothing was started
+    # a key rejected in the middle of a run: one line, the log kept, the key nowhere
+    srv = FakeLLM("reject-chat")
+    try:
+        res = optimize(*base, "--model", "fake-coder", "--base-url", srv.url, env_extra={"OPENAI_API_KEY": KEY})
+    finally:
+        srv.shutdown()
+    assert res.returncode == 2
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the model endpoint {srv.url} rejected the API key (401) (the log is kept")
+    ev = [json.loads(l) for l in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in ev][-2:] == ["stop", "final"] and "rejected the API key" in ev[-2]["reason"]
+    assert KEY not in res.stderr + res.stdout + (tmp_path / "r" / "log.jsonl").read_text()
