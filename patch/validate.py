@@ -103,6 +103,7 @@ def validate(
     backends: Optional[Dict[str, Any]] = None,
     targets: Optional[Dict[str, Sequence[str]]] = None,
     progress: Callable[[str], None] = lambda m: None,
+    isolate: Any = True,
 ) -> List[Case]:
     import torch
 
@@ -126,34 +127,15 @@ def validate(
             raise AstraError(f"cannot import sglang here ({e}); validate needs an SGLang that runs on this GPU")
 
     revert_astra_kernels()
-    cases: List[Case] = []
-    inputs: List[Dict[str, Any]] = []
-    baseline: List[Dict[str, Any]] = []
-    for op in ops:
-        spec = get_op(op)
-        bad = [d for d in dtypes if d not in spec.dtypes]
-        if bad:
-            raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")
-        for shape in validation_shapes(spec, shapes):
-            for dt in dtypes:
-                for dist in spec.distributions:
-                    gen = torch.Generator(device=device).manual_seed(seed + len(cases))
-                    inp = spec.make_inputs(shape.dims, dt, gen, dist, device=device)
-                    cases.append(Case(op, dt, tuple(shape.dims), dist))
-                    inputs.append(inp)
+    cases = build_cases(ops, dtypes, shapes)
+    inputs = [make_case_inputs(c, seed + i, device) for i, c in enumerate(cases)]
     progress(f"{len(cases)} case(s); running SGLang's layers unpatched")
-    for c, inp in zip(cases, inputs):
-        spec = get_op(c.op)
-        try:
-            baseline.append(layers[c.op](_clone(inp), c.dims, spec.scalars(c.dims)))
-        except (ValueError, RuntimeError) as e:
-            # SGLang itself refuses some spec shapes (sgl_kernel's silu_and_mul wants 16-byte
-            # aligned halves, so hidden % 8 != 0 raises): nothing to compare against.
-            if "CUDA error" in str(e) or "illegal" in str(e):
-                raise  # a sticky device fault is not a refusal: stop loudly
-            c.status = "n/a"
-            c.detail = f"SGLang's own layer refuses this shape: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            baseline.append({})
+    if real_layers and device == "cuda" and isolate:
+        baseline = _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress)
+    elif isinstance(isolate, str):  # tests: isolate the given "module:attr" layers on any device
+        baseline = _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress, layers_ref=isolate)
+    else:
+        baseline = [_unpatched_one(layers, c, inp) for c, inp in zip(cases, inputs)]
 
     cdir = tempfile.mkdtemp(prefix="astra-validate-")
     apply_astra_kernels(list(ops), candidates=candidates, backends=backends, targets=targets, self_check="off",
@@ -211,3 +193,135 @@ def format_results(cases: Sequence[Case]) -> str:
     n_fail = sum(c.status == "FAIL" for c in cases)
     lines.append(f"{n_pass} passed, {n_fail} failed, {len(cases) - n_pass - n_fail} n/a")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------- the unpatched pass, crash-isolated
+def build_cases(ops: Sequence[str], dtypes: Sequence[str], shapes: str) -> List[Case]:
+    """Every (op, shape, dtype, distribution) validate runs, in a fixed order (parent and child agree)."""
+    from astra_sglang.registry import get_op
+
+    cases: List[Case] = []
+    for op in ops:
+        spec = get_op(op)
+        bad = [d for d in dtypes if d not in spec.dtypes]
+        if bad:
+            raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")
+        for shape in validation_shapes(spec, shapes):
+            for dt in dtypes:
+                for dist in spec.distributions:
+                    cases.append(Case(op, dt, tuple(shape.dims), dist))
+    return cases
+
+
+def make_case_inputs(c: Case, seed: int, device: str) -> Dict[str, Any]:
+    import torch
+
+    from astra_sglang.registry import get_op
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return get_op(c.op).make_inputs(c.dims, c.dtype, gen, c.dist, device=device)
+
+
+def _unpatched_one(layers, c: Case, inp) -> Dict[str, Any]:
+    from astra_sglang.registry import get_op
+
+    try:
+        return layers[c.op](_clone(inp), c.dims, get_op(c.op).scalars(c.dims))
+    except (ValueError, RuntimeError) as e:
+        # SGLang itself refuses some spec shapes (sgl_kernel's silu_and_mul wants 16-byte
+        # aligned halves, so hidden % 8 != 0 raises): nothing to compare against.
+        if "CUDA error" in str(e) or "illegal" in str(e):
+            raise  # a sticky device fault is not a refusal: stop loudly
+        c.status = "n/a"
+        c.detail = f"SGLang's own layer refuses this shape: {_first_line(e)}"
+        return {}
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress,
+                        layers_ref: str = "astra_sglang.patch.validate:LAYERS") -> List[Dict[str, Any]]:
+    """Run SGLang's unpatched layers in child processes (CUDA_LAUNCH_BLOCKING=1).
+
+    A production kernel that faults on a shape (sglang 0.5.17's sgl_kernel silu_and_mul does a
+    misaligned 16-byte load when hidden % 8 == 4, seen on an H200) leaves a sticky CUDA error
+    that no process survives; the child dies, that case becomes n/a with the fault as its
+    reason, and a fresh child resumes at the next case.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    work = tempfile.mkdtemp(prefix="astra-validate-unpatched-")
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    env.pop("ASTRA_SGLANG_OPS", None)  # the child must run SGLang unpatched
+    start = 0
+    while start < len(cases):
+        args = json.dumps({"ops": list(ops), "dtypes": list(dtypes), "shapes": shapes, "seed": seed,
+                           "device": device, "start": start, "dir": work, "layers": layers_ref})
+        proc = subprocess.run([sys.executable, "-m", "astra_sglang.patch.validate", args], env=env,
+                              capture_output=True, text=True)
+        cur_file = os.path.join(work, "current")
+        current = int(open(cur_file).read()) if os.path.exists(cur_file) else start
+        if proc.returncode == 0:
+            break
+        if current >= len(cases) or os.path.exists(os.path.join(work, f"{current}.pt")):
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise AstraError(f"validate's unpatched child failed outside a case: {tail}")
+        errs = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+        c = cases[current]
+        c.status = "n/a"
+        c.detail = f"SGLang's own kernel crashed on this shape: {(errs or ['exit ' + str(proc.returncode)])[-1].strip()}"
+        progress(f"SGLang's own {c.op} crashed on {'x'.join(map(str, c.dims))} {c.dtype} {c.dist}; "
+                 f"continuing in a fresh process")
+        start = current + 1
+    out: List[Dict[str, Any]] = []
+    for i, c in enumerate(cases):
+        pt = os.path.join(work, f"{i}.pt")
+        if c.status == "n/a" and not os.path.exists(pt):
+            out.append({})
+            continue
+        rec = torch.load(pt, map_location=device)
+        if rec.get("refused"):
+            c.status, c.detail = "n/a", rec["refused"]
+            out.append({})
+        else:
+            out.append(rec["outputs"])
+    return out
+
+
+def _child(argv: Sequence[str]) -> None:
+    """Child of _unpatched_isolated: run cases from `start`, one result file each."""
+    import json
+    import os
+
+    import torch
+
+    import importlib
+
+    a = json.loads(argv[0])
+    mod, attr = a["layers"].split(":")
+    layers = getattr(importlib.import_module(mod), attr)
+    cases = build_cases(a["ops"], a["dtypes"], a["shapes"])
+    for i in range(a["start"], len(cases)):
+        c = cases[i]
+        with open(os.path.join(a["dir"], "current"), "w") as f:
+            f.write(str(i))
+        got = _unpatched_one(layers, c, make_case_inputs(c, a["seed"] + i, a["device"]))
+        if a["device"] == "cuda":
+            torch.cuda.synchronize()
+        rec = {"refused": c.detail} if c.status == "n/a" else {"outputs": {k: v.cpu() for k, v in got.items()}}
+        torch.save(rec, os.path.join(a["dir"], f"{i}.pt"))
+    with open(os.path.join(a["dir"], "current"), "w") as f:
+        f.write(str(len(cases)))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child(sys.argv[1:])
