@@ -198,6 +198,15 @@ class OpSpec:
         return f'extern "C" cudaError_t {self.symbol}({", ".join(args + ["cudaStream_t stream"])})'
 
 
+def token_sweep(tail: Tuple[int, ...], source: str) -> List[Shape]:
+    """(tokens, *tail) for SGLang's decode batches and prefill chunks (astra_sglang.models)."""
+    from .models import DECODE_TOKENS, PREFILL_TOKENS
+
+    return [Shape((t, *tail), ("decode",), source) for t in DECODE_TOKENS] + [
+        Shape((t, *tail), ("prefill",), source) for t in PREFILL_TOKENS
+    ]
+
+
 def dedupe_shapes(shapes: Sequence[Shape]) -> Tuple[Shape, ...]:
     """Merge shapes with equal dims, uniting their tags and sources."""
     merged: Dict[Tuple[int, ...], Shape] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, MODELS, PREFILL_TOKENS
+from astra_sglang.models import MODELS
 from astra_sglang.spec import (
     DTYPE_BYTES,
     AbiArg,
@@ -29,6 +29,7 @@ from astra_sglang.spec import (
     Tolerance,
     Variant,
     dedupe_shapes,
+    token_sweep,
     torch_dtype,
 )
 
@@ -48,10 +49,7 @@ def _corpus() -> Tuple[Shape, ...]:
         widths = [(m.hidden, f"{m.name} hidden")]
         widths += [(w, f"{m.name} MLA lora-rank norm") for w in m.extra_norm_widths]
         for h, src in widths:
-            for t in DECODE_TOKENS:
-                shapes.append(Shape((t, h), ("decode",), src))
-            for t in PREFILL_TOKENS:
-                shapes.append(Shape((t, h), ("prefill",), src))
+            shapes += token_sweep((h,), src)
     return dedupe_shapes(shapes)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, MODELS, PREFILL_TOKENS
+from astra_sglang.models import MODELS
 from astra_sglang.spec import (
     DTYPE_BYTES,
     AbiArg,
@@ -39,6 +39,7 @@ from astra_sglang.spec import (
     Tolerance,
     Variant,
     dedupe_shapes,
+    token_sweep,
     torch_dtype,
 )
 
@@ -56,10 +57,7 @@ def _corpus() -> Tuple[Shape, ...]:
     for m in MODELS:
         for tp in m.tp:
             h = m.num_heads // tp  # query heads per TP shard
-            for t in DECODE_TOKENS:
-                shapes.append(Shape((t, h, m.head_dim), ("decode",), f"{m.name} tp{tp}"))
-            for t in PREFILL_TOKENS:
-                shapes.append(Shape((t, h, m.head_dim), ("prefill",), f"{m.name} tp{tp}"))
+            shapes += token_sweep((h, m.head_dim), f"{m.name} tp{tp}")
     return dedupe_shapes(shapes)
 
 

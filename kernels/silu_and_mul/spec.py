@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, MODELS, PREFILL_TOKENS
+from astra_sglang.models import MODELS
 from astra_sglang.spec import (
     DTYPE_BYTES,
     AbiArg,
@@ -13,6 +13,7 @@ from astra_sglang.spec import (
     Tolerance,
     Variant,
     dedupe_shapes,
+    token_sweep,
     torch_dtype,
 )
 
@@ -24,10 +25,7 @@ def _corpus() -> Tuple[Shape, ...]:
     for m in MODELS:
         for tp in m.tp:
             d = m.intermediate // tp
-            for t in DECODE_TOKENS:
-                shapes.append(Shape((t, d), ("decode",), f"{m.name} tp{tp}"))
-            for t in PREFILL_TOKENS:
-                shapes.append(Shape((t, d), ("prefill",), f"{m.name} tp{tp}"))
+            shapes += token_sweep((d,), f"{m.name} tp{tp}")
     return dedupe_shapes(shapes)
 
 
