@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import AstraError
 from .report import BenchReport, BenchRow, median, spread
-from .spec import OpSpec, Shape
+from .spec import Shape
 
 DEFAULT_REPLAYS = 30
 WARMUP_REPLAYS = 3
@@ -405,14 +405,9 @@ def _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source,
 
 
 def _driver_version() -> str:
-    try:
-        import subprocess
+    from .build import query_gpu
 
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.splitlines()[0] if out else ""
-    except Exception:
-        return ""
+    return query_gpu("driver_version") or ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -421,7 +416,7 @@ def _driver_version() -> str:
 
 def build_helpers(arch_text: str) -> Path:
     """Build (once per arch, cached) the copy/empty helper kernels."""
-    from .build import Arch, build_shared, first_error_line, parse_arch
+    from .build import build_shared, first_error_line, parse_arch
 
     arch = parse_arch(arch_text)
     d = cache_dir() / "helpers"

@@ -124,19 +124,24 @@ def parse_arch(text: str) -> Arch:
     return Arch(major, minor)
 
 
+def query_gpu(fields: str) -> Optional[str]:
+    """First GPU's `nvidia-smi --query-gpu=FIELDS` as one CSV line; None without a usable nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return out[0].strip() if out and out[0].strip() else None
+
+
 def detect_arch() -> Arch:
     """The local GPU's compute capability, via nvidia-smi (no torch needed)."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20,
-            ).stdout.strip().splitlines()
-            if out and out[0].strip():
-                return parse_arch(out[0].strip())
-        except (subprocess.SubprocessError, OSError):
-            pass
+    cap = query_gpu("compute_cap")
+    if cap:
+        return parse_arch(cap)
     raise AstraError("no GPU found to detect the arch from; pass --arch sm_90 to build without a GPU")
 
 

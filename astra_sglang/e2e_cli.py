@@ -91,12 +91,9 @@ class Server:
 
 
 def _gpu_name() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-        return out.splitlines()[0] if out else "unknown"
-    except Exception:
-        return "unknown"
+    from .build import query_gpu
+
+    return query_gpu("name,driver_version,memory.total") or "unknown"
 
 
 def _versions() -> dict:

@@ -7,11 +7,10 @@ itself never touches CUDA (everything runs in check/bench's worker processes).
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..build import query_gpu
 from ..errors import AstraError
 from .executor import (
     BenchResult,
@@ -27,15 +26,7 @@ from .executor import (
 
 
 def _gpu_name() -> str:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return "GPU (unknown: no nvidia-smi)"
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20).stdout.strip().splitlines()
-        return out[0].strip() if out else "GPU (unknown)"
-    except (subprocess.SubprocessError, OSError):
-        return "GPU (unknown)"
+    return query_gpu("name") or "GPU (unknown)"
 
 
 class GpuExecutor(Executor):
