@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -100,7 +99,6 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
         click.echo(str(dest))
         return
     ws = Workspace.open(op, path=dest)
-    t0 = time.perf_counter()
     res = ws.build()
     if not res.ok:
         from .build import first_error_line

@@ -9,8 +9,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np

@@ -28,7 +28,6 @@ import importlib
 import inspect
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -107,8 +106,6 @@ def compare(out, ref, floor: float) -> Dict[str, Any]:
 
 def check_one(lib, spec, variant, dims, dtype: str, dist: str, seed: int, attrs: Dict[str, Any]) -> Dict[str, Any]:
     import torch
-
-    from astra_sglang.spec import torch_dtype
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
