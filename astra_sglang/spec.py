@@ -9,6 +9,8 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .errors import AstraError
+
 # dtype codes passed through the kernel ABI (`int dtype`).
 DTYPE_CODES: Dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2}
 DTYPE_BYTES: Dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -154,8 +156,6 @@ class OpSpec:
             if v.name == name:
                 return v
         known = ", ".join(v.name for v in self.variants)
-        from .errors import AstraError
-
         raise AstraError(f"unknown variant {name!r} for op {self.name} (known: {known})")
 
     def shapes(self, selector: str = "corpus") -> List[Shape]:
@@ -170,10 +170,11 @@ class OpSpec:
         if any(ch.isdigit() for ch in selector):
             out = []
             for part in selector.split(","):
-                dims = tuple(int(x) for x in part.strip().lower().split("x"))
+                try:
+                    dims = tuple(int(x) for x in part.strip().lower().split("x"))
+                except ValueError:
+                    raise AstraError(f"shape {part!r} is not of the form AxB (e.g. 16x4096)") from None
                 if len(dims) != len(self.dim_names):
-                    from .errors import AstraError
-
                     raise AstraError(
                         f"shape {part!r} has {len(dims)} dims; {self.name} takes "
                         f"{'x'.join(self.dim_names)}"
@@ -182,8 +183,6 @@ class OpSpec:
             return out
         sel = [s for s in list(self.corpus) + list(self.edge_shapes) if selector in s.tags]
         if not sel:
-            from .errors import AstraError
-
             tags = sorted({t for s in self.corpus for t in s.tags})
             raise AstraError(f"no shapes tagged {selector!r} for {self.name} (tags: {', '.join(tags)})")
         return sel

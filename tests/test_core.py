@@ -23,6 +23,8 @@ def test_paper_shapes_are_in_the_corpus():
     assert spec.shapes("16x4096,3x1368")[1].dims == (3, 1368)
     with pytest.raises(AstraError):
         spec.shapes("16x4096x2")
+    with pytest.raises(AstraError, match="AxB"):
+        spec.shapes("16xab")
     # every corpus shape has a provenance
     assert all(s.source for s in spec.corpus)
 
