@@ -57,7 +57,11 @@ VARIANTS = {
     "cl": ["-DASTRA_CLUSTER=1"],
     "pf0": ["-DASTRA_PF_MAX=0"],
     "pfbig": ["-DASTRA_PF_MAX=(64u<<20)"],
-    "pfall": ["-DASTRA_PF_ALL=1", "-DASTRA_PF_MAX=(1u<<31)"],
+    "pfall": ["-DASTRA_PF_ALL=1", "-DASTRA_PF_MAX=(1u<<31)"],  # first wave prefetches at any size
+    "pfold": ["-DASTRA_PF_ALL=0", "-DASTRA_PF_MAX=(8u<<20)"],  # silu/merge before call 4: single-wave grids <= 8 MB
+    "old": [],  # the source in .kwork/old/<op>.cu (e.g. the last committed kernel), same flags
+    "pfw0": ["-DASTRA_PF_W=0"],  # fused_add_rmsnorm: no weight prefetch
+    "pfw0all": ["-DASTRA_PF_W=0", "-DASTRA_PF_MAX=(1u<<31)"],
     "k4all": ["-DASTRA_K4_MIN=512"],
     "k4none": ["-DASTRA_K4_MIN=4096"],
 }
@@ -65,7 +69,7 @@ VARIANTS = {
 _SM = ("silu_and_mul", "merge_state")
 _RN = ("fused_add_rmsnorm",)
 VARIANT_OPS = {"p2big": _SM, "cs1": _SM, "cs2": _SM, "t128": _SM, "t512": _SM, "precise": ("merge_state",),
-               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN, "pfall": _SM,
+               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN, "pfw0": _RN, "pfw0all": _RN, "pfold": _SM,
                "k4all": _RN, "k4none": _RN}
 
 UTIL_CU = r"""
@@ -169,8 +173,8 @@ def build_all(ops, variants, bdir: Path, log):
         for v in variants:
             if v in VARIANT_OPS and op not in VARIANT_OPS[v]:
                 continue
-            jobs[f"{op}:{v}"] = ["nvcc", *OURS_FLAGS, *VARIANTS[v], "-shared", str(ROOT / f"kernels/{op}/kernel.cu"),
-                                 "-o", str(bdir / f"{op}.{v}.so")]
+            src = KW / "old" / f"{op}.cu" if v == "old" else ROOT / f"kernels/{op}/kernel.cu"
+            jobs[f"{op}:{v}"] = ["nvcc", *OURS_FLAGS, *VARIANTS[v], "-shared", str(src), "-o", str(bdir / f"{op}.{v}.so")]
     t0 = time.time()
 
     def run(item):

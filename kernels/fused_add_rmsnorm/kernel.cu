@@ -57,6 +57,11 @@
 #endif
 
 namespace astra_farn {
+// Internal linkage for everything below: the statics of inline/template functions (occupancy and
+// smem-attribute caches) would otherwise be GNU-unique symbols, shared by every build of this file
+// loaded into one process (a baseline and a candidate derived from it, or two variants), each then
+// trusting a cache filled for another library's kernels.
+namespace {
 
 // ---------------------------------------------------------------- device helpers
 __device__ __forceinline__ void pdl_wait() {
@@ -490,6 +495,7 @@ cudaError_t run(void* input, void* residual, const void* weight, int64_t tokens,
   return run_w<T, 1>(in, res, w, tokens, d, e, stream);
 }
 
+}  // namespace
 }  // namespace astra_farn
 
 extern "C" cudaError_t astra_fused_add_rmsnorm(void* input, void* residual, const void* weight, int64_t num_tokens,

@@ -18,7 +18,7 @@
 //    flight at once; no per-token blocks, so no (head_dim/vec x heads)-thread blocks that leave the
 //    last wave ragged, as FlashInfer's MergeState does.
 //  * Programmatic dependent launch on sm_90+ (all reads/writes behind griddepcontrol.wait, dependents
-//    released right after it, small problems warm L2 with their inputs first).
+//    released right after it; the first wave warms L2 with its inputs before the wait).
 //  * fp32 math with the fast exp/log/division that sgl-kernel's -use_fast_math build uses.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -31,10 +31,10 @@
 #define ASTRA_PDL 2
 #endif
 #ifndef ASTRA_PF_MAX
-#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the op's inputs fit in this
+#define ASTRA_PF_MAX (1u << 31)  // dev: L2 prefetch before the PDL wait only when the op's inputs fit in this
 #endif
 #ifndef ASTRA_PF_ALL
-#define ASTRA_PF_ALL 0  // dev: 1 prefetches in multi-wave grids too
+#define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave
@@ -44,6 +44,11 @@
 #endif
 
 namespace astra_merge {
+// Internal linkage for everything below: the statics of inline/template functions (occupancy and
+// smem-attribute caches) would otherwise be GNU-unique symbols, shared by every build of this file
+// loaded into one process (a baseline and a candidate derived from it, or two variants), each then
+// trusting a cache filled for another library's kernels.
+namespace {
 
 #ifndef ASTRA_THREADS
 #define ASTRA_THREADS 256
@@ -111,7 +116,7 @@ template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restrict__ va, const float* __restrict__ sa,
                                                               const T* __restrict__ vb, const float* __restrict__ sb,
                                                               T* __restrict__ vo, float* __restrict__ so,
-                                                              uint32_t nvh, uint32_t total, int prefetch) {
+                                                              uint32_t nvh, uint32_t total, uint32_t pf_blocks) {
   uint32_t idx[P], hp[P];
   bool ok[P];
 #pragma unroll
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restri
     hp[j] = idx[j] / nvh;
   }
 #if ASTRA_PDL >= 2
-  if (prefetch) {
+  if (blockIdx.x < pf_blocks) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       if (ok[j]) {
@@ -250,11 +255,13 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaSt
 
 template <typename T, int W, int P>
 cudaError_t launch_p(const T* va, const float* sa, const T* vb, const float* sb, T* vo, float* so, uint32_t nvh,
-                     uint32_t total, bool pdl, int prefetch, cudaStream_t stream) {
+                     uint32_t total, bool pdl, bool prefetch, cudaStream_t stream) {
   const uint32_t per_block = uint32_t(kThreads) * P;
   const uint32_t blocks = (total + per_block - 1) / per_block;
+  // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
+  const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
   return launch(merge_state_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, va, sa, vb, sb, vo, so, nvh,
-                total, prefetch);
+                total, pf_blocks);
 }
 
 template <typename T, int W>
@@ -270,8 +277,9 @@ cudaError_t run_w(const T* va, const float* sa, const T* vb, const float* sb, T*
   // many waves as it takes (streaming waves beat packing into one wave of fat threads: measured).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
-  const int prefetch = ((ASTRA_PF_ALL || total <= resident1) &&
-                        uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
+  // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
+  const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
+                        uint64_t(th) * uint64_t(D) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
   if (p == 2) return launch_p<T, W, 2>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
   return launch_p<T, W, 1>(va, sa, vb, sb, vo, so, nvh, total, pdl, prefetch, stream);
 }
@@ -302,6 +310,7 @@ cudaError_t run(const void* v_a, const void* s_a, const void* v_b, const void* s
   return run_w<T, 1>(va, sa, vb, sb, vo, so, th, D, stream);
 }
 
+}  // namespace
 }  // namespace astra_merge
 
 extern "C" cudaError_t astra_merge_state(const void* v_a, const void* s_a, const void* v_b, const void* s_b,

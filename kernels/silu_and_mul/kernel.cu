@@ -12,8 +12,8 @@
 //    as many waves as the problem needs (the production JIT kernel's shape, which already streams at
 //    the copy ceiling on large shapes; the gains are in the launch/latency path below).
 //  * Programmatic dependent launch on sm_90+: every read and write of the op's buffers sits behind
-//    griddepcontrol.wait; the dependents are released once this grid has passed its wait, and a
-//    small grid warms L2 with its inputs (prefetch only, no data is read) while the previous kernel
+//    griddepcontrol.wait; the dependents are released once this grid has passed its wait, and the
+//    first wave warms L2 with its inputs (prefetch only, no data is read) while the previous kernel
 //    drains. That overlaps one call's launch and DRAM latency with the previous call's tail.
 //  * fp32 math; silu(g) = g / (1 + exp(-g)) with the fast exp/division of SGLang's --use_fast_math
 //    JIT build (same numerics as production).
@@ -28,16 +28,21 @@
 #define ASTRA_PDL 2
 #endif
 #ifndef ASTRA_PF_MAX
-#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the op's inputs fit in this
+#define ASTRA_PF_MAX (1u << 31)  // dev: L2 prefetch before the PDL wait only when the op's inputs fit in this
 #endif
 #ifndef ASTRA_PF_ALL
-#define ASTRA_PF_ALL 0  // dev: 1 prefetches in multi-wave grids too
+#define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
 
 namespace astra_silu {
+// Internal linkage for everything below: the statics of inline/template functions (occupancy and
+// smem-attribute caches) would otherwise be GNU-unique symbols, shared by every build of this file
+// loaded into one process (a baseline and a candidate derived from it, or two variants), each then
+// trusting a cache filled for another library's kernels.
+namespace {
 
 #ifndef ASTRA_THREADS
 #define ASTRA_THREADS 256
@@ -113,7 +118,7 @@ __device__ __forceinline__ float silu(float x) {
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                                                 uint32_t nv, uint32_t total, int prefetch) {
+                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks) {
   uint32_t row[P], col[P];
   bool ok[P];
 #pragma unroll
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
   }
   const size_t d = size_t(nv) * W;
 #if ASTRA_PDL >= 2
-  if (prefetch) {
+  if (blockIdx.x < pf_blocks) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       if (ok[j]) {
@@ -225,10 +230,12 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaSt
 }
 
 template <typename T, int W, int P>
-cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, int prefetch, cudaStream_t stream) {
+cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, cudaStream_t stream) {
   const uint32_t per_block = uint32_t(kThreads) * P;
   const uint32_t blocks = (total + per_block - 1) / per_block;
-  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, prefetch);
+  // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
+  const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
+  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks);
 }
 
 template <typename T, int W>
@@ -245,9 +252,9 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   // all the writes).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
-  // Prefetching only pays (and only stays in L2) for a single-wave grid with a small input.
-  const int prefetch = ((ASTRA_PF_ALL || total <= resident1) &&
-                        uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
+  // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
+  const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
+                        uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
   if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
   return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
 }
@@ -271,6 +278,7 @@ cudaError_t run(void* out, const void* input, int64_t tokens, int64_t d, cudaStr
   return run_w<T, 1>(o, in, tokens, d, stream);
 }
 
+}  // namespace
 }  // namespace astra_silu
 
 extern "C" cudaError_t astra_silu_and_mul(void* out, const void* input, int64_t num_tokens, int64_t hidden, int dtype,
