@@ -60,6 +60,8 @@ VARIANTS = {
     "pfall": ["-DASTRA_PF_ALL=1", "-DASTRA_PF_MAX=(1u<<31)"],  # first wave prefetches at any size
     "pfold": ["-DASTRA_PF_ALL=0", "-DASTRA_PF_MAX=(8u<<20)"],  # silu/merge before call 4: single-wave grids <= 8 MB
     "old": [],  # the source in .kwork/old/<op>.cu (e.g. the last committed kernel), same flags
+    "pfw16": ["-DASTRA_PF_WIDE=(16u<<20)", "-DASTRA_PF_MAX=(1u<<31)"],  # first wave prefetches up to 16 MB of inputs
+    "pfw32": ["-DASTRA_PF_WIDE=(32u<<20)", "-DASTRA_PF_MAX=(1u<<31)"],
     "pfw0": ["-DASTRA_PF_W=0"],  # fused_add_rmsnorm: no weight prefetch
     "pfw0all": ["-DASTRA_PF_W=0", "-DASTRA_PF_MAX=(1u<<31)"],
     "k4all": ["-DASTRA_K4_MIN=512"],

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Compile-time variants of a shipped kernel through `astra-sglang bench` (the harness RESULTS.md uses;
+# kernels/bench_dev.py is the faster in-process sweep).  From the repository root, on a GPU machine
+# with the op's workspace (see kernels/gpu_run.sh):
+#
+#   bash kernels/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME="-DFLAG=V ..." [NAME="..."] ...
+#   bash kernels/bench_variants.sh silu_and_mul .gpu_ws/jit/silu_and_mul 256x7168 bf16 default= pf0="-DASTRA_PF_MAX=0u"
+#
+# Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
+# $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call.
+set -uo pipefail
+op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
+RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
+src=$(mktemp -d /tmp/astra-variants.XXXX)
+AS="python3 -m astra_sglang.cli"
+for spec in "$@"; do
+  name=${spec%%=*} flags=${spec#*=}
+  f=$src/$name.cu
+  for d in $flags; do d=${d#-D}; echo "#define ${d%%=*} ${d#*=}"; done >"$f"
+  cat "kernels/$op/kernel.cu" >>"$f"
+  timeout 300 $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
+    --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
+done
+python3 - "$RES" "$op" "$@" <<'PY'
+import json, sys
+res, op, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+runs = {}
+for spec in specs:
+    name = spec.split("=", 1)[0]
+    try:
+        runs[name] = {(r["shape"], r["dtype"]): r for r in json.load(open(f"{res}/{op}_{name}.json"))["rows"]}
+    except (OSError, ValueError, KeyError):
+        pass
+keys = sorted({k for rows in runs.values() for k in rows})
+print(f"{'shape':<14}{'dtype':<6}" + "".join(f"{'prod':>9}{n[:9]:>10}{'±%':>6}" for n in runs))
+for k in keys:
+    cells = []
+    for rows in runs.values():
+        r = rows.get(k)
+        cells.append(f"{r['prod_us']:9.2f}{r['cand_us']:10.2f}{100 * r['cand_spread']:6.1f}" if r else " " * 25)
+    print(f"{k[0]:<14}{k[1]:<6}" + "".join(cells))
+PY
