@@ -60,10 +60,6 @@ VARIANTS = {
     "pfall": ["-DASTRA_PF_ALL=1", "-DASTRA_PF_MAX=(1u<<31)"],  # first wave prefetches at any size
     "pfold": ["-DASTRA_PF_ALL=0", "-DASTRA_PF_MAX=(8u<<20)"],  # silu/merge before call 4: single-wave grids <= 8 MB
     "old": [],  # the source in .kwork/old/<op>.cu (e.g. the last committed kernel), same flags
-    "pfw16": ["-DASTRA_PF_WIDE=(16u<<20)", "-DASTRA_PF_MAX=(1u<<31)"],  # first wave prefetches up to 16 MB of inputs
-    "pfw32": ["-DASTRA_PF_WIDE=(32u<<20)", "-DASTRA_PF_MAX=(1u<<31)"],
-    "pfw0": ["-DASTRA_PF_W=0"],  # fused_add_rmsnorm: no weight prefetch
-    "pfw0all": ["-DASTRA_PF_W=0", "-DASTRA_PF_MAX=(1u<<31)"],
     "k4all": ["-DASTRA_K4_MIN=512"],
     "k4none": ["-DASTRA_K4_MIN=4096"],
 }
@@ -71,7 +67,7 @@ VARIANTS = {
 _SM = ("silu_and_mul", "merge_state")
 _RN = ("fused_add_rmsnorm",)
 VARIANT_OPS = {"p2big": _SM, "cs1": _SM, "cs2": _SM, "t128": _SM, "t512": _SM, "precise": ("merge_state",),
-               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN, "pfw0": _RN, "pfw0all": _RN, "pfold": _SM,
+               "kt1": _RN, "kt4": _RN, "wlate": _RN, "kt4wl": _RN, "cl": _RN, "pfold": _SM,
                "k4all": _RN, "k4none": _RN}
 
 UTIL_CU = r"""

@@ -12,7 +12,7 @@ set -uo pipefail
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
-AS="python3 -m astra_sglang.cli"
+source kernels/astra_env.sh
 for spec in "$@"; do
   name=${spec%%=*} flags=${spec#*=}
   f=$src/$name.cu

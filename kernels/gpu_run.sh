@@ -16,16 +16,7 @@ phases=${1:-check,paper,corpus}
 WS=${WS:-.gpu_ws}
 RES=${RES:-${OUT:-./kernels-gpu-out}}; mkdir -p "$RES"; RES=$(cd "$RES" && pwd)
 R=$(mktemp -d /tmp/astra-kernels.XXXX)
-export PYTHONUNBUFFERED=1 ASTRA_CACHE_DIR=${ASTRA_CACHE_DIR:-/tmp/astra-cache}
-python3 -c "import astra_sglang.kernels" 2>/dev/null || \
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/pip.log" 2>&1 || true
-if ! python3 -c "import astra_sglang.kernels" 2>/dev/null; then  # no pip here: a package farm over the checkout
-  F=/tmp/astra_pkg/astra_sglang; mkdir -p $F
-  for f in astra_sglang/*; do ln -sfn "$PWD/$f" $F/; done
-  for d in extract kernels patch; do ln -sfn "$PWD/$d" "$F/$d"; done
-  export PYTHONPATH=/tmp/astra_pkg${PYTHONPATH:+:$PYTHONPATH}
-fi
-AS="python3 -m astra_sglang.cli"
+source kernels/astra_env.sh
 declare -A VARIANT=([silu_and_mul]=jit [fused_add_rmsnorm]=flashinfer [merge_state]=sgl_kernel)
 T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1; } | tee "$R/env.txt"

@@ -46,12 +46,6 @@
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
 #endif
-#ifndef ASTRA_PF_WIDE
-#define ASTRA_PF_WIDE 0  // dev: bytes of rows the first wave also prefetches for later CTAs (multi-wave grids)
-#endif
-#ifndef ASTRA_PF_W
-#define ASTRA_PF_W 1  // dev: 0 leaves the weight out of the prefetch
-#endif
 #ifndef ASTRA_RMS_KT
 #define ASTRA_RMS_KT 2  // target vectors per thread when picking threads per row
 #endif
@@ -153,8 +147,7 @@ template <typename T, int W, int K, bool CL>
 __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual,
                                                                  const T* __restrict__ weight, uint32_t tokens,
                                                                  uint32_t nv, uint32_t slice, float inv_d,
-                                                                 float eps, int prefetch, uint32_t pf_stride,
-                                                                 uint32_t pf_end) {
+                                                                 float eps, int prefetch) {
   __shared__ float red[32];
   __shared__ float red_cl;
   const uint32_t R = blockDim.x;
@@ -189,7 +182,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
   if (prefetch) {
     // The weight is shared by every row: only the first row's CTA(s) prefetch it (one request per
     // line; every CTA prefetching it measured 2x slower on many-row shapes: L2 hot spot).
-    const bool pf_w = ASTRA_PF_W && threadIdx.y == 0 && blockIdx.x < (CL ? gridDim.x / tokens : 1u);
+    const bool pf_w = threadIdx.y == 0 && blockIdx.x < (CL ? gridDim.x / tokens : 1u);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (ok[k]) {
@@ -198,21 +191,6 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
         if (pf_w) prefetch_l2(weight + size_t(vi[k]) * W);
       }
     }
-#if ASTRA_PF_WIDE
-    if (!CL && blockIdx.x < pf_stride) {  // the rows of CTAs pf_stride, 2*pf_stride, ... later than this one
-      for (uint32_t g = blockIdx.x + pf_stride; g < pf_end; g += pf_stride) {
-        const uint32_t r = g * blockDim.y + threadIdx.y;
-        if (r >= tokens) break;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          if (vi[k] < lim) {
-            prefetch_l2(input + size_t(r) * nv * W + size_t(vi[k]) * W);
-            prefetch_l2(residual + size_t(r) * nv * W + size_t(vi[k]) * W);
-          }
-        }
-      }
-    }
-#endif
   }
 #endif
 #if ASTRA_PDL == 3
@@ -427,25 +405,10 @@ template <typename T, int W, bool CL>
 cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* in, T* res,
                      const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float inv_d, float eps,
                      int prefetch) {
-  uint32_t pf_stride = 0, pf_end = 0;
-#if ASTRA_PF_WIDE
-  if (prefetch && !CL) {  // the first wave: CTAs resident at once (occupancy of the K instance)
-    int n = 0;
-    const void* f = k == 1 ? (const void*)fused_add_rmsnorm_kernel<T, W, 1, CL> : k == 2 ? (const void*)fused_add_rmsnorm_kernel<T, W, 2, CL>
-                                                                                   : (const void*)fused_add_rmsnorm_kernel<T, W, 4, CL>;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, int(block.x * block.y), 0) != cudaSuccess || n <= 0) {
-      cudaGetLastError();
-      n = 1;
-    }
-    pf_stride = uint32_t(n) * uint32_t(dev_info().sms);
-    const uint64_t per_cta = uint64_t(block.y) * nv * W * sizeof(T) * 2;
-    pf_end = min(grid.x, max(pf_stride, uint32_t(uint64_t(ASTRA_PF_WIDE) / per_cta)));
-  }
-#endif
   switch (k) {
-    case 1: return launch(fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch, pf_stride, pf_end);
-    case 2: return launch(fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch, pf_stride, pf_end);
-    case 4: return launch(fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch, pf_stride, pf_end);
+    case 1: return launch(fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 2: return launch(fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 4: return launch(fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
     default: return cudaErrorInvalidValue;
   }
 }

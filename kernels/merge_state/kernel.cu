@@ -36,9 +36,6 @@
 #ifndef ASTRA_PF_ALL
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
-#ifndef ASTRA_PF_WIDE
-#define ASTRA_PF_WIDE 0  // dev: bytes of V the first wave prefetches in all (its own and later blocks')
-#endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave
 #endif
@@ -119,8 +116,7 @@ template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restrict__ va, const float* __restrict__ sa,
                                                               const T* __restrict__ vb, const float* __restrict__ sb,
                                                               T* __restrict__ vo, float* __restrict__ so,
-                                                              uint32_t nvh, uint32_t total, uint32_t pf_blocks,
-                                                              uint32_t pf_end) {
+                                                              uint32_t nvh, uint32_t total, uint32_t pf_blocks) {
   uint32_t idx[P], hp[P];
   bool ok[P];
 #pragma unroll
@@ -142,23 +138,6 @@ __global__ void __launch_bounds__(kThreads) merge_state_kernel(const T* __restri
         }
       }
     }
-#if ASTRA_PF_WIDE
-    for (uint32_t b = blockIdx.x + pf_blocks; b < pf_end; b += pf_blocks) {  // later blocks' inputs too
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const uint32_t i = (b * P + j) * kThreads + threadIdx.x;
-        if (i < total) {
-          prefetch_l2(va + size_t(i) * W);
-          prefetch_l2(vb + size_t(i) * W);
-          const uint32_t h = i / nvh;
-          if (i == h * nvh && (h & 31u) == 0) {
-            prefetch_l2(sa + h);
-            prefetch_l2(sb + h);
-          }
-        }
-      }
-    }
-#endif
   }
 #endif
 #if ASTRA_PDL == 3
@@ -281,10 +260,8 @@ cudaError_t launch_p(const T* va, const float* sa, const T* vb, const float* sb,
   const uint32_t blocks = (total + per_block - 1) / per_block;
   // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
   const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
-  const uint32_t wide = uint32_t(uint64_t(ASTRA_PF_WIDE) / (uint64_t(per_block) * W * sizeof(T) * 2));
-  const uint32_t pf_end = prefetch ? min(blocks, max(pf_blocks, wide)) : 0u;
   return launch(merge_state_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, va, sa, vb, sb, vo, so, nvh,
-                total, pf_blocks, pf_end);
+                total, pf_blocks);
 }
 
 template <typename T, int W>

@@ -33,9 +33,6 @@
 #ifndef ASTRA_PF_ALL
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
-#ifndef ASTRA_PF_WIDE
-#define ASTRA_PF_WIDE 0  // dev: bytes of inputs the first wave prefetches in all (its own and later blocks')
-#endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
@@ -121,8 +118,7 @@ __device__ __forceinline__ float silu(float x) {
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks,
-                                                                 uint32_t pf_end) {
+                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks) {
   uint32_t row[P], col[P];
   bool ok[P];
 #pragma unroll
@@ -143,20 +139,6 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
         prefetch_l2(g + d);
       }
     }
-#if ASTRA_PF_WIDE
-    for (uint32_t b = blockIdx.x + pf_blocks; b < pf_end; b += pf_blocks) {  // later blocks' inputs too
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const uint32_t idx = (b * P + j) * kThreads + threadIdx.x;
-        if (idx < total) {
-          const uint32_t r = idx / nv;
-          const T* g = in + size_t(r) * 2 * d + size_t(idx - r * nv) * W;
-          prefetch_l2(g);
-          prefetch_l2(g + d);
-        }
-      }
-    }
-#endif
   }
 #endif
 #if ASTRA_PDL == 3
@@ -253,10 +235,7 @@ cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl,
   const uint32_t blocks = (total + per_block - 1) / per_block;
   // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
   const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
-  const uint32_t wide = uint32_t(uint64_t(ASTRA_PF_WIDE) / (uint64_t(per_block) * W * sizeof(T) * 2));
-  const uint32_t pf_end = prefetch ? min(blocks, max(pf_blocks, wide)) : 0u;
-  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks,
-                pf_end);
+  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks);
 }
 
 template <typename T, int W>
