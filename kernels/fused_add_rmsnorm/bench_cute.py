@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""fused_add_rmsnorm against the kernel SGLang 0.5.23 really runs on Hopper for fp16/bf16.
+
+sgl_kernel.fused_add_rmsnorm (sglang-kernel 0.4.10) calls flashinfer.norm.fused_add_rmsnorm, and
+flashinfer 0.7.2 dispatches that to its CuTe-DSL kernel whenever nvidia-cutlass-dsl imports (a
+dependency of the wheel) unless FLASHINFER_USE_CUDA_NORM=1.  A CuTe-DSL kernel has no CUDA source
+for `extract`, so `astra-sglang bench` times the CUDA norm.cuh path instead.  This script times all
+three in one process with bench's own method (L2-cold CUDA graphs of back-to-back calls over
+rotating input sets > 4x L2, interleaved replays, median; astra_sglang.bench's helpers):
+
+  cute  flashinfer.norm.fused_add_rmsnorm, eager dispatch (CuTe-DSL), PDL as SGLang enables it
+  cuda  the extracted FlashInfer norm.cuh baseline (the workspace, what RESULTS.md calls production)
+  ours  kernels/fused_add_rmsnorm/kernel.cu
+
+and checks, on each shape, that cute and ours agree with an fp64 reference (same error bound as
+`check`'s: ours' error may not exceed 2x cute's + a floor).  Needs flashinfer-python and
+nvidia-cutlass-dsl importable (SITE, a directory whose .pth files are honoured, may add them):
+
+  python3 kernels/fused_add_rmsnorm/bench_cute.py --workspace .gpu_ws/flashinfer/fused_add_rmsnorm \
+      --shapes paper --out results.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import site
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # astra_sglang and kernels.* from this checkout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", type=Path, required=True)
+    ap.add_argument("--shapes", default="paper", help="paper | corpus | decode | prefill | AxB,...")
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--site", default=os.environ.get("SITE", ""), help="extra site dir (wheels installed with --target)")
+    ap.add_argument("--out", type=Path, default=Path("bench_cute.json"))
+    a = ap.parse_args()
+    if a.site:
+        site.addsitedir(a.site)  # processes nvidia-cutlass-dsl's .pth (its dsl_packages path)
+    os.environ.pop("FLASHINFER_USE_CUDA_NORM", None)
+
+    import torch
+
+    import flashinfer.norm as fnorm
+    from astra_sglang.bench import _graph_of, _time_graphs, plan_calls, plan_sets
+    from astra_sglang.report import geomean, median, spread
+    from astra_sglang.workspace import Workspace
+    from kernels.fused_add_rmsnorm.spec import SPEC
+
+    if fnorm._use_cuda_norm(torch.device("cuda")):
+        print("flashinfer would not use its CuTe-DSL norm here (nvidia-cutlass-dsl missing or arch unsupported)")
+        return 2
+    ws = Workspace.open("fused_add_rmsnorm", path=a.workspace)
+    libs = {}
+    for name, src in (("cuda", None), ("ours", ROOT / "kernels/fused_add_rmsnorm/kernel.cu")):
+        b = ws.build(src)
+        if not b.ok:
+            print(f"{name}: build failed\n{b.log[-2000:]}")
+            return 1
+        lib = ctypes.CDLL(str(b.library), mode=ctypes.RTLD_LOCAL)
+        fn = lib.astra_fused_add_rmsnorm
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int,
+                                               ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        libs[name] = (lib, fn)
+    codes = {"fp32": 0, "fp16": 1, "bf16": 2}
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    props = torch.cuda.get_device_properties(0)
+    l2 = int(props.L2_cache_size)
+    eps = 1e-6
+    pdl = fnorm.device_support_pdl(torch.device("cuda"))
+    if "x" in a.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    else:
+        shapes = [s.dims for s in SPEC.shapes(a.shapes)]
+
+    def run_lib(name, s):
+        stream = torch.cuda.current_stream().cuda_stream
+        t, d = s["input"].shape
+        rc = libs[name][1](s["input"].data_ptr(), s["residual"].data_ptr(), s["weight"].data_ptr(), t, d, eps,
+                           codes[s["dt"]], stream)
+        if rc:
+            raise RuntimeError(f"{name} returned cudaError {rc}")
+
+    def run_cute(s):
+        fnorm.fused_add_rmsnorm(s["input"], s["residual"], s["weight"], eps, enable_pdl=pdl)
+
+    impls = {"cute": run_cute, "cuda": lambda s: run_lib("cuda", s), "ours": lambda s: run_lib("ours", s)}
+    rows, t0 = [], time.time()
+    for dims in shapes:
+        t, d = dims
+        for dt in a.dtypes.split(","):
+            g = torch.Generator(device="cuda").manual_seed(1234 + t * 7 + d)
+
+            def make():
+                return {"input": torch.randn(t, d, device="cuda", dtype=tdt[dt], generator=g),
+                        "residual": torch.randn(t, d, device="cuda", dtype=tdt[dt], generator=g),
+                        "weight": torch.rand(d, device="cuda", dtype=tdt[dt], generator=g) + 0.5, "dt": dt}
+
+            # correctness on fresh inputs: both in-place outputs vs fp64
+            ref_in = make()
+            x = ref_in["input"].double() + ref_in["residual"].double()
+            want = {"residual": x, "input": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ref_in["weight"].double()}
+            err = {}
+            for name in ("cute", "ours"):
+                s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in ref_in.items()}
+                impls[name](s)
+                torch.cuda.synchronize()
+                err[name] = max(float((s[k].double() - want[k]).norm() / want[k].norm()) for k in want)
+            floor = {"fp16": 1e-3, "bf16": 8e-3}[dt]
+            ok = err["ours"] <= max(2 * err["cute"], floor)
+            first = make()
+            set_bytes = sum(first[k].numel() * first[k].element_size() for k in ("input", "residual", "weight"))
+            n_sets, _ = plan_sets(set_bytes, l2)
+            sets = [first] + [make() for _ in range(n_sets - 1)]
+            pristine = [{k: s[k].clone() for k in ("input", "residual")} for s in sets]
+            bytes_moved = int(SPEC.bytes_moved(dims, dt))
+            n_calls = plan_calls(max(1.0, bytes_moved / 4e6), n_sets)
+            graphs = [_graph_of(lambda i, f=f: f(sets[i % n_sets]), n_calls) for f in impls.values()]
+
+            def restore(_j):
+                for s, p in zip(sets, pristine):
+                    s["input"].copy_(p["input"])
+                    s["residual"].copy_(p["residual"])
+
+            ms = _time_graphs(graphs, a.replays, restore)
+            us = {name: [m * 1e3 / n_calls for m in series] for name, series in zip(impls, ms)}
+            row = {"shape": f"{t}x{d}", "dtype": dt, "bytes_moved": bytes_moved, "calls_per_replay": n_calls,
+                   "input_sets": n_sets, "rel_err": err, "numerics_ok": ok,
+                   **{f"{n}_us": median(v) for n, v in us.items()}, **{f"{n}_spread": spread(v) for n, v in us.items()}}
+            row["ours_vs_cute"] = row["cute_us"] / row["ours_us"]
+            row["ours_vs_cuda"] = row["cuda_us"] / row["ours_us"]
+            rows.append(row)
+            print(f"{row['shape']:>12} {dt}  cute {row['cute_us']:7.2f}  cuda {row['cuda_us']:7.2f}  ours {row['ours_us']:7.2f}"
+                  f"  ours vs cute {row['ours_vs_cute']:.3f}x  vs cuda {row['ours_vs_cuda']:.3f}x"
+                  f"  err cute {err['cute']:.1e} ours {err['ours']:.1e}{'' if ok else '  NUMERICS WORSE'}", flush=True)
+            graphs = None  # free the captured graphs before the next shape's sets
+            torch.cuda.empty_cache()
+    import flashinfer
+
+    res = {"device": props.name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "replays": a.replays,
+           "flashinfer": flashinfer.__version__, "torch": torch.__version__, "pdl": pdl, "command": " ".join(sys.argv),
+           "geomean_ours_vs_cute": geomean([r["ours_vs_cute"] for r in rows]),
+           "geomean_ours_vs_cuda": geomean([r["ours_vs_cuda"] for r in rows]),
+           "geomean_cuda_vs_cute": geomean([r["cute_us"] / r["cuda_us"] for r in rows]),
+           "numerics_ok": all(r["numerics_ok"] for r in rows), "seconds": time.time() - t0, "rows": rows}
+    a.out.write_text(json.dumps(res, indent=1))
+    print(f"geomean ours vs cute {res['geomean_ours_vs_cute']:.3f}x, ours vs cuda {res['geomean_ours_vs_cuda']:.3f}x, "
+          f"cuda vs cute {res['geomean_cuda_vs_cute']:.3f}x over {len(rows)} rows; numerics ok: {res['numerics_ok']}")
+    return 0 if res["numerics_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
