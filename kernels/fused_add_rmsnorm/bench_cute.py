@@ -41,6 +41,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--site", default=os.environ.get("SITE", ""), help="extra site dir (wheels installed with --target)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="also time kernel.cu with FLAGS (-DX=V ...) prepended as #defines, as ours:NAME (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("bench_cute.json"))
     a = ap.parse_args()
     if a.site:
@@ -60,7 +62,16 @@ def main() -> int:
         return 2
     ws = Workspace.open("fused_add_rmsnorm", path=a.workspace)
     libs = {}
-    for name, src in (("cuda", None), ("ours", ROOT / "kernels/fused_add_rmsnorm/kernel.cu")):
+    kernel = ROOT / "kernels/fused_add_rmsnorm/kernel.cu"
+    builds = [("cuda", None), ("ours", kernel)]
+    for spec in a.variant:  # compile-time variants of ours, e.g. kt1=-DASTRA_RMS_KT=1
+        name, flags = spec.split("=", 1)
+        src = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_cute_{name}.cu"
+        defs = "".join(f"#define {d[2:].split('=', 1)[0]} {d[2:].split('=', 1)[1] if '=' in d else 1}\n"
+                       for d in flags.split())
+        src.write_text(defs + kernel.read_text())
+        builds.append((f"ours:{name}", src))
+    for name, src in builds:
         b = ws.build(src)
         if not b.ok:
             print(f"{name}: build failed\n{b.log[-2000:]}")
@@ -93,7 +104,7 @@ def main() -> int:
     def run_cute(s):
         fnorm.fused_add_rmsnorm(s["input"], s["residual"], s["weight"], eps, enable_pdl=pdl)
 
-    impls = {"cute": run_cute, "cuda": lambda s: run_lib("cuda", s), "ours": lambda s: run_lib("ours", s)}
+    impls = {"cute": run_cute, **{n: (lambda s, n=n: run_lib(n, s)) for n in libs}}
     rows, t0 = [], time.time()
     for dims in shapes:
         t, d = dims
@@ -110,13 +121,13 @@ def main() -> int:
             x = ref_in["input"].double() + ref_in["residual"].double()
             want = {"residual": x, "input": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ref_in["weight"].double()}
             err = {}
-            for name in ("cute", "ours"):
+            for name in ["cute"] + [n for n in libs if n.startswith("ours")]:
                 s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in ref_in.items()}
                 impls[name](s)
                 torch.cuda.synchronize()
                 err[name] = max(float((s[k].double() - want[k]).norm() / want[k].norm()) for k in want)
             floor = {"fp16": 1e-3, "bf16": 8e-3}[dt]
-            ok = err["ours"] <= max(2 * err["cute"], floor)
+            ok = all(e <= max(2 * err["cute"], floor) for n, e in err.items() if n.startswith("ours"))
             first = make()
             set_bytes = sum(first[k].numel() * first[k].element_size() for k in ("input", "residual", "weight"))
             n_sets, _ = plan_sets(set_bytes, l2)
@@ -139,7 +150,8 @@ def main() -> int:
             row["ours_vs_cute"] = row["cute_us"] / row["ours_us"]
             row["ours_vs_cuda"] = row["cuda_us"] / row["ours_us"]
             rows.append(row)
-            print(f"{row['shape']:>12} {dt}  cute {row['cute_us']:7.2f}  cuda {row['cuda_us']:7.2f}  ours {row['ours_us']:7.2f}"
+            extra = "".join(f"  {n} {row[n + '_us']:7.2f}" for n in libs if n.startswith("ours:"))
+            print(f"{row['shape']:>12} {dt}  cute {row['cute_us']:7.2f}  cuda {row['cuda_us']:7.2f}  ours {row['ours_us']:7.2f}{extra}"
                   f"  ours vs cute {row['ours_vs_cute']:.3f}x  vs cuda {row['ours_vs_cuda']:.3f}x"
                   f"  err cute {err['cute']:.1e} ours {err['ours']:.1e}{'' if ok else '  NUMERICS WORSE'}", flush=True)
             graphs = None  # free the captured graphs before the next shape's sets
