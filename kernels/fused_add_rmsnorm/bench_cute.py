@@ -44,7 +44,11 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="also time kernel.cu with FLAGS (-DX=V ...) prepended as #defines, as ours:NAME (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("bench_cute.json"))
+    ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON (no GPU needed)")
     a = ap.parse_args()
+    if a.replot:
+        print(plot(json.loads(a.replot.read_text()), a.replot.with_suffix(".png")))
+        return 0
     if a.site:
         site.addsitedir(a.site)  # processes nvidia-cutlass-dsl's .pth (its dsl_packages path)
     os.environ.pop("FLASHINFER_USE_CUDA_NORM", None)
@@ -165,9 +169,36 @@ def main() -> int:
            "geomean_cuda_vs_cute": geomean([r["cute_us"] / r["cuda_us"] for r in rows]),
            "numerics_ok": all(r["numerics_ok"] for r in rows), "seconds": time.time() - t0, "rows": rows}
     a.out.write_text(json.dumps(res, indent=1))
+    plot(res, a.out.with_suffix(".png"))
     print(f"geomean ours vs cute {res['geomean_ours_vs_cute']:.3f}x, ours vs cuda {res['geomean_ours_vs_cuda']:.3f}x, "
           f"cuda vs cute {res['geomean_cuda_vs_cute']:.3f}x over {len(rows)} rows; numerics ok: {res['numerics_ok']}")
     return 0 if res["numerics_ok"] else 1
+
+
+def plot(res, path: Path):
+    """Ours' speedup over the CuTe-DSL kernel and over the CUDA norm.cuh kernel, per shape and dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["rows"]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.22 * len(rows) + 2), 4.2))
+    for key, color, label in (("ours_vs_cuda", "#8d99ae", "vs CUDA norm.cuh (RESULTS.md production)"),
+                              ("ours_vs_cute", "#2a9d8f", "vs CuTe-DSL (flashinfer 0.7.2 eager dispatch)")):
+        ax.plot(x, [r[key] for r in rows], "o", ms=3, color=color,
+                label=f"{label}: geomean {res['geomean_' + key]:.3f}x")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{r['shape']} {r['dtype']}" for r in rows], fontsize=5, rotation=90)
+    ax.set_ylabel("ours: speedup")
+    ax.set_title(f"fused_add_rmsnorm, {res['device']}, L2-cold CUDA graphs, {res['date']}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

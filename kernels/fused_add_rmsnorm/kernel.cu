@@ -49,6 +49,9 @@
 #ifndef ASTRA_RMS_KT
 #define ASTRA_RMS_KT 2  // target vectors per thread when picking threads per row
 #endif
+#ifndef ASTRA_KT1_MAX
+#define ASTRA_KT1_MAX 256  // rows of at most this many vectors: 1 vector per thread (measured vs 2: kernels/NOTES.md)
+#endif
 #ifndef ASTRA_CLUSTER
 #define ASTRA_CLUSTER 0  // 1: also split wide rows over a cluster when tokens are few (measured slower)
 #endif
@@ -424,7 +427,8 @@ inline bool pick_rk(uint32_t n, uint32_t& R, int& K) {
     K = 4;
     return true;
   }
-  uint32_t r = round_up32((n + ASTRA_RMS_KT - 1) / ASTRA_RMS_KT);
+  const uint32_t kt = n <= uint32_t(ASTRA_KT1_MAX) ? 1u : uint32_t(ASTRA_RMS_KT);
+  uint32_t r = round_up32((n + kt - 1) / kt);
   if (r < 32) r = 32;
   if (r > 1024) r = 1024;
   uint32_t k = (n + r - 1) / r;
