@@ -417,6 +417,7 @@ cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t str
 }
 
 // Threads per row and vectors per thread for `n` vectors: R = 32*ceil(n / (32*KT)) capped at 1024,
+// KT = 1 for rows of <= ASTRA_KT1_MAX vectors (more threads on narrow rows), else ASTRA_RMS_KT;
 // K = ceil(n / R) rounded up to 1, 2 or 4 (R <= 512 for K = 4: register budget).  Returns false
 // when n is over 2048 vectors (wider rows are split over a cluster).
 constexpr uint32_t kMaxVecPerCta = 2048u;
