@@ -4,7 +4,7 @@ against an fp64 torch reference and the production kernel, time them L2-cold in 
 
 One device call does everything (see kernels/NOTES.md for how it was used):
 
-    python3 kernels/bench_dev.py --ops silu_and_mul,fused_add_rmsnorm,merge_state \
+    python3 kernels/dev/bench_dev.py --ops silu_and_mul,fused_add_rmsnorm,merge_state \
         --variants default,pdl0 --shapes paper --dtypes fp16,bf16 --out $OUT
 
 Baselines come from `astra-sglang extract` workspaces: .kwork/<op> (silu_and_mul: SGLang JIT;
@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KW = ROOT / ".kwork"
 OURS_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-O3", "-Xcompiler", "-fPIC"]
 

@@ -16,7 +16,7 @@ and checks, on each shape, that cute and ours agree with an fp64 reference (same
 `check`'s: ours' error may not exceed 2x cute's + a floor).  Needs flashinfer-python and
 nvidia-cutlass-dsl importable (SITE, a directory whose .pth files are honoured, may add them):
 
-  python3 kernels/fused_add_rmsnorm/bench_cute.py --workspace .gpu_ws/flashinfer/fused_add_rmsnorm \
+  python3 kernels/dev/bench_cute.py --workspace .gpu_ws/flashinfer/fused_add_rmsnorm \
       --shapes paper --out results.json
 """
 from __future__ import annotations

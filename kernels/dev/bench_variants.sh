@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Compile-time variants of a shipped kernel through `astra-sglang bench` (the harness RESULTS.md uses;
-# kernels/bench_dev.py is the faster in-process sweep).  From the repository root, on a GPU machine
+# kernels/dev/bench_dev.py is the faster in-process sweep).  From the repository root, on a GPU machine
 # with the op's workspace (see kernels/gpu_run.sh):
 #
-#   bash kernels/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME="-DFLAG=V ..." [NAME="..."] ...
-#   bash kernels/bench_variants.sh silu_and_mul .gpu_ws/jit/silu_and_mul 256x7168 bf16 default= pf0="-DASTRA_PF_MAX=0u"
+#   bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME="-DFLAG=V ..." [NAME="..."] ...
+#   bash kernels/dev/bench_variants.sh silu_and_mul .gpu_ws/jit/silu_and_mul 256x7168 bf16 default= pf0="-DASTRA_PF_MAX=0u"
 #
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call.
