@@ -55,16 +55,28 @@ def main() -> int:
 
     import torch
 
-    import flashinfer.norm as fnorm
     from astra_sglang.bench import _graph_of, _time_graphs, plan_calls, plan_sets
+    from astra_sglang.errors import AstraError
     from astra_sglang.report import geomean, median, spread
     from astra_sglang.workspace import Workspace
     from kernels.fused_add_rmsnorm.spec import SPEC
 
+    try:
+        import flashinfer.norm as fnorm
+    except ImportError as e:
+        print(f"flashinfer-python does not import here ({e}); pass --site with the wheels installed")
+        return 2
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible: this benchmark needs one")
+        return 2
     if fnorm._use_cuda_norm(torch.device("cuda")):
         print("flashinfer would not use its CuTe-DSL norm here (nvidia-cutlass-dsl missing or arch unsupported)")
         return 2
-    ws = Workspace.open("fused_add_rmsnorm", path=a.workspace)
+    try:
+        ws = Workspace.open("fused_add_rmsnorm", path=a.workspace)
+    except AstraError as e:
+        print(e)
+        return 2
     libs = {}
     kernel = ROOT / "kernels/fused_add_rmsnorm/kernel.cu"
     builds = [("cuda", None), ("ours", kernel)]
