@@ -21,7 +21,8 @@ LAZY_COMMANDS = {
     "optimize": "astra_sglang.agents.cli:optimize_cmd",
     "patch": "astra_sglang.patch.cli:patch_cmd",
     "validate": "astra_sglang.patch.cli:validate_cmd",
-    "e2e": "astra_sglang.e2e_cli:e2e_cmd",
+    "e2e": "astra_sglang.e2e.cli:e2e_cmd",
+    "ops": "astra_sglang.ops_cli:ops_cmd",
 }
 
 

@@ -26,7 +26,7 @@ def main() -> int:
     ap.add_argument("--log", default="smoke-server.log")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
-    from astra_sglang.e2e_client import generate_stream, wait_ready
+    from astra_sglang.e2e.client import generate_stream, wait_ready
 
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", a.model_path, "--load-format", "dummy",
            "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",

@@ -28,12 +28,11 @@ _ACTIVE = None  # the process's Patcher
 
 
 def patchable_ops() -> List[str]:
-    """Ops with an adapter here and a spec in kernels/."""
-    from astra_sglang.registry import op_names
+    """Ops whose folder holds a patch adapter (kernels/<op>/adapter.py); `astra-sglang ops`
+    lists the others with what they lack."""
+    from astra_sglang.registry import has_part, op_names
 
-    from .adapters import ADAPTERS
-
-    return [o for o in op_names() if o in ADAPTERS]
+    return [o for o in op_names() if has_part(o, "adapter")]
 
 
 def active_patcher():
@@ -111,6 +110,10 @@ def apply_astra_kernels(
     names = list(ops) if ops is not None else known
     bad = [o for o in names if o not in known]
     if bad:
+        from astra_sglang.registry import op_part
+
+        for o in bad:
+            op_part(o, "adapter")  # an op without an adapter: the error names the missing file
         raise AstraError(f"cannot patch {', '.join(bad)}: patchable ops are {', '.join(known)}")
     if _ACTIVE is not None:
         revert_astra_kernels()

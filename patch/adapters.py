@@ -61,145 +61,19 @@ class OpAdapter:
         return self.aliases.get(param, param)
 
 
-def _contig(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:
+def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:
+    """The first named tensor that is not contiguous, as a fallback reason, or None."""
     for n in names:
         if not c[n].is_contiguous():
             return f"{n} is not contiguous (strides {tuple(c[n].stride())})"
     return None
 
 
-# ---------------------------------------------------------------------- silu_and_mul
-def _silu_normalize(c):
-    x, out = c["input"], c["out"]
-    if x.dim() < 1 or x.shape[-1] % 2:
-        return f"input's last dimension {tuple(x.shape)[-1:]} is not even"
-    d = x.shape[-1] // 2
-    if tuple(out.shape) != tuple(x.shape[:-1]) + (d,):
-        return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
-    bad = _contig(c, ("input", "out"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"input": x, "out": out}, (x.shape[0], d)
-    t = x.numel() // (2 * d) if d else 0
-    return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
+def get_adapter(op: str) -> OpAdapter:
+    """kernels/<op>/adapter.py's ADAPTER; an op without one is an error naming the file."""
+    from astra_sglang.registry import op_part
 
-
-SILU = OpAdapter(
-    op="silu_and_mul",
-    data="input",
-    same_dtype=("input", "out"),
-    rowwise=("input", "out"),
-    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape[:-1]) + (c["input"].shape[-1] // 2,))},
-    normalize=_silu_normalize,
-    returns=lambda c: c["out"],
-    jit_routes={
-        # sglang.kernels.ops.activation.activation.activation_module(dtype, *, fast_math=True)
-        # .run_activation(input_2d, out_2d, op_name)
-        "elementwise/activation.cuh": (
-            JitRoute(
-                "run_activation",
-                ("input", "out", "=op_name"),
-                match=lambda a: len(a) >= 3 and a[2] == "silu",
-                factory_ok=lambda f: bool(f.get("fast_math", True)),
-            ),
-        ),
-    },
-)
-
-
-# ---------------------------------------------------------------------- fused_add_rmsnorm
-def _rms_normalize(c):
-    x, r, w = c["input"], c["residual"], c["weight"]
-    if x.dim() < 1:
-        return "input is 0-d"
-    h = x.shape[-1]
-    if tuple(r.shape) != tuple(x.shape):
-        return f"residual shape {tuple(r.shape)} != input shape {tuple(x.shape)}"
-    if tuple(w.shape) != (h,):
-        return f"weight shape {tuple(w.shape)} != ({h},)"
-    bad = _contig(c, ("input", "residual", "weight"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"input": x, "residual": r, "weight": w}, (x.shape[0], h)
-    t = x.numel() // h if h else 0
-    return {"input": x.view(t, h), "residual": r.view(t, h), "weight": w}, (t, h)
-
-
-RMSNORM = OpAdapter(
-    op="fused_add_rmsnorm",
-    data="input",
-    same_dtype=("input", "residual", "weight"),
-    rowwise=("input", "residual"),
-    ignorable=frozenset({"enable_pdl"}),
-    normalize=_rms_normalize,
-    returns=lambda c: None,
-    jit_routes={
-        # sglang.kernels.ops.layernorm.norm._jit_fused_add_rmsnorm_module(dtype, cast_x_before_out_mul)
-        # .fused_add_rmsnorm(input, residual, weight, eps); cast_x_before_out_mul=True is the
-        # HF-parity rounding, a different contract: not routed.
-        "elementwise/fused_add_rmsnorm.cuh": (
-            JitRoute(
-                "fused_add_rmsnorm",
-                ("input", "residual", "weight", "eps"),
-                # conservative: a factory without this parameter is not routed
-                factory_ok=lambda f: f.get("cast_x_before_out_mul", True) is False,
-            ),
-        ),
-    },
-)
-
-
-# ---------------------------------------------------------------------- merge_state
-def _merge_normalize(c):
-    va = c["v_a"]
-    if va.dim() != 3:
-        return f"v_a is {va.dim()}-d, not [tokens, heads, head_dim]"
-    t, h, d = va.shape
-    for n in ("v_b", "v_out"):
-        if tuple(c[n].shape) != (t, h, d):
-            return f"{n} shape {tuple(c[n].shape)} != {(t, h, d)}"
-    for n in ("s_a", "s_b", "s_out"):
-        if tuple(c[n].shape) != (t, h):
-            return f"{n} shape {tuple(c[n].shape)} != {(t, h)}"
-    bad = _contig(c, ("v_a", "s_a", "v_b", "s_b", "v_out", "s_out"))
-    if bad:
-        return bad
-    return dict(c), (t, h, d)
-
-
-MERGE = OpAdapter(
-    op="merge_state",
-    data="v_a",
-    same_dtype=("v_a", "v_b", "v_out"),
-    fp32=("s_a", "s_b", "s_out"),
-    rowwise=("v_a", "s_a", "v_b", "s_b", "v_out", "s_out"),
-    aliases={
-        # sgl_kernel.merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None)
-        "v_merged": "v_out",
-        "s_merged": "s_out",
-        # sglang.srt.layers.attention.merge_state.merge_state(prefix_output, prefix_lse, ...)
-        "prefix_output": "v_a",
-        "prefix_lse": "s_a",
-        "suffix_output": "v_b",
-        "suffix_lse": "s_b",
-        "output": "v_out",
-        "output_lse": "s_out",
-    },
-    alloc={
-        "v_out": lambda c: c["v_a"].new_empty(tuple(c["v_a"].shape)),
-        "s_out": lambda c: c["s_a"].new_empty(tuple(c["s_a"].shape)),
-    },
-    normalize=_merge_normalize,
-    returns=lambda c: (c["v_out"], c["s_out"]),
-)
-
-ADAPTERS: Dict[str, OpAdapter] = {a.op: a for a in (SILU, RMSNORM, MERGE)}
-
-
-def get_adapter(op: str) -> Optional[OpAdapter]:
-    return ADAPTERS.get(op)
+    return op_part(op, "adapter").ADAPTER
 
 
 # ---------------------------------------------------------------------- the spec side

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from astra_sglang.errors import AstraError
 
@@ -37,49 +37,24 @@ class Case:
         return self.status != "FAIL"
 
 
-# ---------------------------------------------------------------------- SGLang's layers
-def construct(cls, *args, **kwargs):
-    """Build an SGLang layer outside a server. sglang 0.5.17's SiluAndMul() reads the runtime
-    context in __init__ (ValueError "config namespace 'exec' not published" outside a
-    server); its forward_cuda needs none of it, so build it with its base class's __init__."""
-    try:
-        return cls(*args, **kwargs)
-    except ValueError as e:
-        if "not published" not in str(e) or args or kwargs:
-            raise
-        obj = cls.__new__(cls)
-        cls.__mro__[1].__init__(obj)
-        return obj
+class _Layers(Mapping):
+    """op -> kernels/<op>/layer.py's run_layer, loaded when asked for (a missing one is an error)."""
+
+    def __getitem__(self, op: str) -> Callable[..., Dict[str, Any]]:
+        from astra_sglang.registry import op_part
+
+        return op_part(op, "layer").run_layer
+
+    def __iter__(self):
+        from astra_sglang.registry import op_names
+
+        return iter(op_names())
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
 
 
-def _silu_layer(inp, dims, scalars):
-    from sglang.srt.layers.activation import SiluAndMul
-
-    return {"out": construct(SiluAndMul).forward_cuda(inp["input"])}
-
-
-def _rmsnorm_layer(inp, dims, scalars):
-    from sglang.srt.layers.layernorm import RMSNorm
-
-    x, r, w = inp["input"], inp["residual"], inp["weight"]
-    norm = construct(RMSNorm, dims[1], eps=float(scalars.get("eps", 1e-6))).to(device=x.device, dtype=x.dtype)
-    norm.weight.data.copy_(w)
-    out, res = norm.forward_cuda(x, r)
-    return {"input": out, "residual": res}
-
-
-def _merge_layer(inp, dims, scalars):
-    from sglang.srt.layers.attention.merge_state import merge_state
-
-    v, s = merge_state(inp["v_a"], inp["s_a"], inp["v_b"], inp["s_b"])
-    return {"v_out": v, "s_out": s}
-
-
-LAYERS: Dict[str, Callable[..., Dict[str, Any]]] = {
-    "silu_and_mul": _silu_layer,
-    "fused_add_rmsnorm": _rmsnorm_layer,
-    "merge_state": _merge_layer,
-}
+LAYERS: Mapping[str, Callable[..., Dict[str, Any]]] = _Layers()
 
 
 def validation_shapes(spec, selector: str):
@@ -116,7 +91,8 @@ def validate(
     if device == "cuda" and not torch.cuda.is_available():
         raise AstraError("validate runs SGLang's layers on a CUDA GPU; none is visible here")
     real_layers = layers is None
-    layers = dict(layers or LAYERS)
+    if real_layers:
+        layers = {o: LAYERS[o] for o in ops}  # a missing kernels/<op>/layer.py is an error naming it
     missing = [o for o in ops if o not in layers]
     if missing:
         raise AstraError(f"no SGLang layer to validate {', '.join(missing)} with")

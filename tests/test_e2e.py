@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from astra_sglang import e2e_stats as st
-from astra_sglang.e2e_client import (Workload, generate_stream, make_prompts, parse_workload, run_workload,
+from astra_sglang.e2e import stats as st
+from astra_sglang.e2e.client import (Workload, generate_stream, make_prompts, parse_workload, run_workload,
                                      wait_ready)
 
 HERE = Path(__file__).resolve().parent
@@ -225,7 +225,7 @@ def test_e2e_cli_against_stand_in_servers(tmp_path):
     """`astra-sglang e2e` end to end with a stand-in for the patch launcher (no GPU, no SGLang)."""
     from click.testing import CliRunner
 
-    from astra_sglang.e2e_cli import e2e_cmd
+    from astra_sglang.e2e.cli import e2e_cmd
 
     fake_py = tmp_path / "fakepython"
     fake_py.write_text(f"#!/bin/sh\n# argv: -m astra_sglang.cli patch --serve ... -- <server args>\n"

@@ -639,7 +639,7 @@ print(json.dumps(out))
 
 
 def test_validate_constructs_layers_outside_a_server():
-    from astra_sglang.patch.validate import construct
+    from astra_sglang.patch.layers import construct
 
     class Base:
         def __init__(self):

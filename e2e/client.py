@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-from .e2e_stats import RequestResult, Run
+from .stats import RequestResult, Run
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import click
 
-from .errors import AstraError
+from astra_sglang.errors import AstraError
 
 
 def _say(msg: str) -> None:
@@ -91,7 +91,7 @@ class Server:
 
 
 def _gpu_name() -> str:
-    from .build import query_gpu
+    from astra_sglang.build import query_gpu
 
     return query_gpu("name,driver_version,memory.total") or "unknown"
 
@@ -109,7 +109,7 @@ def _versions() -> dict:
 
 
 def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000) -> str:
-    from .e2e_stats import Run, plot, report_markdown, summarize
+    from .stats import Run, plot, report_markdown, summarize
 
     data = json.loads(Path(results_path).read_text())
     runs = [Run.from_dict(r) for r in data["runs"]]
@@ -147,18 +147,20 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
-    from .e2e_client import make_prompts, parse_workload, run_workload, wait_ready
-    from .e2e_stats import ab_schedule
+    from .client import make_prompts, parse_workload, run_workload, wait_ready
+    from .model_configs import resolve_model_path, shipped_configs
+    from .stats import ab_schedule
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if analyze_path:
         click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
         return
     if not model_path:
-        raise AstraError("--model-path is required (a dir with config.json; e2e/configs/ has two)")
+        raise AstraError("--model-path is required (a dir with config.json, or a shipped config: "
+                         f"{', '.join(shipped_configs())})")
     if ops.strip() == "none":
         raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
-    model_path = str(Path(model_path).resolve())
+    model_path = str(resolve_model_path(model_path))
     out_dir = out_dir.resolve()
     cfg_path = Path(model_path) / "config.json"
     if vocab_size is None:
