@@ -1,6 +1,6 @@
 """optimize's GPU demo fixtures (tests/optimize_fixtures/gpu): without a GPU, that nvcc rejects and
 accepts exactly the candidates the script says it does, on a workspace extracted from the real
-wheels; with a GPU, the whole 5-round demo (run_gpu_demo.sh, recorded in results/optimize/README.md)."""
+wheels; with a GPU, the whole 5-round demo (run_gpu_demo.sh, recorded in results/2026-11-22-h200/optimize/README.md)."""
 from __future__ import annotations
 
 import json

@@ -210,7 +210,7 @@ def device_info() -> Dict[str, Any]:
 
 
 def to_markdown(rows: List[Dict[str, Any]], info: Dict[str, Any], command: str, manifests: Dict[str, Any]) -> Dict[str, str]:
-    """One markdown section per op (for kernels/<op>/BASELINE_GPU.md)."""
+    """One markdown section per op (for results/<date>-<gpu>/baselines/<op>.md)."""
     out: Dict[str, str] = {}
     for op in dict.fromkeys(r["op"] for r in rows):
         lines = [

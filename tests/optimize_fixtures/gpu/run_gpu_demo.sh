@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU demo of `astra-sglang optimize` (issue 4): 5 rounds on silu_and_mul, the scripted model feeding
 # this folder's CUDA candidates (one that does not compile, one wrong, one slower, one faster, one the
-# static checks reject) through the real compile / check / bench path. Recorded in results/optimize/README.md.
+# static checks reject) through the real compile / check / bench path. Recorded in results/2026-11-22-h200/optimize/README.md.
 #
 # Run from the repository root on a GPU machine, with
 #   WS  an extracted workspace (default .optwork/silu_and_mul, made on any machine with

@@ -23,7 +23,7 @@ AS="python3 -m astra_sglang.cli"
   which ncu compute-sanitizer; } > $R/env.txt 2>&1; cat $R/env.txt
 
 t "prebuild"
-python3 results/checkbench/prebuild.py .cbwork 2>&1 | tee $R/prebuild.log | tail -25
+python3 results/2026-11-21-h200/checkbench/prebuild.py .cbwork 2>&1 | tee $R/prebuild.log | tail -25
 
 t "check: production kernels, bad and good candidates (pytest -m gpu, 2 workers)"
 timeout 330 python3 -m pytest -q -m gpu -n 2 -p no:cacheprovider tests/test_check_bad_candidates.py -rA 2>&1 \
@@ -61,7 +61,7 @@ Path("/tmp/checkbench/check/sanitize_bad_silu_write_past_end.json").write_text(j
 PY
 
 t "summary"
-python3 results/checkbench/summarize.py $R > $R/SUMMARY.md; cat $R/SUMMARY.md | head -80
+python3 results/2026-11-21-h200/checkbench/summarize.py $R > $R/SUMMARY.md; cat $R/SUMMARY.md | head -80
 tar czf $OUTDIR/checkbench.tar.gz -C /tmp checkbench
 cp $R/SUMMARY.md $R/pytest.log $OUTDIR/ 2>/dev/null
 t "done"

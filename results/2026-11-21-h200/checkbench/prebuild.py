@@ -1,6 +1,6 @@
 """Build every baseline and candidate the GPU run needs, in parallel (nvcc is the slow part).
 
-    python3 results/checkbench/prebuild.py WORKSPACE_ROOT
+    python3 results/2026-11-21-h200/checkbench/prebuild.py WORKSPACE_ROOT
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Markdown summary of a checkbench GPU run directory (check JSONs, bench JSONs, ncu, sanitizer).
 
-    python3 results/checkbench/summarize.py RUN_DIR > SUMMARY.md
+    python3 results/2026-11-21-h200/checkbench/summarize.py RUN_DIR > SUMMARY.md
 """
 from __future__ import annotations
 
