@@ -1,0 +1,199 @@
+"""qknorm: Qwen3's per-head RMSNorm of q and k, in place.
+
+q[t, h, :] = q[t, h, :] * rsqrt(mean(q[t, h, :]^2) + eps) * q_weight   (h < num_q_heads)
+k[t, h, :] likewise with k_weight. q and k are the q/k column blocks of the QKV projection's output,
+so a token row of q is `q_stride` elements apart (the whole qkv row), not num_q_heads * head_dim.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from astra_sglang.models import DECODE_TOKENS, PREFILL_TOKENS
+from astra_sglang.spec import (
+    DTYPE_BYTES,
+    AbiArg,
+    OpSpec,
+    Shape,
+    SourceFile,
+    Tolerance,
+    Variant,
+    dedupe_shapes,
+)
+
+EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
+HEAD_DIMS = (64, 128, 256, 512, 1024)  # sglang models/utils.py can_use_fused_inplace_qknorm
+
+# Models that run the q/k norm (config.json): name, q heads, kv heads, head_dim, TP degrees served with.
+# KV heads are replicated when TP exceeds them (SGLang: max(1, kv_heads // tp)).
+QK_NORM_MODELS: Tuple[Tuple[str, int, int, int, Tuple[int, ...]], ...] = (
+    ("qwen3-8b", 32, 8, 128, (1, 2)),
+    ("qwen3-32b", 64, 8, 128, (2, 4, 8)),
+    ("qwen3-30b-a3b", 32, 4, 128, (1, 2, 4)),
+    ("qwen3-235b-a22b", 64, 4, 128, (4, 8)),
+)
+
+
+def _dims(tokens: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
+    stride = (hq + 2 * hk) * d  # q and k are column blocks of the fused qkv output
+    return (tokens, hq, hk, d, stride, stride)
+
+
+def _corpus() -> Tuple[Shape, ...]:
+    shapes = []
+    for name, hq, hk, d, tps in QK_NORM_MODELS:
+        for tp in tps:
+            q, k = hq // tp, max(1, hk // tp)
+            src = f"{name} tp{tp}"
+            shapes += [Shape(_dims(t, q, k, d), ("decode",), src) for t in DECODE_TOKENS]
+            shapes += [Shape(_dims(t, q, k, d), ("prefill",), src) for t in PREFILL_TOKENS]
+    return dedupe_shapes(shapes)
+
+
+EDGE = (
+    Shape((1, 1, 1, 128, 384, 384), ("edge",), "one q head, one kv head"),
+    Shape((3, 5, 1, 64, 448, 448), ("edge",), "head_dim 64, odd head count"),
+    Shape((7, 4, 2, 256, 2048, 2048), ("edge",), "head_dim 256"),
+    Shape((5, 8, 2, 512, 6144, 6144), ("edge",), "head_dim 512 (SGLang's CTA kernel)"),
+    Shape((9, 16, 4, 128, 2048, 512), ("edge",), "contiguous q and k (separate tensors)"),
+)
+
+
+def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
+    import torch
+
+    from astra_sglang.spec import torch_dtype
+
+    t, hq, hk, d, qs, ks = dims
+    dt = torch_dtype(dtype)
+
+    def draw(shape, scale=1.0):
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
+        if dist == "large":
+            x = x * 64.0  # sum of squares far above 1: the rsqrt of large numbers
+        elif dist == "small":
+            x = x * 1e-2  # sum of squares near eps
+        return x.to(dt)
+
+    # the whole row travels (the columns outside q / k are other heads' data the kernel must not touch)
+    q = draw((t, qs))
+    k = draw((t, ks))
+    qw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    kw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    return {"q": q, "k": k, "q_weight": qw, "k_weight": kw}
+
+
+def _norm_rows(x, heads: int, d: int, w, eps: float):
+    """Norm the first heads * d columns of every row of x ([rows, >= heads * d]) per head of d."""
+    rows = x.shape[0]
+    out = x.clone()
+    blk = x[:, : heads * d].reshape(rows, heads, d)
+    r = (blk.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    out[:, : heads * d] = (blk * r * w.reshape(1, 1, d)).reshape(rows, heads * d)
+    return out
+
+
+def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
+    # works on the harness's [tokens, stride] buffers and on the patch's [tokens, heads, d] views
+    _, hq, hk, d = dims[:4]
+    eps = float(scalars.get("eps", EPS))
+    q, k = inp["q"].double(), inp["k"].double()
+    qo = _norm_rows(q.reshape(q.shape[0], -1), hq, d, inp["q_weight"].double(), eps).reshape(q.shape)
+    ko = _norm_rows(k.reshape(k.shape[0], -1), hk, d, inp["k_weight"].double(), eps).reshape(k.shape)
+    return {"q": qo, "k": ko}
+
+
+def bytes_moved(dims, dtype: str) -> int:
+    t, hq, hk, d = dims[:4]
+    return (2 * t * (hq + hk) * d + 2 * d) * DTYPE_BYTES[dtype]  # each row read + written, weights once
+
+
+def _supports(dims, dtype: str) -> Optional[str]:
+    t, hq, hk, d, qs, ks = dims
+    if d not in HEAD_DIMS:
+        return f"head_dim {d} (SGLang's JIT q/k norm takes {HEAD_DIMS}; other sizes run the RMSNorm layers)"
+    if qs < hq * d or ks < hk * d:
+        return "row stride shorter than the heads it holds"
+    return None
+
+
+SPEC = OpSpec(
+    name="qknorm",
+    summary="Qwen3 per-head q/k RMSNorm, in place over the strided q and k blocks of the qkv output",
+    dim_names=("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride"),
+    abi=(
+        AbiArg("q", "ptr", "inout"),
+        AbiArg("k", "ptr", "inout"),
+        AbiArg("q_weight", "ptr", "in"),
+        AbiArg("k_weight", "ptr", "in"),
+        AbiArg("num_tokens", "i64"),
+        AbiArg("num_q_heads", "i64"),
+        AbiArg("num_kv_heads", "i64"),
+        AbiArg("head_dim", "i64"),
+        AbiArg("q_stride", "i64"),
+        AbiArg("k_stride", "i64"),
+        AbiArg("eps", "f64"),
+        AbiArg("dtype", "i32"),
+    ),
+    variants=(
+        Variant(
+            name="jit",
+            description="SGLang JIT QKNormKernel (fused_qknorm_warp; 0.5.23+: fused_qknorm_half_warp for "
+            "head_dim 128 on 16-byte-aligned tensors; fused_qknorm_cta for head_dim > 256)",
+            provenance="sglang/kernels/ops/layernorm/norm.py fused_inplace_qknorm -> _jit_qknorm_module(head_dim, "
+            "dtype).qknorm -> csrc/elementwise/qknorm.cuh QKNormKernel<head_dim, pdl, T>::run "
+            "(called from sglang/srt/models/utils.py apply_qk_norm)",
+            sources=(SourceFile("sglang_jit", "csrc/elementwise/qknorm.cuh"),),
+            include_roots=("tvm_ffi", "dlpack"),
+            launcher="launch_jit.cu.in",
+            flag_profile="sglang_jit",
+            source_facts=(
+                (
+                    "csrc/elementwise/qknorm.cuh",
+                    r"struct QKNormParams \{\s*void\* __restrict__ q;\s*void\* __restrict__ k;[^\n]*\s*"
+                    r"int64_t q_stride;\s*int64_t k_stride;\s*uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*"
+                    r"float eps;\s*const void\* __restrict__ q_weight;\s*const void\* __restrict__ k_weight;\s*"
+                    r"uint32_t num_tokens;\s*\};",
+                    "QKNormParams fields, in the order the launcher initializes them (k pre-offset, strides in elements)",
+                ),
+                (
+                    "csrc/elementwise/qknorm.cuh",
+                    r"\.k = pointer::offset\(k\.data_ptr\(\), -2 \* static_cast<int64_t>\(num_qo_heads\) \* kHeadDim\)",
+                    "k is passed pre-offset by -num_qo_heads * head_dim elements",
+                ),
+                (
+                    "csrc/elementwise/qknorm.cuh",
+                    r"constexpr uint32_t kWarpsPerBlock = (?P<WARPS_PER_BLOCK>\d+);",
+                    "warps per block of the warp kernels",
+                ),
+                (
+                    "csrc/elementwise/qknorm.cuh",
+                    r"std::min\(kNumSM \* max_occupancy, needed_blocks\)",
+                    "persistent grid: min(SMs * occupancy, div_ceil(rows, warps per block))",
+                ),
+                (
+                    "csrc/elementwise/qknorm.cuh",
+                    # the first of the two names: the half-warp kernel (0.5.23+) is defined before the
+                    # warp kernel's host struct, older sources only have the struct
+                    r"(?P<QK_FIRST>fused_qknorm_half_warp|QKNormKernelWarp)\b",
+                    "which warp kernels the source has (half-warp head_dim-128 kernel or not)",
+                ),
+            ),
+            dtypes=("fp16", "bf16"),
+            supports=_supports,
+        ),
+    ),
+    default_variant=lambda roots: "jit",
+    dtypes=("fp16", "bf16"),
+    corpus=_corpus(),
+    edge_shapes=EDGE,
+    tolerance=Tolerance(k=2.0),
+    make_inputs=make_inputs,
+    reference=reference,
+    scalars=lambda dims: {"eps": EPS},
+    bytes_moved=bytes_moved,
+    distributions=("normal", "large", "small"),
+    replaces=(
+        "sglang.kernels.ops.layernorm.norm:fused_inplace_qknorm",
+        "sglang.srt.models.utils:fused_inplace_qknorm",
+    ),
+)
