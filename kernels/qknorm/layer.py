@@ -1,0 +1,27 @@
+"""The SGLang code `validate` drives for this op: sglang.srt.models.utils.apply_qk_norm, the helper every
+Qwen3 attention layer calls, with two of SGLang's RMSNorm layers holding the q and k weights."""
+from astra_sglang.patch.layers import construct
+
+
+def run_layer(inp, dims, scalars):
+    import torch
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.models.utils import apply_qk_norm
+
+    t, hq, hk, d, qs, ks = dims
+    eps = float(scalars.get("eps", 1e-6))
+    q_buf, k_buf = inp["q"], inp["k"]
+    norms = []
+    for w in (inp["q_weight"], inp["k_weight"]):
+        n = construct(RMSNorm, d, eps=eps).to(device=q_buf.device, dtype=q_buf.dtype)
+        n.weight.data.copy_(w)
+        norms.append(n)
+    # the views SGLang passes: the q and k column blocks of each token's row
+    q = q_buf[:, : hq * d]
+    k = k_buf[:, : hk * d]
+    with torch.no_grad():
+        q_out, k_out = apply_qk_norm(q=q, k=k, q_norm=norms[0], k_norm=norms[1], head_dim=d, allow_inplace=True)
+        # the fused path normalizes in place and returns the views; the per-layer path returns new tensors
+        q.copy_(q_out.reshape(t, hq * d))
+        k.copy_(k_out.reshape(t, hk * d))
+    return {"q": q_buf, "k": k_buf}
