@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -16,7 +17,7 @@ from astra_sglang.registry import op_dir
 from astra_sglang.spec import OpSpec, Variant
 
 from .closure import compute_closure
-from .sources import Root, Sources
+from .sources import Root, Sources, missing_roots
 
 # Toolkit headers production sources include but never use in the extracted kernels.
 # FlashInfer's norm.cuh pulls trtllm/common/{cudaUtils.h,reduceKernelUtils.cuh}, which
@@ -53,6 +54,23 @@ def choose_variant(spec: OpSpec, sources: Sources, requested: Optional[str]) -> 
         return spec.variant(requested)
     name = spec.default_variant({n: True for n in sources.roots})
     return spec.variant(name)
+
+
+def supported_archs(nvcc: str) -> List[str]:
+    """The sm_XY targets this nvcc can build (`nvcc --list-gpu-arch`); empty when it cannot say."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return sorted({f"sm_{m}" for m in re.findall(r"compute_(\d+)", out)}, key=lambda a: int(a[3:]))
+
+
+def check_arch(nvcc: str, arch: Arch) -> None:
+    """Refuse an arch this nvcc cannot build before anything is written."""
+    known = supported_archs(nvcc)
+    if known and arch.sm not in known:
+        raise AstraError(f"nvcc {nvcc_version(nvcc)} cannot build {arch.sm} (it builds {', '.join(known)}); "
+                         "pass --arch with one of those")
 
 
 def validate_dtype(spec: OpSpec, variant: Variant, dtype: str) -> None:
@@ -124,6 +142,16 @@ def render_launcher(spec: OpSpec, v: Variant, captures: Dict[str, str], header: 
     return header + text
 
 
+def check_dest(dest: Path, force: bool) -> None:
+    """An existing workspace is never overwritten without --force; a file in the way is an error."""
+    if dest.exists() and not dest.is_dir():
+        raise AstraError(f"{dest} exists and is not a directory")
+    if dest.parent.exists() and not dest.parent.is_dir():
+        raise AstraError(f"--out {dest.parent} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise AstraError(f"workspace {dest} already exists; pass --force to overwrite it")
+
+
 def extract(
     spec: OpSpec,
     sources: Sources,
@@ -132,18 +160,22 @@ def extract(
     variant: Optional[str] = None,
     force: bool = False,
     progress: Callable[[str], None] = lambda s: None,
+    build: Optional[Callable[[Path], None]] = None,
 ) -> Path:
-    """Write the workspace for `spec` into `dest` and return it. Never clobbers without force."""
+    """Write the workspace for `spec` into `dest` and return it. Never clobbers without force.
+
+    Everything is written into a temporary folder beside `dest`; `build(tmp)`, when given, runs
+    there (raising aborts), and only then does the workspace move into place. A failure at any
+    step leaves `dest` as it was (absent, or the old workspace)."""
     v = choose_variant(spec, sources, variant)
-    if v.requires_root and not sources.has(v.requires_root):
-        sources.get(v.requires_root, f"{spec.name} variant {v.name}")
+    lost = missing_roots(sources, v, f"{spec.name} variant {v.name}")
+    if lost:
+        raise AstraError(*lost)
     roots: List[Root] = []
     names = [sf.root for sf in v.sources] + list(v.include_roots) + [e.source.root for e in v.excerpts]
     for name in list(dict.fromkeys(names)):
         roots.append(sources.get(name, f"{spec.name} variant {v.name}"))
-    if dest.exists() and any(dest.iterdir()):
-        if not force:
-            raise AstraError(f"workspace {dest} already exists; pass --force to overwrite it")
+    check_dest(dest, force)
     nvcc = find_nvcc()  # fail early and clearly; extraction is only useful with a compiler
     progress(f"variant {v.name}: {v.provenance}")
     captures = _check_facts(v, sources)
@@ -217,7 +249,8 @@ def extract(
             "attrs": dict(v.attrs),
             "launch_facts": captures,
             "sources": {
-                r.name: {"path": str(r.base), "version": r.version, "origin": r.origin, **({"commit": r.commit} if r.commit else {})}
+                r.name: {"path": str(r.base), "version": r.version, "origin": r.origin,
+                         **({"commit": r.commit} if r.commit else {}), **({"from": r.detail} if r.detail else {})}
                 for r in roots
             },
             "excerpts": excerpt_info,
@@ -227,6 +260,8 @@ def extract(
             "closure_sha256": closure_sha,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if build is not None:
+            build(tmp)
         if dest.exists():
             backup = dest.with_name(f".{dest.name}.old")
             if backup.exists():

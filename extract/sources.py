@@ -24,8 +24,9 @@ class Root:
     base: Path
     include_subdirs: Tuple[str, ...] = (".",)
     version: str = "unknown"
-    origin: str = ""  # "installed", "checkout", "wheel-dir"
+    origin: str = ""  # "installed", "checkout", "wheel-dir", "download"
     commit: str = ""  # git commit of a checkout, when it has a .git
+    detail: str = ""  # where a downloaded tree came from (wheel, requirement, hash)
 
 
 @dataclass
@@ -38,19 +39,24 @@ class Sources:
 
     def get(self, name: str, why: str) -> Root:
         if name not in self.roots:
-            raise AstraError(_MISSING[name] + f" (needed for {why})")
+            raise AstraError(missing_message(name, why))
         return self.roots[name]
 
 
+def missing_message(name: str, why: str) -> str:
+    return _MISSING[name] + f" (needed for {why})"
+
+
 _MISSING = {
-    "sglang_jit": "SGLang's JIT kernel sources not found: `pip install sglang` or pass --sglang-src "
-    "(a git checkout or an unpacked sglang wheel)",
+    "sglang_jit": "SGLang's JIT kernel sources not found: pass --download (fetches the wheels), "
+    "`pip install sglang`, or --sglang-src (a git checkout or an unpacked sglang wheel)",
     "sglang_checkout": "sgl-kernel's csrc is only in an SGLang git checkout: pass --sglang-src PATH/TO/sglang",
-    "flashinfer": "FlashInfer headers not found: `pip install flashinfer-python` or pass --flashinfer-src "
-    "(a checkout or an unpacked flashinfer-python wheel)",
-    "tvm_ffi": "tvm-ffi headers not found (SGLang's JIT kernels include them): `pip install apache-tvm-ffi` "
-    "or pass --tvm-ffi-src",
-    "dlpack": "dlpack headers not found (shipped with apache-tvm-ffi): `pip install apache-tvm-ffi` or pass --tvm-ffi-src",
+    "flashinfer": "FlashInfer headers not found: pass --download (fetches the wheels), "
+    "`pip install flashinfer-python`, or --flashinfer-src (a checkout or an unpacked flashinfer-python wheel)",
+    "tvm_ffi": "tvm-ffi headers not found (SGLang's JIT kernels include them): pass --download (fetches the "
+    "wheels), `pip install apache-tvm-ffi`, or --tvm-ffi-src",
+    "dlpack": "dlpack headers not found (shipped with apache-tvm-ffi): pass --download, "
+    "`pip install apache-tvm-ffi`, or --tvm-ffi-src",
 }
 
 
@@ -234,4 +240,31 @@ def discover(
         s.roots["tvm_ffi"] = Root("tvm_ffi", tinc, (".",), tver, "installed" if tvm_ffi_src is None else "wheel-dir")
     if dl is not None:
         s.roots["dlpack"] = Root("dlpack", dl, (".",), tver, s.roots["tvm_ffi"].origin)
+    return s
+
+
+def needed_roots(v) -> List[str]:
+    """The source roots a variant reads, in order."""
+    names = [sf.root for sf in v.sources] + list(v.include_roots) + [e.source.root for e in v.excerpts]
+    if v.requires_root:
+        names.insert(0, v.requires_root)
+    return list(dict.fromkeys(names))
+
+
+def missing_roots(s: Sources, v, why: str) -> List[str]:
+    """One message per root `v` needs that `s` lacks (dlpack only when tvm-ffi itself is there:
+    it ships inside apache-tvm-ffi, so one line covers both)."""
+    lost = [n for n in needed_roots(v) if not s.has(n)]
+    if "tvm_ffi" in lost and "dlpack" in lost:
+        lost.remove("dlpack")
+    return [missing_message(n, why) for n in lost]
+
+
+def mark_downloaded(s: Sources, fetched: Dict[str, "object"], describe) -> Sources:
+    """Record on every root that lies in a downloaded tree where that tree came from."""
+    for root in s.roots.values():
+        for f in fetched.values():
+            base = Path(f.path).resolve()
+            if root.base.resolve() == base or base in root.base.resolve().parents:
+                root.origin, root.detail = "download", describe(f)
     return s
