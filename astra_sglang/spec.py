@@ -146,6 +146,10 @@ class OpSpec:
     # into `tensors`. None: the variant takes the op's tensors as they are.
     to_variant_abi: Optional[Callable[..., Dict[str, Any]]] = None
     from_variant_abi: Optional[Callable[..., None]] = None
+    # Regexes (case-insensitive, searched in the demangled name) of the GPU kernels a profiler
+    # shows for this op: SGLang's production kernels and astra's own (namespace astra_<short>::).
+    # `astra-sglang profile` attributes matching kernels to this op.
+    kernel_symbols: Tuple[str, ...] = ()
 
     @property
     def symbol(self) -> str:
@@ -218,3 +222,51 @@ def dedupe_shapes(shapes: Sequence[Shape]) -> Tuple[Shape, ...]:
         else:
             merged[s.dims] = s
     return tuple(merged.values())
+
+
+SHAPES_FORMAT = "astra-shapes/1"
+
+
+def load_shapes_file(path, spec: "OpSpec") -> List[Shape]:
+    """The shapes of `spec`'s op in a corpus file (`--shapes FILE`), most used first.
+
+    Format (written by `astra-sglang profile` as shapes.json and by the patch counters,
+    astra_sglang.patch.counters.shapes_corpus): JSON
+    {"format": "astra-shapes/1", "source": "...", "ops": {"<op>": [{"dims": [tokens, ...],
+    "dtype": "bf16", "count": 123, "tags": ["decode"], "source": "llama3-8b bs8"}, ...]}}
+    dims are in the op's dim order (spec.dim_names). Equal dims merge (counts add).
+    """
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise AstraError(f"--shapes {path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise AstraError(f"--shapes {path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != SHAPES_FORMAT or not isinstance(data.get("ops"), dict):
+        raise AstraError(f"--shapes {path}: not a shapes corpus (want JSON with \"format\": \"{SHAPES_FORMAT}\" "
+                         "and \"ops\")")
+    rows = data["ops"].get(spec.name)
+    if not rows:
+        have = ", ".join(sorted(data["ops"])) or "none"
+        raise AstraError(f"--shapes {path}: no shapes for {spec.name} (ops in the file: {have})")
+    merged: Dict[Tuple[int, ...], List[Any]] = {}
+    for i, r in enumerate(rows):
+        dims = r.get("dims") if isinstance(r, dict) else None
+        if (not isinstance(dims, list) or len(dims) != len(spec.dim_names)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)):
+            raise AstraError(f"--shapes {path}: {spec.name} entry {i}: dims {dims!r} is not "
+                             f"{len(spec.dim_names)} positive integers ({'x'.join(spec.dim_names)})")
+        key = tuple(dims)
+        tags = tuple(str(t) for t in r.get("tags", ())) + ("file",)
+        src = str(r.get("source", data.get("source", p.name)))
+        if key in merged:
+            merged[key][0] += int(r.get("count", 1))
+            merged[key][1] = tuple(dict.fromkeys(merged[key][1] + tags))
+        else:
+            merged[key] = [int(r.get("count", 1)), tags, src]
+    order = sorted(merged.items(), key=lambda kv: -kv[1][0])
+    return [Shape(k, v[1], f"{v[2]} (count {v[0]})") for k, v in order]

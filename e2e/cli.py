@@ -144,20 +144,55 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--analyze", "analyze_path", type=click.Path(path_type=Path, exists=True),
               help="Only rebuild report.md / ab.png / summary.json from an earlier results.json.")
 @click.option("--bootstrap", "n_boot", default=2000, show_default=True)
+@click.option("--step", is_flag=True, help="Decode-step A/B through SGLang's one-batch path instead of servers "
+              "(e2e/step.py): median step latency per batch size, prefill latency, profile's prediction.")
+@click.option("--batch-size", "batch_sizes", default="1,8,32,64", show_default=True, help="--step: batch sizes.")
+@click.option("--input-len", default=256, show_default=True, help="--step: prompt tokens per request.")
+@click.option("--output-len", default=64, show_default=True, help="--step: tokens per request (decode steps + 1).")
+@click.option("--aa", is_flag=True, help="--step: both arms unpatched (A/A calibration: the CI width it shows is "
+              "what the method resolves).")
+@click.option("--calibrate", is_flag=True, help="--step: a third, unpatched arm A2 beside A and B (A/A and A/B in one run).")
+@click.option("--no-profile", is_flag=True, help="--step: skip the profile (and so the predicted Δ).")
+@click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture.")
+@click.option("--prefill-graph", is_flag=True, help="--step: keep SGLang's prefill CUDA graph (default off: start-up time).")
+@click.option("--tokenizer-path", help="--step: a tokenizer dir (default: one is generated beside the config).")
+@click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
-            cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot):
+            cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
+            step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
+            tokenizer_path, worker_module):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
     from .stats import ab_schedule
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    if analyze_path and step:
+        from .step import analyze_only
+
+        click.echo(analyze_only(analyze_path, out_dir))
+        return
     if analyze_path:
         click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
         return
     if not model_path:
         raise AstraError("--model-path is required (a dir with config.json, or a shipped config: "
                          f"{', '.join(shipped_configs())})")
+    if step:
+        from .step import parse_sizes, run_step
+
+        if load_format != "dummy":
+            raise AstraError("--step runs dummy weights only (--load-format dummy)")
+        if input_len < 1:
+            raise AstraError("--input-len must be >= 1")
+        sizes = parse_sizes(batch_sizes, "--batch-size")
+        md = run_step(model_path, ops, sizes, input_len, output_len, rounds, out_dir, aa=aa, calibrate=calibrate,
+                      python=python_exe, module=worker_module, profile_steps=profile_steps, profile=not no_profile,
+                      port=port, mem_fraction=mem_fraction if mem_fraction != 0.85 else 0.9,
+                      prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
+                      self_check=self_check, tokenizer_path=tokenizer_path)
+        click.echo(md)
+        return
     if ops.strip() == "none":
         raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
     model_path = str(resolve_model_path(model_path))

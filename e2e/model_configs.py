@@ -20,9 +20,9 @@ def shipped_configs() -> List[str]:
 def resolve_model_path(model_path: str) -> Path:
     """A directory with config.json, or a shipped config's name -> its absolute directory."""
     p = Path(model_path)
-    if p.is_dir():
-        return p.resolve()
     shipped = CONFIGS_DIR / model_path
+    if p.is_dir() and ((p / "config.json").is_file() or not (shipped / "config.json").is_file()):
+        return p.resolve()
     if "/" not in model_path and (shipped / "config.json").is_file():
         return shipped
     raise AstraError(f"--model-path {model_path}: no such directory or shipped config "

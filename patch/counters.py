@@ -13,6 +13,13 @@ Per op:
                 arguments, or the op disabled)
   checks_passed, checks_failed   self-checks against the original
   disabled      1 once the op was turned off (self-check mismatch, kernel error)
+
+Shape telemetry: beside it, <pid>.shp holds a histogram per op of the shapes (op dims in the
+spec's order, and dtype) the astra kernel was launched on: `record_shape` finds the shape's slot
+(a dict lookup; a new shape takes the next free slot) and bumps its count and, during CUDA-graph
+capture, its captured count. Graph replays are not seen, so a captured shape counts once per
+capture. `shape_totals` sums every process; `shapes_corpus` turns that into the corpus file that
+check / bench / optimize take as `--shapes FILE` (astra_sglang.spec.load_shapes_file).
 """
 from __future__ import annotations
 
@@ -33,6 +40,11 @@ FIELDS = ("calls", "captured", "fallbacks", "checks_passed", "checks_failed", "d
 _MAGIC = b"ASTRCNT1"
 _HEADER = struct.Struct("<8sqqq")  # magic, pid, n_ops, n_fields
 _NAME = 48
+_SHP_MAGIC = b"ASTRSHP1"
+_SHP_HEADER = struct.Struct("<8sqq")  # magic, pid, n_slots
+_MAX_DIMS = 6
+_SHP_SLOT = struct.Struct(f"<{_NAME}s8sq{_MAX_DIMS}qqq")  # op, dtype, ndims, dims, count, captured
+SHAPE_SLOTS = 512
 
 
 def default_dir() -> Path:
@@ -72,6 +84,40 @@ class CounterFile:
             self._slots.append((ctypes.c_int64 * len(FIELDS)).from_buffer(self._mm, off))
             off += 8 * len(FIELDS)
         self._write_meta()
+        self._open_shapes()
+
+    def _open_shapes(self) -> None:
+        self.shp_path = self.dir / f"{self.pid}.shp"
+        size = _SHP_HEADER.size + SHAPE_SLOTS * _SHP_SLOT.size
+        with open(self.shp_path, "wb") as f:
+            f.write(b"\0" * size)
+        self._shp_fh = open(self.shp_path, "r+b")
+        self._shp = mmap.mmap(self._shp_fh.fileno(), size)
+        _SHP_HEADER.pack_into(self._shp, 0, _SHP_MAGIC, self.pid, SHAPE_SLOTS)
+        self._shape_slot: Dict[tuple, tuple] = {}
+        self.shapes_dropped = 0
+
+    def record_shape(self, op: str, dims, dtype: str, captured: bool = False) -> None:
+        """One launch of `op` on `dims` (the spec's dim order) and `dtype`."""
+        key = (op, tuple(int(d) for d in dims), str(dtype))
+        slot = self._shape_slot.get(key)
+        if slot is None:
+            with self._lock:
+                slot = self._shape_slot.get(key)
+                if slot is None:
+                    i = len(self._shape_slot)
+                    if i >= SHAPE_SLOTS or len(key[1]) > _MAX_DIMS:
+                        self.shapes_dropped += 1
+                        return
+                    off = _SHP_HEADER.size + i * _SHP_SLOT.size
+                    d = list(key[1]) + [0] * (_MAX_DIMS - len(key[1]))
+                    _SHP_SLOT.pack_into(self._shp, off, op.encode()[:_NAME], key[2].encode()[:8], len(key[1]), *d, 0, 0)
+                    cnt_off = off + _SHP_SLOT.size - 16
+                    slot = ((ctypes.c_int64 * 2).from_buffer(self._shp, cnt_off),)
+                    self._shape_slot[key] = slot
+        slot[0][0] += 1
+        if captured:
+            slot[0][1] += 1
 
     def close(self) -> None:
         """No longer in use (reverted): a later fork does not open a file for it."""
@@ -173,6 +219,54 @@ def read_counters(directory: Optional[Path] = None) -> List[ProcessCounters]:
                 meta = {}
         procs.append(ProcessCounters(pid, _alive(pid), counts, meta.get("status", {}), meta.get("argv", [])))
     return procs
+
+
+def read_shapes_file(path: Path) -> List[dict]:
+    """The shape slots of one <pid>.shp: [{"op", "dims", "dtype", "count", "captured"}]."""
+    data = Path(path).read_bytes()
+    magic, _pid, n = _SHP_HEADER.unpack_from(data, 0)
+    if magic != _SHP_MAGIC:
+        raise ValueError(f"{path} is not an astra-sglang shape file")
+    out = []
+    for i in range(n):
+        off = _SHP_HEADER.size + i * _SHP_SLOT.size
+        if off + _SHP_SLOT.size > len(data):
+            break
+        op, dt, nd, *rest = _SHP_SLOT.unpack_from(data, off)
+        if not op.strip(b"\0"):
+            break
+        dims, count, captured = rest[:_MAX_DIMS][:nd], rest[_MAX_DIMS], rest[_MAX_DIMS + 1]
+        out.append({"op": op.rstrip(b"\0").decode(), "dims": list(dims), "dtype": dt.rstrip(b"\0").decode(),
+                    "count": count, "captured": captured})
+    return out
+
+
+def shape_totals(directory: Optional[Path] = None) -> Dict[str, List[dict]]:
+    """Per op, every shape any process under `directory` launched, counts summed, most used first."""
+    from .config import ENV_COUNTER_DIR
+
+    d = Path(directory or os.environ.get(ENV_COUNTER_DIR) or default_dir())
+    acc: Dict[str, Dict[tuple, dict]] = {}
+    for f in sorted(d.glob("*.shp")) if d.is_dir() else []:
+        try:
+            slots = read_shapes_file(f)
+        except (OSError, ValueError, struct.error):
+            continue
+        for s in slots:
+            e = acc.setdefault(s["op"], {}).setdefault((tuple(s["dims"]), s["dtype"]),
+                                                        {"dims": s["dims"], "dtype": s["dtype"], "count": 0, "captured": 0})
+            e["count"] += s["count"]
+            e["captured"] += s["captured"]
+    return {op: sorted(v.values(), key=lambda e: -e["count"]) for op, v in sorted(acc.items())}
+
+
+def shapes_corpus(directory: Optional[Path] = None, source: str = "patch counters") -> dict:
+    """The live shapes as a `--shapes FILE` corpus (format: astra_sglang.spec.load_shapes_file)."""
+    ops = {}
+    for op, rows in shape_totals(directory).items():
+        ops[op] = [{"dims": r["dims"], "dtype": r["dtype"], "count": r["count"],
+                    "tags": ["live"] + (["captured"] if r["captured"] else []), "source": source} for r in rows]
+    return {"format": "astra-shapes/1", "source": source, "ops": ops}
 
 
 def totals(directory: Optional[Path] = None) -> Dict[str, Dict[str, int]]:

@@ -220,4 +220,7 @@ SPEC = OpSpec(
         "sglang.srt.layers.layernorm:fused_add_rmsnorm",
         "flashinfer.norm:fused_add_rmsnorm",
     ),
+    # FlashInfer norm.cuh FusedAddRMSNormKernel, its CuTe-DSL kernel, SGLang JIT fused_add_rmsnorm_reg_kernel,
+    # astra's astra_farn:: kernels (not the gemma variant)
+    kernel_symbols=(r"(?<!gemma)(?<!gemma_)fused_?add_?rms_?norm", r"astra_farn::"),
 )

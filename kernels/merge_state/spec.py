@@ -312,6 +312,8 @@ SPEC = OpSpec(
         "sglang.srt.layers.attention.merge_state:merge_state_v2",
         "sglang.srt.layers.attention.flashattention_backend:merge_state_v2",
     ),
+    # sgl_kernel merge_state_v2 / FlashInfer cascade MergeStateKernel, astra's astra_merge:: kernel
+    kernel_symbols=(r"merge_?state", r"astra_merge::"),
     to_variant_abi=to_variant_abi,
     from_variant_abi=from_variant_abi,
 )

@@ -157,4 +157,7 @@ SPEC = OpSpec(
         "sglang.kernels.ops.activation.activation:silu_and_mul",
         "sglang.srt.layers.activation:silu_and_mul",
     ),
+    # JIT/FlashInfer act_and_mul_kernel (the functor may not show in the name: profile then uses the
+    # model's hidden_act), sgl_kernel's silu_and_mul, astra's astra_silu:: kernel
+    kernel_symbols=(r"act_and_mul.*silu", r"silu_?and_?mul", r"astra_silu::"),
 )

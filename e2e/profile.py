@@ -1,0 +1,287 @@
+"""Where one SGLang step's GPU time goes, per op: analysis of captured traces (no GPU needed).
+
+Input: a capture directory written by the step worker (`profile-meta.json` + one Chrome trace per
+stage and batch size) or traces of a live server (`--url`). Output per capture: op, µs per step
+(exclusive time, see e2e/trace.py for PDL), share of the step's kernel time, calls per step,
+shapes, covered by astra or not, the shipped kernel's measured speedup on those shapes, and the
+predicted step gain (Amdahl: saved = t_op * (1 - 1/speedup), gain = saved / step kernel time).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .attribution import classify, covered_dims, shape_hints, short_name
+from .speedups import SpeedupTable
+from .trace import KernelEvent, exclusive_times, load_trace
+
+META = "profile-meta.json"
+TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16"}
+
+
+@dataclass
+class Capture:
+    """One profiled region: `steps` repetitions of a stage at one batch size."""
+
+    stage: str              # decode | prefill | server
+    batch_size: int
+    tokens: int             # tokens per step (decode: batch size; prefill: batch * input_len)
+    steps: int
+    trace: str              # file name, relative to the capture dir
+    shapes_trace: Optional[str] = None   # an eager (no CUDA graph) step with record_shapes
+    arm: str = "A"
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Capture":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _fmt_dims(dims) -> str:
+    parts = ["x".join(str(x) for x in d) for d in dims if isinstance(d, list) and d]
+    return ", ".join(parts[:3])
+
+
+def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
+                    shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
+    hidden_act = str(cfg.get("hidden_act", "silu"))
+    dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
+    total = exclusive_times(kernels)
+    steps = max(cap.steps, 1)
+    hints = shape_hints(cfg, cap.tokens, tp) if cfg else {}
+    seen_shapes: Dict[str, set] = defaultdict(set)
+    for k in shape_kernels:
+        if k.shapes:
+            m = classify(k.name, hidden_act)
+            s = _fmt_dims(k.shapes)
+            if s:
+                seen_shapes[m.op].add(f"{s} ({k.torch_op})" if k.torch_op else s)
+    ops: Dict[str, dict] = {}
+    per_kernel: Dict[str, dict] = {}
+    for k in kernels:
+        m = classify(k.name, hidden_act)
+        o = ops.setdefault(m.op, {"op": m.op, "category": m.category, "covered": m.covered, "astra": False,
+                                  "excl": 0.0, "raw": 0.0, "calls": 0, "kernels": set()})
+        o["excl"] += k.excl
+        o["raw"] += k.dur
+        o["calls"] += 1
+        o["astra"] = o["astra"] or m.astra
+        o["kernels"].add(short_name(k.name, 50))
+        pk = per_kernel.setdefault(k.name, {"kernel": short_name(k.name, 80), "op": m.op, "excl": 0.0, "calls": 0})
+        pk["excl"] += k.excl
+        pk["calls"] += 1
+    rows = []
+    saved_total = 0.0
+    for o in ops.values():
+        us = o["excl"] / steps
+        hint = hints.get(o["op"], "")
+        profiled = sorted(seen_shapes.get(o["op"], ()))
+        row = {
+            "op": o["op"], "category": o["category"], "covered": o["covered"], "astra_kernel": o["astra"],
+            "us_per_step": us, "raw_us_per_step": o["raw"] / steps,
+            "share": (o["excl"] / total) if total else 0.0,
+            "calls_per_step": o["calls"] / steps, "us_per_call": o["excl"] / max(o["calls"], 1),
+            "shapes": profiled or ([hint] if hint else []),
+            "shape_source": "profiler" if profiled else ("config" if hint else ""),
+            "kernels": sorted(o["kernels"])[:4],
+            "speedup": None, "speedup_label": "", "speedup_source": None, "predicted_gain": 0.0, "saved_us": 0.0,
+        }
+        if o["covered"]:
+            sp = speedups.lookup(o["op"], covered_dims(o["op"], hint), dtype) if speedups else None
+            if sp is None:
+                row["speedup_label"] = "unmeasured"
+            elif o["astra"]:
+                row["speedup_label"] = "patched (astra kernel ran)"
+            else:
+                saved = us * (1.0 - 1.0 / sp.value)
+                row.update(speedup=sp.value, speedup_label=sp.label(), speedup_source=sp.source, saved_us=saved,
+                           predicted_gain=saved / (total / steps) if total else 0.0)
+                saved_total += saved
+        rows.append(row)
+    rows.sort(key=lambda r: -r["us_per_step"])
+    cats: Dict[str, float] = defaultdict(float)
+    for r in rows:
+        cats[r["category"]] += r["us_per_step"]
+    top = sorted(per_kernel.values(), key=lambda r: -r["excl"])[:25]
+    step_us = total / steps
+    return {
+        "stage": cap.stage, "batch_size": cap.batch_size, "tokens": cap.tokens, "steps": cap.steps, "arm": cap.arm,
+        "kernel_us_per_step": step_us,
+        "raw_us_per_step": sum(k.dur for k in kernels) / steps,
+        "n_kernels_per_step": len(kernels) / steps,
+        "categories": {c: {"us_per_step": v, "share": v / step_us if step_us else 0.0} for c, v in sorted(cats.items())},
+        "covered_share": sum(r["share"] for r in rows if r["covered"]),
+        "small_op_share": sum(r["share"] for r in rows if r["category"] == "op"),
+        "predicted_saved_us": saved_total,
+        "predicted_gain": saved_total / step_us if step_us else 0.0,
+        "ops": rows,
+        "top_kernels": [{"kernel": t["kernel"], "op": t["op"], "us_per_step": t["excl"] / steps,
+                         "calls_per_step": t["calls"] / steps} for t in top],
+        "extra": cap.extra,
+    }
+
+
+def analyze_dir(directory: Path, speedups: Optional[SpeedupTable] = None) -> dict:
+    """Every capture listed in DIR/profile-meta.json, analyzed."""
+    directory = Path(directory)
+    meta = json.loads((directory / META).read_text())
+    cfg = meta.get("config") or {}
+    tp = int(meta.get("tp", 1))
+    out = {"meta": {k: v for k, v in meta.items() if k not in ("captures", "config")}, "captures": []}
+    for c in meta.get("captures", []):
+        cap = Capture.from_dict(c)
+        tr = load_trace(directory / cap.trace)
+        shape_k = load_trace(directory / cap.shapes_trace).kernels if cap.shapes_trace and \
+            (directory / cap.shapes_trace).is_file() else tr.kernels   # an eager trace carries its own shapes
+        out["captures"].append(analyze_capture(tr.kernels, cap, cfg, speedups, shape_k, tp))
+    return out
+
+
+# ----------------------------------------------------------------------------- shapes corpus
+
+def shapes_corpus(analysis: dict, cfg: dict, model: str) -> dict:
+    """The covered ops' shapes of every capture, as a `--shapes FILE` corpus (astra_sglang.spec)."""
+    dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
+    ops: Dict[str, Dict[tuple, dict]] = defaultdict(dict)
+    for c in analysis["captures"]:
+        hints = shape_hints(cfg, c["tokens"], int(analysis["meta"].get("tp", 1))) if cfg else {}
+        for r in c["ops"]:
+            if not r["covered"]:
+                continue
+            dims = covered_dims(r["op"], hints.get(r["op"], ""))
+            if dims is None:
+                continue
+            e = ops[r["op"]].setdefault(dims, {"dims": list(dims), "dtype": dtype, "count": 0, "tags": [],
+                                               "source": f"{model} profile"})
+            e["count"] += int(round(r["calls_per_step"] * max(c["steps"], 1)))
+            if c["stage"] not in e["tags"]:
+                e["tags"].append(c["stage"])
+    return {"format": "astra-shapes/1", "source": f"astra-sglang profile ({model})",
+            "ops": {op: list(v.values()) for op, v in sorted(ops.items())}}
+
+
+# ----------------------------------------------------------------------------- report
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def capture_table(c: dict, max_rows: int = 18) -> str:
+    head = (f"### {c['stage']}, batch {c['batch_size']} ({c['tokens']} tokens/step, arm {c['arm']}): "
+            f"{c['kernel_us_per_step']:.0f} µs of kernels per step "
+            f"({c['n_kernels_per_step']:.0f} kernels; profiled durations sum to {c['raw_us_per_step']:.0f} µs)\n\n")
+    cats = ", ".join(f"{k} {_pct(v['share'])}" for k, v in sorted(c["categories"].items(), key=lambda kv: -kv[1]["share"]))
+    head += (f"{cats}; small ops {_pct(c['small_op_share'])}, covered by astra {_pct(c['covered_share'])}; "
+             f"predicted step gain from the shipped kernels {_pct(c['predicted_gain'])} "
+             f"({c['predicted_saved_us']:.1f} µs)\n\n")
+    lines = ["| op | µs/step | share | calls/step | µs/call | shapes | astra | speedup | predicted gain |",
+             "|---|---:|---:|---:|---:|---|---|---|---:|"]
+    rows = c["ops"]
+    shown = rows[:max_rows]
+    for r in shown:
+        cov = ("yes (astra ran)" if r["astra_kernel"] else "yes") if r["covered"] else "no"
+        shapes = "; ".join(r["shapes"][:2]) + (f" [{r['shape_source']}]" if r["shape_source"] else "")
+        gain = _pct(r["predicted_gain"]) if r["speedup"] else ""
+        lines.append(f"| {r['op']} | {r['us_per_step']:.1f} | {_pct(r['share'])} | {r['calls_per_step']:.1f} | "
+                     f"{r['us_per_call']:.2f} | {shapes} | {cov} | {r['speedup_label']} | {gain} |")
+    rest = rows[max_rows:]
+    if rest:
+        lines.append(f"| ({len(rest)} more) | {sum(r['us_per_step'] for r in rest):.1f} | "
+                     f"{_pct(sum(r['share'] for r in rest))} | | | | | | |")
+    return head + "\n".join(lines) + "\n"
+
+
+def report_markdown(analysis: dict, title: str = "astra-sglang profile") -> str:
+    meta = analysis.get("meta", {})
+    out = [f"# {title}\n"]
+    for k, v in meta.items():
+        if isinstance(v, (str, int, float)):
+            out.append(f"- {k}: {v}")
+    out.append("")
+    out.append(summary_table(analysis))
+    for c in analysis["captures"]:
+        out.append(capture_table(c))
+    out.append(PDL_NOTE)
+    return "\n".join(out)
+
+
+PDL_NOTE = ("Times are exclusive: with programmatic dependent launch a kernel can start before its "
+            "producer ends and wait inside it, so each kernel is clipped to start where the previous "
+            "work on its stream ended (the overlap stays with the producer); the profiled durations "
+            "are summed in the header for comparison.\n")
+
+
+def summary_table(analysis: dict) -> str:
+    lines = ["| stage | batch | kernel µs/step | GEMM | attention | small ops | covered | predicted gain |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in analysis["captures"]:
+        cat = c["categories"]
+        lines.append(f"| {c['stage']} ({c['arm']}) | {c['batch_size']} | {c['kernel_us_per_step']:.0f} | "
+                     f"{_pct(cat.get('gemm', {}).get('share', 0))} | {_pct(cat.get('attention', {}).get('share', 0))} | "
+                     f"{_pct(c['small_op_share'])} | {_pct(c['covered_share'])} | {_pct(c['predicted_gain'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(analysis: dict, path: str, stage: str = "decode", top_ops: int = 8) -> Optional[str]:
+    """Stacked bars per batch size: GEMM, attention, the largest small ops, the rest."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    caps = [c for c in analysis["captures"] if c["stage"] == stage]
+    if not caps:
+        return None
+    small: Dict[str, float] = defaultdict(float)
+    for c in caps:
+        for r in c["ops"]:
+            if r["category"] == "op":
+                small[r["op"]] += r["share"]
+    named = [op for op, _ in sorted(small.items(), key=lambda kv: -kv[1])[:top_ops]]
+    segs = ["gemm", "attention"] + named + ["other small ops", "other"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    labels = [f"{c['batch_size']} ({c['arm']})" if len({x['arm'] for x in caps}) > 1 else str(c["batch_size"])
+              for c in caps]
+    cmap = plt.get_cmap("tab20")
+    for ax, key in zip(axes, ("us_per_step", "share")):
+        bottom = [0.0] * len(caps)
+        for i, seg in enumerate(segs):
+            vals = []
+            for c in caps:
+                if seg in ("gemm", "attention", "other"):
+                    v = sum(r[key] for r in c["ops"] if r["category"] == seg)
+                elif seg == "other small ops":
+                    v = sum(r[key] for r in c["ops"] if r["category"] == "op" and r["op"] not in named)
+                else:
+                    v = sum(r[key] for r in c["ops"] if r["op"] == seg)
+                vals.append(100 * v if key == "share" else v)
+            hatch = "//" if seg in named and any(r["covered"] for c in caps for r in c["ops"] if r["op"] == seg) else None
+            ax.bar(labels, vals, bottom=bottom, label=seg, color=cmap(i % 20), hatch=hatch, edgecolor="white")
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("µs per step (exclusive kernel time)" if key == "us_per_step" else "% of step kernel time")
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title="hatched: astra covers")
+    fig.suptitle(f"{analysis.get('meta', {}).get('model', '')} {stage} step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(analysis: dict, out: Path, cfg: dict, model: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(analysis, indent=1))
+    md = report_markdown(analysis)
+    for stage in ("decode", "prefill", "server"):
+        png = plot(analysis, str(out / f"profile-{stage}.png"), stage)
+        if png:
+            md += f"\n![{stage}]({Path(png).name})\n"
+    (out / "profile.md").write_text(md)
+    if cfg:
+        (out / "shapes.json").write_text(json.dumps(shapes_corpus(analysis, cfg, model), indent=1))
+    return md

@@ -1,0 +1,86 @@
+"""The shipped kernel's measured speedup on a shape, from the newest bench JSON under results/.
+
+A bench JSON (`astra-sglang bench --out`) has "op", "date" and "rows" of {"shape": "32x4096",
+"dtype": "bf16", "speedup": 1.31, ...}. Lookup: the newest file (by its "date") that has a row
+for the op, the dtype and the exact shape; failing that, the row of the same trailing dims whose
+token count is nearest (reported as "~" with the shape it came from); else unmeasured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class Speedup:
+    value: float
+    shape: str          # the bench row's shape
+    exact: bool
+    source: str         # file
+    date: str
+
+    def label(self) -> str:
+        return f"{self.value:.2f}x" if self.exact else f"~{self.value:.2f}x ({self.shape})"
+
+
+def _rows_of(path: Path) -> Optional[Tuple[str, str, list]]:
+    try:
+        if path.stat().st_size > 20 * 2 ** 20:
+            return None
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):
+        return None
+    rows = [r for r in d["rows"] if isinstance(r, dict) and "shape" in r and isinstance(r.get("speedup"), (int, float))]
+    return (str(d["op"]), str(d.get("date", "")), rows) if rows else None
+
+
+class SpeedupTable:
+    def __init__(self, files: Sequence[Path]):
+        # op -> [(date, file, rows)] newest first
+        self.by_op: Dict[str, List[Tuple[str, str, list]]] = {}
+        for f in files:
+            got = _rows_of(Path(f))
+            if got:
+                op, date, rows = got
+                self.by_op.setdefault(op, []).append((date, str(f), rows))
+        for v in self.by_op.values():
+            v.sort(key=lambda t: t[0], reverse=True)
+
+    @classmethod
+    def from_dirs(cls, dirs: Sequence[Path]) -> "SpeedupTable":
+        files: List[Path] = []
+        for d in dirs:
+            d = Path(d)
+            if d.is_file():
+                files.append(d)
+            elif d.is_dir():
+                files += sorted(d.rglob("*.json"))
+        return cls(files)
+
+    def lookup(self, op: str, dims: Optional[Tuple[int, ...]], dtype: str = "bf16") -> Optional[Speedup]:
+        if dims is None:
+            return None
+        key = "x".join(str(x) for x in dims)
+        for date, src, rows in self.by_op.get(op, []):
+            for r in rows:
+                if r["shape"] == key and r.get("dtype", dtype) == dtype:
+                    return Speedup(float(r["speedup"]), key, True, src, date)
+        best = None
+        for date, src, rows in self.by_op.get(op, []):
+            for r in rows:
+                try:
+                    rd = tuple(int(x) for x in str(r["shape"]).split("x"))
+                except ValueError:
+                    continue
+                if len(rd) != len(dims) or rd[1:] != tuple(dims[1:]) or r.get("dtype", dtype) != dtype:
+                    continue
+                dist = abs(rd[0] - dims[0]) / max(dims[0], 1)
+                if best is None or dist < best[0]:
+                    best = (dist, Speedup(float(r["speedup"]), str(r["shape"]), False, src, date))
+            if best:
+                break   # newest file that has this width
+        return best[1] if best else None

@@ -1,0 +1,357 @@
+"""`astra-sglang e2e --step`: SGLang's one-batch decode step, baseline vs patched, ABBA rounds.
+
+Each arm is one long-lived worker process (e2e/step_worker.py) that loads the model the way
+`sglang.benchmark.one_batch` does; all arms are loaded side by side on the GPU (the KV pool of
+each capped by --max-total-tokens) and are driven one at a time, so the rounds interleave without
+reloading. The patched arm patches itself (the one-batch path loads no plugins). Per round and
+batch size each arm runs one prefill + (output_len - 1) timed decode steps; the statistic is the
+median step latency, compared per round (e2e/step_stats.py). Before the rounds, the profile of
+the base arm (and the patched arm) at each batch size predicts the Δ (e2e/profile.py).
+
+Outputs in --out: results.json (every run: step latencies, greedy ids), summary.json, report.md,
+step.png, profile/ (traces, profile.md/json/png, shapes.json), worker-<arm>.log, counters.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from astra_sglang.errors import AstraError
+
+from .step_worker import REPLY
+
+WORKER_MODULE = "astra_sglang.e2e.step_worker"
+
+
+def _say(msg: str) -> None:
+    print(f"  · {msg}", file=sys.stderr, flush=True)
+
+
+class WorkerProc:
+    """A step worker: JSON commands on its stdin, replies on its stdout, everything else to a log."""
+
+    def __init__(self, name: str, spec: dict, python: str, module: str, log: Path, env: dict, cwd: Path):
+        self.name, self.log_path = name, log
+        launcher = [python, module] if module.endswith(".py") else [python, "-m", module]
+        self.log = open(log, "w")
+        self.replies: "queue.Queue[dict]" = queue.Queue()
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(launcher + [json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, cwd=str(cwd),
+                                     start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                try:
+                    self.replies.put(json.loads(line[len(REPLY):]))
+                    continue
+                except ValueError:
+                    pass
+            self.log.write(line)
+            self.log.flush()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_reply(self, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return self.replies.get(timeout=1.0)
+            except queue.Empty:
+                if not self.alive() and self.replies.empty():
+                    time.sleep(0.5)   # let the reader drain
+                    if self.replies.empty():
+                        raise AstraError(f"worker {self.name} exited ({self.proc.returncode})\n{self.tail()}")
+                if time.monotonic() > end:
+                    raise AstraError(f"worker {self.name}: no reply in {timeout:.0f}s\n{self.tail()}")
+
+    def ready(self, timeout: float) -> dict:
+        r = self.wait_reply(timeout)
+        if r.get("event") != "ready":
+            raise AstraError(f"worker {self.name} failed to start: {r.get('error')}\n{r.get('traceback', '')}")
+        return r
+
+    def call(self, cmd: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        r = self.wait_reply(timeout)
+        if r.get("event") != "done":
+            raise AstraError(f"worker {self.name}: {cmd['cmd']} failed: {r.get('error')}\n{r.get('traceback', '')}")
+        return r
+
+    def stop(self, timeout: float = 30.0) -> Optional[int]:
+        if self.alive():
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        self._reader.join(5)
+        self.log.close()
+        return self.proc.returncode
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def worker_server_args(max_bs: int, batch_sizes: Sequence[int], max_total_tokens: int, mem_fraction: float,
+                       port: int, prefill_graph: bool, extra: Sequence[str]) -> List[str]:
+    """launch_server flags of every arm (only the port differs)."""
+    args = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+            "--cuda-graph-max-bs", str(max_bs), "--cuda-graph-bs", *[str(b) for b in sorted(set(batch_sizes))],
+            "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
+            "--random-seed", "0", "--port", str(port), "--log-level", "warning"]
+    if not prefill_graph:
+        args.append("--disable-piecewise-cuda-graph")   # prefill runs eager (start-up time); decode graphs stay
+    return args + list(extra)
+
+
+def kv_tokens_needed(batch_sizes: Sequence[int], input_len: int, output_len: int, profile_steps: int) -> int:
+    per_req = input_len + max(output_len, 5 + profile_steps + 2) + 8
+    need = max(batch_sizes) * per_req
+    return int(-(-need * 1.1 // 1024) * 1024)
+
+
+def parse_sizes(text: str, what: str) -> List[int]:
+    try:
+        out = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise AstraError(f"{what} {text!r}: give comma-separated positive integers (e.g. 1,8,32,64)") from None
+    if not out or any(x < 1 for x in out):
+        raise AstraError(f"{what} {text!r}: give comma-separated positive integers (e.g. 1,8,32,64)")
+    return out
+
+
+class Session:
+    """The workers of one run, started together and always stopped."""
+
+    def __init__(self, arms: Dict[str, object], model_dir: Path, tokenizer: str, out: Path, python: str, module: str,
+                 server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first"):
+        self.arms, self.out = arms, out
+        self.workers: Dict[str, WorkerProc] = {}
+        self.ready: Dict[str, dict] = {}
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cwd = out / "run"       # outside any source checkout (see e2e/README.md)
+        cwd.mkdir(parents=True, exist_ok=True)
+        for i, (arm, ops) in enumerate(arms.items()):
+            spec = {"name": arm, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
+                    "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(i), "max_bs": max_bs,
+                    "self_check": self_check}
+            _say(f"arm {arm} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
+            self.workers[arm] = WorkerProc(arm, spec, python, module, out / f"worker-{arm}.log", env, cwd)
+
+    def wait_ready(self, timeout: float) -> None:
+        for arm, w in self.workers.items():
+            self.ready[arm] = w.ready(timeout)
+            _say(f"arm {arm} ready after {time.monotonic() - w.t0:.0f}s "
+                 f"(model load {self.ready[arm].get('load_s', 0):.0f}s, {self.ready[arm].get('gpu', '')})")
+
+    def stop(self) -> Dict[str, Optional[int]]:
+        return {arm: w.stop() for arm, w in self.workers.items()}
+
+
+def profile_arms(session: Session, arms: Sequence[str], batch_sizes: Sequence[int], input_len: int, steps: int,
+                 pdir: Path, cfg: dict, meta: dict, timeout: float) -> dict:
+    """Profile each arm at each batch size; write pdir/profile-meta.json; returns it."""
+    from .profile import META
+
+    pdir.mkdir(parents=True, exist_ok=True)
+    caps: List[dict] = []
+    for arm in arms:
+        for bs in batch_sizes:
+            r = session.workers[arm].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
+                                           "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
+            caps += r["captures"]
+            _say(f"profiled arm {arm} batch {bs} ({r['seconds']:.1f}s)")
+    pm = {**meta, "config": cfg, "captures": caps}
+    (pdir / META).write_text(json.dumps(pm, indent=1))
+    return pm
+
+
+def predicted_from_profile(analysis: dict, base: str, others: Sequence[str]) -> Dict[Tuple[str, int], dict]:
+    """(arm, batch) -> the profile's saved µs per decode step: from bench speedups on the base's
+    profile, and in-graph (base kernel time − the arm's, both profiled). Only arms that were
+    profiled (the patched ones) get one; an unpatched A2 does not."""
+    dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
+    out = {}
+    for (arm, bs), c in dec.items():
+        if arm != base:
+            continue
+        for o in others:
+            if not any(a == o for a, _ in dec):
+                continue
+            p = {"saved_us": c["predicted_saved_us"], "base_kernel_us": c["kernel_us_per_step"]}
+            oc = dec.get((o, bs))
+            if oc is not None:
+                p["in_context_saved_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
+            out[(o, bs)] = p
+    return out
+
+
+def arms_for(ops: str, aa: bool, calibrate: bool) -> Dict[str, object]:
+    patched = "all" if ops.strip() == "all" else [o.strip() for o in ops.split(",") if o.strip()]
+    if aa:
+        return {"A": "none", "A2": "none"}
+    if ops.strip() == "none" or not patched:
+        raise AstraError("--ops none would compare the baseline with itself; use --aa for an A/A run")
+    return {"A": "none", "A2": "none", "B": patched} if calibrate else {"A": "none", "B": patched}
+
+
+def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: int, output_len: int, rounds: int,
+             out: Path, aa: bool = False, calibrate: bool = False, python: str = sys.executable,
+             module: str = WORKER_MODULE, profile_steps: int = 20, profile: bool = True, port: int = 30200,
+             mem_fraction: float = 0.9, prefill_graph: bool = False, extra: Sequence[str] = (),
+             startup_timeout: float = 900.0, cmd_timeout: float = 600.0, results_dirs: Sequence[Path] = (),
+             self_check: str = "first", tokenizer_path: Optional[str] = None) -> str:
+    from . import step_stats as ss
+    from .model_configs import resolve_model_path
+    from .profile import analyze_dir, write_outputs
+    from .speedups import SpeedupTable
+    from .tokenizer import model_dir_with_tokenizer
+
+    if rounds < 1:
+        raise AstraError("--rounds must be >= 1")
+    if output_len < 2:
+        raise AstraError("--output-len must be >= 2 (one prefill token, then decode steps)")
+    arms = arms_for(ops, aa, calibrate)
+    src = resolve_model_path(model_path)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # the one-batch path always loads a tokenizer: the given one, else one generated beside a copy of the config
+    model_dir = src if tokenizer_path else model_dir_with_tokenizer(src, out / "model")
+    tok_dir = str(Path(tokenizer_path).resolve()) if tokenizer_path else str(model_dir)
+    cfg = json.loads((src / "config.json").read_text())
+    max_bs = max(batch_sizes)
+    kv = kv_tokens_needed(batch_sizes, input_len, output_len, profile_steps)
+    sargs = lambda i: worker_server_args(max_bs, batch_sizes, kv, mem_fraction, port + 20 * i, prefill_graph, extra)  # noqa: E731
+    meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
+            "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
+            "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
+            "rounds": rounds, "server args (arm A)": " ".join(sargs(0)),
+            "command": "astra-sglang " + " ".join(sys.argv[1:]) if "astra" in sys.argv[0] or sys.argv[0].endswith("cli.py")
+            else " ".join(sys.argv)}
+    records: List[dict] = []
+    analysis = None
+    session = Session(arms, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check)
+    try:
+        session.wait_ready(startup_timeout)
+        meta["GPU"] = session.ready["A"].get("gpu", "")
+        for arm in arms:
+            meta[f"arm {arm} start-up (s)"] = f"{time.monotonic() - session.workers[arm].t0:.0f}"
+        if profile:
+            prof_arms = ["A"] + [a for a in arms if a not in ("A", "A2")]
+            profile_arms(session, prof_arms, batch_sizes, input_len, profile_steps, out / "profile",
+                         cfg, {**meta, "tp": 1}, cmd_timeout)
+        for rnd, arm in ss.step_schedule(list(arms), rounds):
+            for bs in batch_sizes:
+                r = session.workers[arm].call({"cmd": "run", "batch_size": bs, "input_len": input_len,
+                                               "output_len": output_len, "seed": 1000 + bs}, cmd_timeout)
+                rec = {"arm": arm, "round": rnd, "batch_size": bs, "input_len": input_len, "output_len": output_len,
+                       "prefill_s": r["prefill_s"], "decode_s": r["decode_s"], "tokens": r["tokens"]}
+                records.append(rec)
+                st = ss.run_stats(rec)
+                _say(f"round {rnd:>2} arm {arm:<2} bs {bs:>3}: prefill {st['prefill_ms']:8.2f} ms, "
+                     f"decode step {st['decode_ms']:7.3f} ms")
+            _dump(out, meta, records)
+    finally:
+        codes = session.stop()
+        meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())
+    counters = {}
+    try:
+        from astra_sglang.patch.counters import shape_totals, totals
+
+        for arm in arms:
+            d = out / f"counters-{arm}"
+            if d.is_dir():
+                counters[arm] = {"totals": totals(d), "shapes": shape_totals(d)}
+        (out / "counters.json").write_text(json.dumps(counters, indent=1))
+    except Exception as e:  # noqa: BLE001 - the timings stand without the counters
+        meta["counters"] = f"unreadable: {e}"
+    if profile and (out / "profile" / "profile-meta.json").is_file():
+        dirs = list(results_dirs) or default_results_dirs()
+        analysis = analyze_dir(out / "profile", SpeedupTable.from_dirs(dirs))
+        analysis["meta"]["model"] = str(model_path)
+        write_outputs(analysis, out / "profile", cfg, str(model_path))
+    _dump(out, meta, records)
+    pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
+    predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs]) if analysis else None
+    summary = ss.summarize(records, pairs, predicted)
+    summary["meta"] = meta
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    md = ss.report_markdown(summary, meta)
+    if counters:
+        md += "\nastra counters (calls from Python incl. capture; graph replays not counted): " + "; ".join(
+            f"{arm}: " + ", ".join(f"{op} calls={c.get('calls', 0)} captured={c.get('captured', 0)} "
+                                   f"fallbacks={c.get('fallbacks', 0)} disabled={c.get('disabled', 0)}"
+                                   for op, c in v["totals"].items()) for arm, v in counters.items()) + "\n"
+    png = ss.plot(summary, str(out / "step.png"))
+    if png:
+        md += "\n![decode-step Δ](step.png)\n"
+    if analysis:
+        md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
+    (out / "report.md").write_text(md)
+    return md
+
+
+def default_results_dirs() -> List[Path]:
+    """results/ of the checkout the package runs from, and of the working directory."""
+    here = Path(__file__).resolve().parent.parent / "results"
+    cwd = Path.cwd() / "results"
+    return [p for p in dict.fromkeys([here, cwd]) if p.is_dir()]
+
+
+def _dump(out: Path, meta: dict, records: List[dict]) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps({"meta": meta, "runs": records}))
+    tmp.replace(out / "results.json")
+
+
+def analyze_only(results: Path, out: Path) -> str:
+    """Rebuild summary/report from an earlier results.json (and profile/ beside it)."""
+    from . import step_stats as ss
+    from .profile import analyze_dir
+    from .speedups import SpeedupTable
+
+    data = json.loads(Path(results).read_text())
+    records = data["runs"]
+    arms = sorted({r["arm"] for r in records})
+    pairs = [("A", a) for a in arms if a != "A"]
+    pdir = Path(results).parent / "profile"
+    predicted = None
+    if (pdir / "profile-meta.json").is_file():
+        analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
+        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs])
+    summary = ss.summarize(records, pairs, predicted)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    md = ss.report_markdown(summary, data.get("meta"))
+    if ss.plot(summary, str(out / "step.png")):
+        md += "\n![decode-step Δ](step.png)\n"
+    (out / "report.md").write_text(md)
+    return md
