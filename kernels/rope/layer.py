@@ -1,0 +1,22 @@
+"""The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda (no fused KV store) on views
+of a qkv-shaped buffer, as every Llama/Qwen attention calls it."""
+from astra_sglang.patch.layers import construct
+
+
+def run_layer(inp, dims, scalars):
+    import torch
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    t, hq, hk, d, r, qs, ks = dims
+    neox = bool(int(scalars.get("is_neox", 1)))
+    cache = inp["cos_sin_cache"]
+    rope = construct(RotaryEmbedding, d, r, cache.shape[0], 1_000_000, neox, torch.float32)
+    rope = rope.to(cache.device)
+    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    q_buf, k_buf = inp["q"], inp["k"]
+    q, k = q_buf[:, : hq * d], k_buf[:, : hk * d]
+    with torch.no_grad():
+        q_out, k_out = rope.forward_cuda(inp["positions"], q, k)
+        q.copy_(q_out.reshape(t, hq * d))
+        k.copy_(k_out.reshape(t, hk * d))
+    return {"q": q_buf, "k": k_buf}
