@@ -107,7 +107,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
     local = discover(None if download else sglang_src, flashinfer_src, tvm_ffi_src)
 
     if list_:
-        sources = _downloaded(dl, local, sglang_version, flashinfer_src, tvm_ffi_src) if download else local
+        sources = _downloaded(dl, sglang_version, flashinfer_src, tvm_ffi_src) if download else local
         _list_sources(sources, dl)
         for name in ([op] if op else op_names()):
             s = get_op(name)
@@ -142,7 +142,8 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
     ex.check_arch(find_nvcc(), target[0])
 
     # 3. the sources (downloaded: network), then the workspace, built before it moves into place
-    sources = _downloaded(dl, local, sglang_version, flashinfer_src, tvm_ffi_src) if download else local
+    click.echo(f"extracting {op} for {target[0].sm} into {dest}", err=True)
+    sources = _downloaded(dl, sglang_version, flashinfer_src, tvm_ffi_src) if download else local
     built = []
 
     def build_in(tmp: Path) -> None:
@@ -163,7 +164,6 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
                              f"(nvcc log: {log}; nothing was written to {dest})")
         built.append((res, res.library.relative_to(tmp)))
 
-    click.echo(f"extracting {op} for {target[0].sm} into {dest}", err=True)
     ex.extract(spec, sources, dest, target[0], variant=variant, force=force, progress=_progress,
                build=None if no_build else build_in)
     if built:
@@ -172,7 +172,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
     click.echo(str(dest))
 
 
-def _downloaded(dl, local, version, flashinfer_src, tvm_ffi_src):
+def _downloaded(dl, version, flashinfer_src, tvm_ffi_src):
     """Sources from the downloaded wheels of `version`; --flashinfer-src / --tvm-ffi-src still win."""
     from astra_sglang.extract.sources import discover, mark_downloaded
 
