@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import click
 
 from ..errors import AstraError
+from .context import DEFAULT_PROFILE_FROM_ROUND
 
 
 def _say(msg: str) -> None:
@@ -83,14 +84,22 @@ def _command(ctx: click.Context) -> str:
               help="Model turns per agent run.")
 @click.option("--strict-schema/--no-strict-schema", default=None,
               help="Strict JSON-schema outputs and tools [default: on for OpenAI, off for other endpoints].")
+@click.option("--profile-from-round", type=click.IntRange(0, 1000), default=DEFAULT_PROFILE_FROM_ROUND,
+              show_default=True,
+              help="Nsight Compute metrics go to the agents from this round on; before it, correctness and time "
+                   "only (0: from the production kernel on).")
+@click.option("--beam", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Start each round from one of the N best correct kernels (the least expanded); 1 evolves one "
+                   "kernel.")
 @click.option("--trace", is_flag=True, help="Upload agent traces to OpenAI (off unless asked).")
 def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run_dir, ws_path, root, executor, baseline,
                  shapes, dtypes, check_shapes, final_shapes, replays, max_minutes, max_tokens, max_cost, price,
-                 max_fixes, max_turns, strict_schema, trace):
+                 max_fixes, max_turns, strict_schema, profile_from_round, beam, trace):
     """Optimize OP's production kernel with the multi-agent loop; report the best verified kernel."""
     from ..registry import get_op
     from .budget import Budget
-    from .orchestrator import OptimizeConfig, Optimizer
+    from .context import OptimizeConfig
+    from .orchestrator import Optimizer
     from .providers import resolve
     from .report import rounds_table
     from .runlog import Redactor
@@ -125,7 +134,8 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
             raise AstraError(f"--dtypes: {', '.join(bad)} not among {op}'s dtypes ({', '.join(spec.dtypes)})")
         budget = Budget(rounds, max_minutes * 60 if max_minutes else None, max_tokens, max_cost)
         cfg = OptimizeConfig(rounds=rounds, mode=mode, bench_shapes=bench_shapes, bench_dtypes=bench_dtypes,
-                             max_fix_attempts=max_fixes, max_turns=max_turns, trace=trace, price=_price(price))
+                             max_fix_attempts=max_fixes, max_turns=max_turns, trace=trace, price=_price(price),
+                             profile_from_round=profile_from_round, beam=beam)
         if not trace:
             agents_sdk.set_tracing_disabled(True)
         _say(f"optimize {op}: {mode}-agent, model {pspec.model} ({pspec.kind}), {rounds} rounds, executor "

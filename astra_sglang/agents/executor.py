@@ -64,7 +64,9 @@ class CheckResult:
 
 @dataclass
 class Timing:
-    """One (shape, dtype) of a production-vs-candidate interleaved timing run, µs per call."""
+    """One (shape, dtype) of a production-vs-candidate interleaved timing run, µs per call: chained
+    (back-to-back calls) and, where bench measured it, in context (between a producer and a consumer
+    GEMM, marginal time). `timing_basis` says which one the speedup uses."""
 
     shape: Dims
     dtype: str
@@ -74,21 +76,36 @@ class Timing:
     candidate_spread: float
     pct_ceiling: Optional[float] = None  # candidate's % of the copy ceiling
     baseline_pct_ceiling: Optional[float] = None
+    context_base_us: Optional[float] = None
+    context_cand_us: Optional[float] = None
+    context_spread_us: Optional[float] = None  # absolute spread of the in-context times
+    timing_basis: str = "chained"
+
+    @property
+    def basis(self) -> str:
+        ok = (self.timing_basis == "in-context" and (self.context_base_us or 0) > 0
+              and (self.context_cand_us or 0) > 0)
+        return "in-context" if ok else "chained"
 
     @property
     def speedup(self) -> float:
+        if self.basis == "in-context":
+            return self.context_base_us / self.context_cand_us
         return self.baseline_us / self.candidate_us if self.candidate_us > 0 else float("nan")
 
     @property
     def noise(self) -> bool:
         """True when the difference is smaller than the measured spread."""
+        if self.basis == "in-context":
+            return abs(self.context_base_us - self.context_cand_us) <= (self.context_spread_us or 0.0)
         return abs(self.speedup - 1.0) <= max(self.baseline_spread, self.candidate_spread)
 
     def to_json(self) -> Dict[str, Any]:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if v is not None or not k.startswith("context_")}
         d["shape"] = shape_key(self.shape)
         d["speedup"] = round(self.speedup, 4)
         d["noise"] = self.noise
+        d["timing_basis"] = self.basis
         return d
 
     @classmethod
@@ -102,6 +119,10 @@ class Timing:
             candidate_spread=float(d["candidate_spread"]),
             pct_ceiling=d.get("pct_ceiling"),
             baseline_pct_ceiling=d.get("baseline_pct_ceiling"),
+            context_base_us=d.get("context_base_us"),
+            context_cand_us=d.get("context_cand_us"),
+            context_spread_us=d.get("context_spread_us"),
+            timing_basis=d.get("timing_basis") or "chained",
         )
 
 
@@ -118,6 +139,7 @@ class BenchResult:
     reason: str = ""
     timings: List[Timing] = field(default_factory=list)
     info: Dict[str, Any] = field(default_factory=dict)  # device, copy ceiling, launch floor, ...
+    refused: List[str] = field(default_factory=list)  # rows bench refused as impossible, with the reason
 
     @property
     def geomean(self) -> float:

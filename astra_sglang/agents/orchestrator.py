@@ -2,19 +2,25 @@
 
     round 0   the production kernel: compile, testing agent proposes extra tests, check, time,
               profiling agent explains it
-    round r   start from the BEST correct kernel so far (not blindly the last one);
-              planning agent picks one change; coding agent writes the candidate (compile errors go
+    round r   start from the BEST correct kernel so far (not blindly the last one; with --beam N,
+              the least-expanded of the N best); the planning agent reads each timed shape's
+              regime (workload.py) and picks one change; coding agent writes the candidate (compile errors go
               back to it, at most --max-fixes times); testing agent may add tests aimed at the change;
               check (mandatory suite + added tests, fresh inputs) -> time (interleaved with
-              production) -> re-check on fresh inputs; the profiling agent explains a kernel when it
-              first becomes the starting point of a round
+              production) -> re-check on fresh inputs; a timing bench refuses as impossible fails
+              the round; the profiling agent explains a kernel when it first becomes the starting
+              point of a round, again with Nsight Compute from --profile-from-round on
     end       the best candidate is re-verified on fresh inputs over the full corpus, then timed again
               for the report (table, plot, best kernel file)
 
 Budgets (rounds, wall time, tokens, cost) are checked before every model request and between
 steps; when one runs out the log and the best kernel so far are kept and reported. Everything is
-in log.jsonl (round, code hash and file, correctness with its reason, per-shape times, model
-usage); `resume=True` rebuilds the state from it and continues with the first unfinished round.
+in log.jsonl (round, parent, code hash and file, correctness with its reason, per-shape times, the
+workload regimes the planner was shown, whether profiling was given, model usage); `resume=True`
+rebuilds the state from it and continues with the first unfinished round.
+
+The state the tools act on is a RoundContext (context.py) passed to the SDK's Runner; the
+orchestrator imports the tools only through the agents it builds (roles.py).
 """
 from __future__ import annotations
 
@@ -22,37 +28,27 @@ import hashlib
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import AstraError
 from .budget import Budget, BudgetExhausted, Meter, Usage, price_for
-from .executor import Dims, Executor, ExtraTests, numel, parse_shape, shape_key
+from .context import OptimizeConfig, RoundContext, Run, best_of, choose_parent, ranked
+from .executor import Executor, ExtraTests, parse_shape, shape_key
 from .providers import Provider, ProviderSpec, map_error
-from .report import outcome_text, roofline_table, rounds_table, timing_table, write_report
+from .report import outcome_text, roofline_table, timing_table, write_report
 from .roles import build_agent, parse_plan, plan_model
 from .runlog import Redactor, RunLog, iter_rounds
-from .tools import ToolBox
+from .workload import regimes, summary, workload_table
 
 LOG_VERSION = 1
+
+__all__ = ["Interrupted", "OptimizeConfig", "Optimizer", "Outcome"]
 
 
 class Interrupted(AstraError):
     exit_code = 130
-
-
-@dataclass
-class OptimizeConfig:
-    rounds: int
-    mode: str = "multi"  # "multi" | "single"
-    bench_shapes: List[Dims] = field(default_factory=list)
-    bench_dtypes: List[str] = field(default_factory=list)
-    max_fix_attempts: int = 2
-    max_tests_per_round: int = 8
-    max_turns: int = 12
-    trace: bool = False
-    price: Optional[tuple] = None
 
 
 @dataclass
@@ -102,16 +98,13 @@ class Optimizer:
         self.resume = resume
         self._progress = progress
         self.command = command
-        self.cand_dir = self.run_dir / "candidates"
         self.records: Dict[int, Dict[str, Any]] = {}
-        self.extra = ExtraTests()
-        self.profiles: Dict[int, str] = {}
-        self.run_id = ""
-        self.box = ToolBox(self)
+        # subject round -> (the profiling agent's text, whether Nsight Compute was given)
+        self.profiles: Dict[int, Tuple[str, bool]] = {}
         self.round_usage = Usage()
-        self.current_round = 0
-        self._agents: Dict[str, Any] = {}
+        self._agents: Dict[Tuple[str, bool], Any] = {}
         self._open()
+        self.ctx = RoundContext(self.state, 0)
 
     # -- setup / resume ------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -125,6 +118,7 @@ class Optimizer:
         if self.resume and not existing:
             raise AstraError(f"nothing to resume: no {LOG_NAME} in {self.run_dir}")
         self.log = RunLog(self.run_dir, self.redactor)
+        self.state = Run(self.spec, self.executor, self.cfg, self.run_dir, self.log, self.say, self.records)
         self.meter = Meter(self.budget, price_for(self.provider_spec.model, self.cfg.price), lambda: self.log.elapsed_s)
         if self.budget.max_cost_usd is not None and self.meter.price is None:
             raise AstraError(f"--max-cost needs a price for model {self.provider_spec.model!r}: pass --price IN,OUT "
@@ -142,16 +136,16 @@ class Optimizer:
             flag = "with" if start["mode"] == "single" else "without"
             raise AstraError(f"the run in {self.run_dir} was started in {start['mode']}-agent mode: resume it {flag} "
                              "--single-agent")
-        self.run_id = start["run_id"]
+        self.state.run_id = start["run_id"]
         # The objective must stay comparable across sessions: the timing suite comes from the log.
         self.cfg.bench_shapes = [parse_shape(s) for s in start["bench_shapes"]]
         self.cfg.bench_dtypes = list(start["bench_dtypes"])
         for e in events:
             kind = e.get("event")
             if kind == "tests_added":
-                self.extra = self.extra.merged([parse_shape(s) for s in e.get("shapes", [])])
+                self.state.extra = self.state.extra.merged([parse_shape(s) for s in e.get("shapes", [])])
             elif kind == "profile":
-                self.profiles[int(e["subject_round"])] = e.get("text", "")
+                self.profiles[int(e["subject_round"])] = (e.get("text", ""), bool(e.get("profiling", True)))
             elif kind == "agent":
                 self.meter.total.add(Usage.from_json(e.get("usage")))
         for rec in iter_rounds(events):
@@ -161,8 +155,16 @@ class Optimizer:
         self._progress(self.redactor.text(msg))
 
     # -- state queries --------------------------------------------------------------------------------
+    @property
+    def extra(self) -> ExtraTests:
+        return self.state.extra
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
     def cand_path(self, r: int, suffix: str = "") -> Path:
-        return self.cand_dir / f"r{r:02d}{suffix}{self.executor.source_suffix}"
+        return self.state.candidate_path(r, suffix)
 
     def record_of(self, r: Optional[int]) -> Optional[Dict[str, Any]]:
         return None if r is None else self.records.get(int(r))
@@ -170,94 +172,14 @@ class Optimizer:
     def best(self) -> Dict[str, Any]:
         """The best correct kernel so far: highest geomean speedup; round 0 (production) is 1.0;
         ties go to the earlier round."""
-        ok = [r for r in self.records.values() if r.get("correct") and r.get("geomean") is not None]
-        return max(ok, key=lambda r: (r["geomean"], -r["round"]))
+        return best_of(self.records)
 
     def log_table(self) -> str:
-        recs = [self.records[k] for k in sorted(self.records)]
-        best = self.best()["round"] if 0 in self.records else None
-        return rounds_table(recs, best) if recs else "no rounds yet"
-
-    def read_source(self, which: str, box: ToolBox) -> str:
-        w = (which or "current").strip()
-        path: Optional[Path] = None
-        if w == "current":
-            path = box.subject or (self.run_dir / self.records[self._parent]["file"] if self._parent is not None else None)
-        elif w == "candidate":
-            path = box.target if box.target and box.target.exists() else None
-            if path is None:
-                return "no candidate has been written in this round yet"
-        elif w == "baseline":
-            path = self.run_dir / self.records[0]["file"] if 0 in self.records else self.cand_path(0)
-        elif w == "best":
-            path = self.run_dir / self.best()["file"]
-        elif w.startswith("round:"):
-            rec = self.record_of(int(w.split(":", 1)[1]))
-            if rec is None:
-                return f"no round {w.split(':', 1)[1]} in the log"
-            path = self.run_dir / rec["file"]
-        else:
-            return self.executor.read_include(w)
-        if path is None or not path.exists():
-            return f"no source for {w!r}"
-        return path.read_text()
-
-    def add_tests(self, shapes: List[str], distributions: List[str], reason: str, box: ToolBox) -> str:
-        spec, ex = self.spec, self.executor
-        notes: List[str] = []
-        room = self.cfg.max_tests_per_round - box.added_this_round
-        mandatory = set(ex.mandatory_shapes(False)) | set(self._suite().shapes)
-        new_shapes: List[Dims] = []
-        for s in shapes:
-            try:
-                dims = parse_shape(s)
-            except ValueError:
-                notes.append(f"rejected {s!r}: not a shape like {shape_key(self.cfg.bench_shapes[0])}")
-                continue
-            if len(dims) != len(spec.dim_names) or min(dims) <= 0:
-                notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}, all positive")
-            elif dims in mandatory or dims in new_shapes:
-                notes.append(f"skipped {shape_key(dims)}: already in the suite")
-            elif numel(dims) > ex.max_test_elems():
-                notes.append(f"rejected {shape_key(dims)}: larger than the largest shape the oracle checks")
-            elif len(new_shapes) >= room:
-                notes.append(f"rejected {shape_key(dims)}: at most {self.cfg.max_tests_per_round} shapes per round")
-            else:
-                new_shapes.append(dims)
-        for d in distributions:  # the oracle runs every distribution the spec knows on every shape
-            notes.append(f"distribution {d!r}: " + ("already run on every shape" if d in spec.distributions else
-                                                     f"unknown (every shape runs {', '.join(spec.distributions)})"))
-        if not new_shapes:
-            return "nothing added. " + "; ".join(notes)
-        # A test the production kernel fails is not a valid test.
-        seed = self._seed(self.current_round, 100 + box.added_this_round)
-        if not ex.check_tests_on_baseline(ExtraTests(new_shapes), seed).ok:
-            keep: List[Dims] = []
-            for dims in new_shapes:
-                one = ex.check_tests_on_baseline(ExtraTests([dims]), seed)
-                if one.ok:
-                    keep.append(dims)
-                else:
-                    notes.append(f"rejected {shape_key(dims)}: the production kernel fails it ({one.reason})")
-            new_shapes = keep
-        if new_shapes:
-            self.extra = self.extra.merged(new_shapes)
-            box.added_this_round += len(new_shapes)
-            self.log.append({"event": "tests_added", "round": self.current_round, "role": box.role,
-                             "shapes": [shape_key(s) for s in new_shapes], "reason": reason})
-            self.say(f"    tests + {', '.join(shape_key(s) for s in new_shapes)}")
-        added = ", ".join(shape_key(s) for s in new_shapes) or "nothing"
-        return f"added: {added}." + (" " + "; ".join(notes) if notes else "")
-
-    def _suite(self) -> ExtraTests:
-        """What a check adds to the executor's mandatory suite: the timed shapes and the agents' tests."""
-        return ExtraTests(list(self.cfg.bench_shapes)).merged(self.extra.shapes)
-
-    def _seed(self, r: int, k: int) -> int:
-        return int(hashlib.sha256(f"{self.run_id}:{r}:{k}".encode()).hexdigest()[:8], 16)
+        return self.state.log_table()
 
     # -- agents ---------------------------------------------------------------------------------------
-    def _ctx(self) -> Dict[str, Any]:
+    def _facts(self) -> Dict[str, Any]:
+        """What every agent's instructions say about the op, the candidate language and the objective."""
         ex, spec = self.executor, self.spec
         desc = ex.describe()
         return {
@@ -271,26 +193,28 @@ class Optimizer:
             "dims": " x ".join(spec.dim_names),
             "example_shape": shape_key(self.cfg.bench_shapes[0]),
             "max_tests": self.cfg.max_tests_per_round,
+            "profile_from_round": self.cfg.profile_from_round,
         }
 
     def _agent(self, role: str):
-        if role not in self._agents:
-            self._agents[role] = build_agent(role, self._ctx(), self.provider, self.box,
-                                             self.provider_spec.strict_schema)
-        return self._agents[role]
+        key = (role, self.ctx.profiling)
+        if key not in self._agents:
+            self._agents[key] = build_agent(role, self._facts(), self.provider.model(role),
+                                            self.provider_spec.strict_schema, self.ctx.profiling)
+        return self._agents[key]
 
     def _run_agent(self, role: str, purpose: str, text: str):
-        """Run one agent to its final answer. Returns (final_output, error or None)."""
+        """Run one agent to its final answer on this round's context. Returns (final_output, error or None)."""
         from agents import RunConfig, Runner
         from agents.exceptions import AgentsException
 
-        self.box.role = role
+        self.ctx.role = role
         self.meter.current = Usage()
         self.say(f"  · {role}: {purpose}")
         final, error, calls = None, None, []
         try:
             result = self.provider.loop.run_until_complete(Runner.run(
-                self._agent(role), text, max_turns=self.cfg.max_turns,
+                self._agent(role), text, context=self.ctx, max_turns=self.cfg.max_turns,
                 run_config=RunConfig(tracing_disabled=not self.cfg.trace)))
             final = result.final_output
             calls = [getattr(getattr(it, "raw_item", None), "name", "?") for it in result.new_items
@@ -321,8 +245,8 @@ class Optimizer:
             final.model_dump() if hasattr(final, "model_dump") else str(final))
         if isinstance(out, str) and len(out) > 4000:
             out = out[:4000] + " ..."
-        ev = {"event": "agent", "round": self.current_round, "role": role, "purpose": purpose,
-              "tool_calls": calls, "usage": usage.to_json(), "output": out}
+        ev = {"event": "agent", "round": self.ctx.round, "role": role, "purpose": purpose,
+              "tool_calls": calls, "usage": usage.to_json(), "output": out, "profiling": self.ctx.profiling}
         if error:
             ev["error"] = error
         self.log.append(ev)
@@ -330,7 +254,7 @@ class Optimizer:
     # -- steps ---------------------------------------------------------------------------------------
     def _testing(self, r: int, path: Path, parent: Optional[Dict[str, Any]] = None,
                  plan: Optional[Dict[str, str]] = None) -> None:
-        self.box.subject, self.box.subject_round, self.box.target = path, r, None  # read_source("current")
+        self.ctx.study(path, r)  # read_source("current") is the kernel under test
         src = _fence(path.read_text())
         if r == 0:
             text = (f"Propose the initial extra tests for {self.spec.name}. The production kernel:\n{src}")
@@ -342,30 +266,63 @@ class Optimizer:
         self._run_agent("testing", "proposes tests" if r == 0 else "tests aimed at the change", text)
 
     def _ensure_profile(self, rec: Dict[str, Any]) -> None:
+        """The profiling agent explains `rec` once, and once more when Nsight Compute becomes available."""
         k = rec["round"]
-        if k in self.profiles:
+        have = self.profiles.get(k)
+        if have is not None and (have[1] or not self.ctx.profiling):
             return
-        self.box.subject, self.box.subject_round, self.box.target = self.run_dir / rec["file"], k, None
+        self.ctx.study(self.run_dir / rec["file"], k)
         text = (f"Kernel under study: round {k} ({'the production kernel' if k == 0 else 'a candidate'}; geomean "
                 f"speedup over production {rec['geomean']:.3f}x).\nIts timing (interleaved with production):\n"
                 f"{timing_table(rec['timings'])}\nRoofline:\n{roofline_table(self.spec, rec['timings'])}\n"
+                f"Workload:\n{workload_table(self._regimes(rec), f'round {k}')}\n"
                 f"Its source:\n{_fence((self.run_dir / rec['file']).read_text())}")
-        final, _ = self._run_agent("profiling", f"explains round {k}", text)
-        self.profiles[k] = str(final or "")
-        self.log.append({"event": "profile", "round": self.current_round, "subject_round": k,
-                         "text": self.profiles[k]})
+        final, _ = self._run_agent("profiling", f"explains round {k}" + (" with Nsight Compute" if have else ""), text)
+        self.profiles[k] = (str(final or ""), self.ctx.profiling)
+        self.log.append({"event": "profile", "round": self.ctx.round, "subject_round": k,
+                         "profiling": self.ctx.profiling, "text": self.profiles[k][0]})
+
+    def _regimes(self, rec: Dict[str, Any]):
+        """Each timed shape's regime, from `rec`'s timings and the launch floor of its bench run (or
+        round 0's)."""
+        info = rec.get("bench_info") or {}
+        if not info.get("launch_floor_us") and 0 in self.records:
+            info = self.records[0].get("bench_info") or {}
+        return regimes(rec.get("timings") or [], info)
+
+    def _refusals(self) -> str:
+        """What the planner must know about rounds whose timing bench refused."""
+        lines = [f"- round {rec['round']}: {'; '.join(rec['refused'])}" for rec in
+                 (self.records[k] for k in sorted(self.records)) if rec.get("refused")]
+        if not lines:
+            return ""
+        return ("\n\nTimings bench REFUSED as impossible (faster than the copy ceiling allows or under the launch "
+                "floor: the kernel skipped work or fooled the timer, e.g. caching by pointer or ignoring the stream; "
+                "these rounds failed, do not build on them):\n" + "\n".join(lines))
 
     def _state_text(self, r: int, parent: Dict[str, Any]) -> str:
         k = parent["round"]
-        return (f"Round {r} of {self.cfg.rounds}. The current best kernel is round {k} "
-                f"(geomean speedup over production {parent['geomean']:.3f}x).\n\nLog so far:\n{self.log_table()}\n\n"
-                f"Timing of the current best (interleaved with production):\n{timing_table(parent['timings'])}\n\n"
-                f"Roofline of the current best:\n{roofline_table(self.spec, parent['timings'])}\n\n"
-                f"Profiler's facts about the current best:\n{self.profiles.get(k) or '(none yet)'}\n\n"
-                f"Source of the current best (round {k}):\n{_fence((self.run_dir / parent['file']).read_text())}")
+        beam = ""
+        if self.cfg.beam > 1:
+            top = ranked(self.records)[:self.cfg.beam]
+            beam = (f" With --beam {self.cfg.beam} this round starts from round {k}, one of the "
+                    f"{len(top)} best correct kernels (rounds {', '.join(str(x['round']) for x in top)}); "
+                    f"the best is round {top[0]['round']} ({top[0]['geomean']:.3f}x).")
+        profile = self.profiles.get(k, ("", False))[0]
+        return (f"Round {r} of {self.cfg.rounds}. The current kernel is round {k} "
+                f"(geomean speedup over production {parent['geomean']:.3f}x).{beam}\n\nLog so far:\n{self.log_table()}"
+                f"{self._refusals()}\n\n"
+                f"Workload (each timed shape's regime, measured in this run):\n"
+                f"{workload_table(self._regimes(parent), f'round {k}')}\n\n"
+                f"Timing of the current kernel (interleaved with production):\n{timing_table(parent['timings'])}\n\n"
+                f"Roofline of the current kernel:\n{roofline_table(self.spec, parent['timings'])}\n\n"
+                f"Profiler's facts about the current kernel"
+                f"{'' if self.ctx.profiling else ' (timings only: Nsight Compute metrics come from round ' + str(self.cfg.profile_from_round) + ' on)'}"
+                f":\n{profile or '(none yet)'}\n\n"
+                f"Source of the current kernel (round {k}):\n{_fence((self.run_dir / parent['file']).read_text())}")
 
     def _plan(self, r: int, parent: Dict[str, Any]) -> Dict[str, Any]:
-        self.box.subject, self.box.subject_round, self.box.target = self.run_dir / parent["file"], parent["round"], None
+        self.ctx.study(self.run_dir / parent["file"], parent["round"])
         text = self._state_text(r, parent) + "\n\nChoose the one change for this round."
         final, error = self._run_agent("planning", "chooses the change", text)
         if final is not None and isinstance(final, plan_model()):
@@ -384,23 +341,24 @@ class Optimizer:
         return {**plan, "valid": True}
 
     def _code(self, r: int, parent: Dict[str, Any], plan: Dict[str, Any], path: Path) -> None:
-        self.box.subject, self.box.subject_round, self.box.target, self.box.written = None, None, path, False
+        self.ctx.study(None, None)
+        self.ctx.write_to(path)
         text = (f"Plan for round {r}:\nchange: {plan['change']}\nrationale: {plan.get('rationale', '')}\n"
                 f"expected effect: {plan.get('expected_effect', '')}\n\nStart from this kernel (round "
-                f"{parent['round']}, the current best):\n{_fence((self.run_dir / parent['file']).read_text())}\n\n"
+                f"{parent['round']}):\n{_fence((self.run_dir / parent['file']).read_text())}\n\n"
                 "Write the complete new file with write_candidate.")
         self._run_agent("coding", "writes the candidate", text)
 
     def _single(self, r: int, parent: Dict[str, Any], path: Path) -> None:
-        self.box.subject, self.box.subject_round, self.box.target, self.box.written = (
-            self.run_dir / parent["file"], parent["round"], path, False)
+        self.ctx.study(self.run_dir / parent["file"], parent["round"])
+        self.ctx.write_to(path)
         text = self._state_text(r, parent) + (f"\n\nTests added so far: {', '.join(shape_key(s) for s in self.extra.shapes) or 'none'}."
                                               f"\nDo round {r}: end by writing the complete candidate with write_candidate.")
         self._run_agent("single", "does the round", text)
 
     def _fix(self, r: int, path: Path, comp, attempt: int) -> None:
         role = "single" if self.cfg.mode == "single" else "coding"
-        self.box.target, self.box.written = path, False
+        self.ctx.write_to(path)
         text = (f"Your candidate for round {r} does not compile (fix {attempt} of {self.cfg.max_fix_attempts}). "
                 f"Compiler output:\n{_fence(comp.log[-5000:] or comp.error)}\n\nThe candidate:\n{_fence(path.read_text())}\n\n"
                 "Fix the errors and write the complete file again with write_candidate.")
@@ -416,6 +374,7 @@ class Optimizer:
         rec["usage"] = self.round_usage.to_json()
         rec["wall_s"] = round(self.log.elapsed_s - t0, 3)
         rec["extra_tests"] = [shape_key(s) for s in self.extra.shapes]
+        rec["profiling"] = self.ctx.profiling
         ev = self.log.append({"event": "round", **rec})
         self.records[rec["round"]] = ev
         best = self.best()
@@ -423,12 +382,10 @@ class Optimizer:
                  f"{best['geomean']:.3f}x; tokens {self.meter.total.total_tokens})")
         return ev
 
-    def _begin(self, r: int) -> float:
-        self.current_round = r
+    def _begin(self, r: int, parent: Optional[int] = None) -> float:
+        self.ctx = RoundContext(self.state, r, parent=parent, profiling=r >= self.cfg.profile_from_round)
         self.provider.set_round(r)
         self.round_usage = Usage()
-        self.box.added_this_round = 0
-        self.box.subject = self.box.target = None
         return self.log.elapsed_s
 
     def _round0(self) -> None:
@@ -442,7 +399,7 @@ class Optimizer:
             raise AstraError(f"the production kernel does not compile: {comp.error}")
         if self.cfg.mode == "multi":
             self._testing(0, path)
-        chk = self.executor.check(path, self._suite(), self._seed(0, 1))
+        chk = self.executor.check(path, self.state.suite(), self.state.seed(0, 1))
         if not chk.ok:
             raise AstraError(f"the production kernel fails its own check ({chk.reason}): the oracle or the workspace "
                              "is broken")
@@ -459,14 +416,18 @@ class Optimizer:
             self._ensure_profile(rec)
 
     def _round(self, r: int) -> None:
-        t0 = self._begin(r)
-        parent = self.best()
-        self._parent = parent["round"]
-        self.say(f"round {r}/{self.cfg.rounds}: starting from round {parent['round']} ({parent['geomean']:.3f}x)")
+        parent = choose_parent(self.records, self.cfg.beam)
+        t0 = self._begin(r, parent["round"])
+        self.say(f"round {r}/{self.cfg.rounds}: starting from round {parent['round']} ({parent['geomean']:.3f}x)"
+                 + ("" if self.ctx.profiling else "; timings only (no Nsight Compute before round "
+                    f"{self.cfg.profile_from_round})"))
         path = self.cand_path(r)
         for stale in self.cand_dir.glob(f"r{r:02d}.*"):  # an interrupted earlier try of this round
             stale.unlink()
-        base = {"round": r, "parent": parent["round"], "file": str(path.relative_to(self.run_dir))}
+        base: Dict[str, Any] = {"round": r, "parent": parent["round"], "file": str(path.relative_to(self.run_dir)),
+                                "workload": summary(self._regimes(parent))}
+        if self.cfg.beam > 1:
+            base["beam"] = [x["round"] for x in ranked(self.records)[:self.cfg.beam]]
         plan = None
         if self.cfg.mode == "multi":
             self._ensure_profile(parent)
@@ -476,7 +437,7 @@ class Optimizer:
         else:
             self._single(r, parent, path)
         base["plan"] = plan
-        if not self.box.written or not path.exists():
+        if not self.ctx.written or not path.exists():
             self._record({**base, "file": None, "compile": {"ok": False, "attempts": 0, "error": "no candidate written"},
                           "correct": None, "reason": "the agent wrote no candidate"}, t0)
             return
@@ -487,7 +448,7 @@ class Optimizer:
             shutil.copy(path, self.cand_path(r, f".fail{attempts}"))
             self._fix(r, path, comp, attempts)
             attempts += 1
-            if not self.box.written:
+            if not self.ctx.written:
                 break
             comp = self.executor.compile(path)
         compile_info = {"ok": comp.ok, "attempts": attempts, "seconds": round(comp.seconds, 2)}
@@ -497,13 +458,18 @@ class Optimizer:
             return
         if self.cfg.mode == "multi":
             self._testing(r, path, parent, plan)
-        chk = self.executor.check(path, self._suite(), self._seed(r, 1))
+        chk = self.executor.check(path, self.state.suite(), self.state.seed(r, 1))
         if not chk.ok:
             self._record({**base, "compile": compile_info, "correct": False, "reason": chk.reason,
                           "check_cases": chk.cases}, t0)
             return
         self.say(f"  · check: {chk.reason}")
         res = self.executor.bench(path, self.cfg.bench_shapes, self.cfg.bench_dtypes)
+        if res.refused:  # impossible numbers: the round failed, and the planner is told why
+            self._record({**base, "compile": compile_info, "correct": False, "refused": list(res.refused),
+                          "reason": f"bench refused the timing: {'; '.join(res.refused)}", "check_cases": chk.cases,
+                          "timings": [t.to_json() for t in res.timings], "bench_info": res.info}, t0)
+            return
         if not res.ok:
             self._record({**base, "compile": compile_info, "correct": False, "reason": f"failed in timing or its re-check: {res.reason}",
                           "check_cases": chk.cases}, t0)
@@ -511,7 +477,7 @@ class Optimizer:
         timings = [t.to_json() for t in res.timings]
         cases = chk.cases
         if not self.executor.bench_rechecks:  # the executor's bench did not re-check: do it here
-            re = self.executor.check(path, self._suite(), self._seed(r, 2))
+            re = self.executor.check(path, self.state.suite(), self.state.seed(r, 2))
             if not re.ok:
                 self._record({**base, "compile": compile_info, "correct": False, "timings": timings,
                               "reason": f"failed the re-check on fresh inputs after timing: {re.reason}"}, t0)
@@ -521,20 +487,24 @@ class Optimizer:
                       "check_cases": cases, "timings": timings, "geomean": round(res.geomean, 4),
                       "median_spread": round(res.median_spread, 4), "bench_info": res.info}, t0)
 
+    @property
+    def cand_dir(self) -> Path:
+        return self.run_dir / "candidates"
+
     # -- the run -------------------------------------------------------------------------------------------
     def run(self) -> Outcome:
-        self._parent: Optional[int] = None
         self.provider = Provider(self.provider_spec, self.meter, self.redactor)
         try:
             self.provider.preflight()
             if not self.log.events:
-                self.run_id = secrets.token_hex(8)
+                self.state.run_id = secrets.token_hex(8)
                 self.log.append({
                     "event": "start", "version": LOG_VERSION, "run_id": self.run_id, "op": self.spec.name,
                     "mode": self.cfg.mode, "provider": self.provider_spec.public(self.redactor),
                     "budget": self.budget.to_json(), "executor": self.executor.describe(),
                     "bench_shapes": [shape_key(s) for s in self.cfg.bench_shapes],
                     "bench_dtypes": list(self.cfg.bench_dtypes), "max_fix_attempts": self.cfg.max_fix_attempts,
+                    "profile_from_round": self.cfg.profile_from_round, "beam": self.cfg.beam,
                     "command": self.command})
             else:
                 self.log.append({"event": "resume", "rounds_logged": sorted(self.records),
@@ -569,8 +539,8 @@ class Optimizer:
             self.say(f"stop: {e}")
             return str(e), e
         except KeyboardInterrupt:
-            self.log.append({"event": "stop", "reason": f"interrupted in round {self.current_round}"})
-            raise Interrupted(f"interrupted in round {self.current_round}: the log is kept in {self.run_dir}; "
+            self.log.append({"event": "stop", "reason": f"interrupted in round {self.ctx.round}"})
+            raise Interrupted(f"interrupted in round {self.ctx.round}: the log is kept in {self.run_dir}; "
                               "continue with --resume") from None
         except AstraError as e:
             self.say(f"stop: {e}")
@@ -590,7 +560,7 @@ class Optimizer:
             for rec in ranked:
                 path = self.run_dir / rec["file"]
                 self.say(f"final: re-verifying round {rec['round']} on fresh inputs over the full corpus")
-                chk = self.executor.check(path, self._suite(), secrets.randbits(31), full=True)
+                chk = self.executor.check(path, self.state.suite(), secrets.randbits(31), full=True)
                 if not chk.ok:
                     final["rejected"].append({"round": rec["round"], "reason": chk.reason})
                     self.log.append({"event": "final_reject", "round": rec["round"], "reason": chk.reason})

@@ -13,7 +13,8 @@ import re
 from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
-from .tools import ROLE_TOOLS, ToolBox, sdk_tools
+from .tools import sdk_tools, tools_for
+from .workload import STRATEGIES
 
 PLAN_FIELDS = {
     "change": "the one change to make, concretely (what code, how)",
@@ -95,15 +96,16 @@ INSTRUCTIONS = {
     "profiling": (
         "You are the PROFILING agent. Explain where the kernel under study loses time, with numbers: use "
         "bench (interleaved with production), roofline (bytes moved, achieved bandwidth, % of the copy "
-        "ceiling) and ncu (DRAM throughput, occupancy, registers, spills, stall reasons) when available. "
-        "Answer in at most ten lines: the bottleneck per shape class (small/decode vs large/prefill), the "
-        "evidence, and where the headroom is. Facts only; no code."
+        "ceiling){ncu_clause}. Answer in at most ten lines: the bottleneck per shape class (small/decode vs "
+        "large/prefill), the evidence, and where the headroom is. Facts only; no code."
     ),
     "planning": (
-        "You are the PLANNING agent. Choose the ONE next change to make to the current best kernel, using "
+        "You are the PLANNING agent. Choose the ONE next change to make to the current kernel, using "
         "the log of what was tried (do not repeat a change that failed unless you say how its failure is "
-        "avoided), the roofline gap and the profiler's facts. Prefer the change with the largest expected "
-        "gain on the shapes with the most headroom; correctness first."
+        "avoided; a timing bench refused is a failed change), the workload table (each timed shape's regime, "
+        "its in-context and chained times), the roofline gap and the profiler's facts. Prefer the change with "
+        "the largest expected gain on the shapes with the most headroom, of a kind that fits their regime; "
+        "correctness first.\n{strategies}"
     ),
     "coding": (
         "You are the CODING agent. Apply the given plan to the given kernel source and write the COMPLETE new "
@@ -114,12 +116,25 @@ INSTRUCTIONS = {
     ),
     "single": (
         "You are the only agent: you design tests, profile, plan and code. In each round: read the log and the "
-        "current best kernel, optionally add tests (add_tests) and profile (bench, ncu, roofline), decide ONE "
-        "change, and write the COMPLETE new candidate file with write_candidate (never a diff; keep the ABI "
-        "entry point exactly; keep all sizes correct). The orchestrator compiles, checks and times it after "
-        "you finish. Finish with one line saying what you changed and why."
+        "current kernel, optionally add tests (add_tests) and profile (bench, roofline{ncu_name}), decide ONE "
+        "change that fits the regime of the shapes with the most headroom (see the workload table), and write "
+        "the COMPLETE new candidate file with write_candidate (never a diff; keep the ABI entry point exactly; "
+        "keep all sizes correct). The orchestrator compiles, checks and times it after you finish. Finish with "
+        "one line saying what you changed and why.\n{strategies}"
     ),
 }
+
+
+def instructions(role: str, facts: Dict[str, Any], profiling: bool) -> str:
+    """The role's instructions; `profiling` says whether Nsight Compute metrics are given this round."""
+    if profiling:
+        ncu_clause = " and ncu (DRAM throughput, occupancy, registers, spills, stall reasons) when available"
+    else:
+        ncu_clause = (f"; Nsight Compute metrics are not given before round {facts['profile_from_round']} "
+                      "(the kernel's structure settles first): work from the timings")
+    return _common(facts) + "\n" + INSTRUCTIONS[role].format(
+        max_tests=facts["max_tests"], ncu_clause=ncu_clause, ncu_name=", ncu" if profiling else "",
+        strategies=STRATEGIES)
 
 
 def plan_prompt_suffix() -> str:
@@ -127,16 +142,17 @@ def plan_prompt_suffix() -> str:
             + json.dumps(PLAN_SCHEMA, indent=1))
 
 
-def build_agent(role: str, ctx: Dict[str, Any], provider, box: ToolBox, strict: bool):
-    """One SDK Agent for `role`, with its tools and a metered model from `provider`."""
+def build_agent(role: str, facts: Dict[str, Any], model, strict: bool, profiling: bool):
+    """One SDK Agent for `role`: its instructions, its tools (the profiler's only when `profiling`),
+    `model` (the provider's metered model). Its tools act on the RoundContext the run passes."""
     from agents import Agent
 
-    instructions = _common(ctx) + "\n" + INSTRUCTIONS[role].format(max_tests=ctx["max_tests"])
+    text = instructions(role, facts, profiling)
     kwargs: Dict[str, Any] = {}
     if role == "planning":
         if strict:
             kwargs["output_type"] = plan_model()
         else:
-            instructions += plan_prompt_suffix()
-    tools = sdk_tools(box, ROLE_TOOLS[role], strict)
-    return Agent(name=f"astra-{role}", instructions=instructions, tools=tools, model=provider.model(role), **kwargs)
+            text += plan_prompt_suffix()
+    tools = sdk_tools(tools_for(role, profiling), strict)
+    return Agent(name=f"astra-{role}", instructions=text, tools=tools, model=model, **kwargs)

@@ -18,6 +18,9 @@ Each model request of agent ROLE in round R consumes the next TURN of rounds[R][
 
 An argument "source_file": F is replaced by "source": <the text of F>. When a queue runs dry the
 model answers with a final message saying so. Usage is estimated as characters / 4 unless given.
+
+With a top-level "record_requests": FILE, every request is appended to FILE as one JSON line
+(round, role, instructions, input, tool names), so a test can read what each agent was told.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ class Script:
         if not isinstance(data, dict) or not isinstance(data.get("rounds"), dict):
             raise AstraError(f"script {self.path} has no \"rounds\" object")
         self.rounds: Dict[str, Dict[str, List[Dict[str, Any]]]] = data["rounds"]
+        rec = data.get("record_requests")
+        self.record_to: Optional[Path] = self.path.parent / rec if rec else None
         self.round = 0
         self._cursor: Dict[Tuple[int, str], int] = {}
 
@@ -59,6 +64,15 @@ class Script:
         i = self._cursor.get((self.round, role), 0)
         self._cursor[(self.round, role)] = i + 1
         return queue[i] if i < len(queue) else None
+
+    def record(self, role: str, instructions: Optional[str], input: Any, tools: List[str]) -> None:
+        if self.record_to is None:
+            return
+        if not isinstance(input, str):  # a list of SDK items: keep their text
+            input = json.dumps(input, default=str)
+        line = {"round": self.round, "role": role, "instructions": instructions or "", "input": input, "tools": tools}
+        with open(self.record_to, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def resolve_args(self, args: Dict[str, Any]) -> Dict[str, Any]:
         out = dict(args)
@@ -85,6 +99,7 @@ class ScriptedModel(Model):
 
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
                            tracing, *args, **kwargs) -> ModelResponse:
+        self.script.record(self.role, system_instructions, input, sorted(t.name for t in tools))
         turn = self.script.next_turn(self.role)
         r = self.script.round
         if turn is None:
