@@ -75,16 +75,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("stream-other", r"\b(?:cudaStreamPerThread|cudaStreamLegacy|cudaStreamDefault|CU_STREAM_PER_THREAD|"
                          r"CU_STREAM_LEGACY|_*CUDA_API_PER_THREAD_DEFAULT_STREAM)\b",
          "uses a stream other than the one passed in"),
-    Rule("stream-forged", r"\(\s*(?:const\s+)?cudaStream_t\s*\)\s*(?!const\b|noexcept\b|override\b)[\w(&*+\-!~]"
-                          r"|\b(?:reinterpret_cast|static_cast|const_cast|bit_cast)\s*<\s*(?:const\s+)?cudaStream_t\s*>"
-                          r"|(?<!->)(?<!-> )\bcudaStream_t\s*(?:\(\s*[^)]*\)|\{[^}]*\})"
-                          r"|\bcudaStream_t\s+(?:const\s+)?\w+\s*(?:=\s*(?:0[uUlL]*|nullptr|NULL|\{\s*\})\s*;"
-                          r"|\{\s*(?:0|nullptr|NULL)?\s*\}\s*;)",
-         "makes a stream handle from a constant or a cast (0 is the legacy default stream, 2 the per-thread "
-         "one): all work must run on the stream passed in"),
-    Rule("stream-state", r"\b(?:static|thread_local)\s+(?:const\s+)?cudaStream_t\b"
-                         r"|\bstd::\w*(?:map|set|hash)\s*<\s*(?:const\s+)?cudaStream_t\b",
-         "keeps stream handles across calls: which stream a call comes on tells a check from a timed run"),
     Rule("default-stream", r"<<<(.*?)>>> with fewer than 4 arguments",
          "kernel launched on the default stream: pass the ABI's stream as the 4th launch argument "
          "(<<<grid, block, smem, stream>>>)", target="stream", check="launch-missing"),
@@ -99,6 +89,16 @@ RULES: Tuple[Rule, ...] = (
     Rule("launch-stream", r"STREAM_PARAM = ...",
          "overwrites the stream parameter `{}`: launch on the stream passed in", target="stream",
          check="stream-reassigned"),
+    Rule("stream-forged", r"\(\s*(?:const\s+)?cudaStream_t\s*\)\s*(?!const\b|noexcept\b|override\b)[\w(&*+\-!~]"
+                          r"|\b(?:reinterpret_cast|static_cast|const_cast|bit_cast)\s*<\s*(?:const\s+)?cudaStream_t\s*>"
+                          r"|(?<!->)(?<!-> )\bcudaStream_t\s*(?:\(\s*[^)]*\)|\{[^}]*\})"
+                          r"|\bcudaStream_t\s+(?:const\s+)?\w+\s*(?:=\s*(?:0[uUlL]*|nullptr|NULL|\{\s*\})\s*;"
+                          r"|\{\s*(?:0|nullptr|NULL)?\s*\}\s*;)",
+         "makes a stream handle from a constant or a cast (0 is the legacy default stream, 2 the per-thread "
+         "one): all work must run on the stream passed in"),
+    Rule("stream-state", r"\b(?:static|thread_local)\s+(?:const\s+)?cudaStream_t\b"
+                         r"|\bstd::\w*(?:map|set|hash)\s*<\s*(?:const\s+)?cudaStream_t\b",
+         "keeps stream handles across calls: which stream a call comes on tells a check from a timed run"),
     Rule("stream-unused", r"f(..., cudaStream_t S) { ...no S... }",
          "ignores its cudaStream_t parameter `{}`: whatever it launches runs on some other stream", target="stream",
          check="stream-unused"),
@@ -117,15 +117,15 @@ RULES: Tuple[Rule, ...] = (
          "manipulates CUDA graphs/capture: the caller owns capture; launch plainly on the given stream (graph "
          "APIs also tell a kernel whether it is being captured, i.e. timed)"),
     # --- stream attributes, L2 persistence, device limits: the memory system is not the kernel's --
-    Rule("stream-attribute", r"\b(?:cu(?:da)?StreamGet\w+|cu(?:da)?StreamSetAttribute\w*|cu(?:da)?StreamCopyAttributes|"
-                             r"cudaStreamAttr\w*|CU_STREAM_ATTRIBUTE\w*)\b",
-         "reads or sets the stream's attributes (flags, priority, id, capture state, L2 access policy, "
-         "synchronization policy): they tell a check from a timed run, and what is set outlives the call"),
     Rule("l2-persist", r"\b(?:\w*[Aa]ccessPolicyWindow\w*|hitRatio|hitProp|missProp|cudaAccessProperty\w*|"
                        r"CU_ACCESS_PROPERTY\w*|\w*[Pp]ersistingL2\w*|CU_LIMIT_PERSISTING_L2_CACHE_SIZE|"
                        r"apply_access_property|discard_memory)\b|\baccess_property\s*::\s*persisting\b",
          "sets an L2 access-policy window or persisting-L2 carve-out: lines stay in L2 across calls (a timed run is "
          "no longer L2-cold), and the setting outlives the call and takes L2 from the kernels around it"),
+    Rule("stream-attribute", r"\b(?:cu(?:da)?StreamGet\w+|cu(?:da)?StreamSetAttribute\w*|cu(?:da)?StreamCopyAttributes|"
+                             r"cudaStreamAttr\w*|CU_STREAM_ATTRIBUTE\w*)\b",
+         "reads or sets the stream's attributes (flags, priority, id, capture state, L2 access policy, "
+         "synchronization policy): they tell a check from a timed run, and what is set outlives the call"),
     Rule("device-limit", r"\b(?:cu(?:da)?(?:Device|Thread|Ctx)(?:Set|Get)Limit|cudaLimit\w+|CU_LIMIT_\w+)\b",
          "reads or sets a device limit (stack, printf FIFO, malloc heap, L2 fetch granularity, persisting L2): "
          "device-wide state that outlives the call and changes the kernels around it"),
@@ -450,7 +450,7 @@ def _stream_findings(code: str) -> Iterator[Tuple[str, int, str]]:
     for m in re.finditer(r"\b(?:cudaLaunchKernel|cudaLaunchCooperativeKernel|cudaMem\w*Async)\s*\(", code):
         c = _match_close(code, m.end() - 1, "(", ")")
         args = _split_args(code[m.end():c]) if c > 0 else []
-        if args and re.match(r"\d|cudaMemcpy\w+\Z", args[-1]):  # the stream argument left off
+        if args and m.group(0).startswith("cudaMem") and re.match(r"\d|cudaMemcpy\w+\Z", args[-1]):  # left off
             yield "launch-origin", m.start(), "the default stream (no stream argument)"
         elif args:
             yield from origin(args[-1], m.start())
@@ -473,19 +473,25 @@ def _stream_findings(code: str) -> Iterator[Tuple[str, int, str]]:
                 continue
         if not re.search(rf"\b{re.escape(name)}\s*(?:\.|->)\s*stream\s*=", code):
             yield "config-stream", m.start(), name
-    for s in sorted(names):
-        w = re.escape(s)
-        for m in re.finditer(rf"(?<![\w.>])\b{w}\s*(?:[-+*/|&^]|<<|>>)?=(?!=)", code):
-            if not re.search(r"\bcudaStream_t\s*(?:const\s+)?$", code[max(0, m.start() - 40):m.start()]):
-                yield "stream-reassigned", m.start(), s
-        cmp = (rf"(?<![\w.>])\b{w}\s*(?:==|!=|\?|&&|\|\|)|(?:==|!=|&&|\|\||!)\s*\b{w}\b(?!\s*\()"
-               rf"|\bif\s*\(\s*{w}\s*\)|\bswitch\s*\(\s*{w}\s*\)"
-               rf"|\b(?:reinterpret_cast|static_cast|bit_cast)\s*<\s*(?!(?:const\s+)?cudaStream_t\s*>)[^>]*>\s*\(\s*{w}\s*\)"
-               rf"|\(\s*(?:const\s+)?(?:u?intptr_t|size_t|u?int64_t|u?int32_t|unsigned|long|int|"
-               rf"unsigned\s+long(?:\s+long)?|long\s+long|void\s*\*|char\s*\*)\s*\)\s*{w}\b"
-               rf"|(?<![&\w])&\s*{w}\b")
-        for m in re.finditer(cmp, code):
-            yield "stream-compare", m.start(), s
+    for _, name, b0, b1 in defs:  # inside the function that was handed the stream (names are per function)
+        if not name:
+            continue
+        body = code[b0:b1]
+        local = {name} | {m.group(1) for m in re.finditer(
+            rf"\b(?:cudaStream_t|auto)\s*(?:const\s*)?&?\s*(\w+)\s*(?:=\s*|\{{\s*|\(\s*){re.escape(name)}\s*[)}}]?\s*;", body)}
+        for s in sorted(local):
+            w = re.escape(s)
+            # a statement `s = ...;` (a declaration `T s = ...` has a type before the name)
+            for m in re.finditer(rf"(?:^|(?<=[;{{}}(),]))\s*\b{w}\s*(?:[-+*/|&^]|<<|>>)?=(?!=)", body, re.M):
+                yield "stream-reassigned", b0 + m.start() + len(m.group(0)) - len(m.group(0).lstrip()), s
+            cmp = (rf"(?<![\w.>])\b{w}\s*(?:==|!=|\?|&&|\|\|)|(?:==|!=|&&|\|\||!)\s*\b{w}\b(?!\s*\()"
+                   rf"|\bif\s*\(\s*{w}\s*\)|\bswitch\s*\(\s*{w}\s*\)"
+                   rf"|\b(?:reinterpret_cast|static_cast|bit_cast)\s*<\s*(?!(?:const\s+)?cudaStream_t\s*>)[^>]*>\s*\(\s*{w}\s*\)"
+                   rf"|\(\s*(?:const\s+)?(?:u?intptr_t|size_t|u?int64_t|u?int32_t|unsigned|long|int|"
+                   rf"unsigned\s+long(?:\s+long)?|long\s+long|void\s*\*|char\s*\*)\s*\)\s*{w}\b"
+                   rf"|(?<![&\w])&\s*{w}\b")
+            for m in re.finditer(cmp, body):
+                yield "stream-compare", b0 + m.start(), s
     for o, name, b0, b1 in defs:
         body = code[b0:b1]
         uses = len(re.findall(rf"\b{re.escape(name)}\b", body)) if name else 0
@@ -583,9 +589,17 @@ def errors(findings: Iterable[Finding]) -> List[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
+_RANK = {}
+for _i, _r in enumerate(RULES):
+    _RANK.setdefault(_r.rule, _i)
+
+
 def summarize(findings: Sequence[Finding]) -> Optional[str]:
-    """One line for the first rejecting finding (None when nothing rejects)."""
-    errs = errors(findings)
+    """One line for the most telling rejecting finding (None when nothing rejects).
+
+    RULES is in order of how much a finding says: a created stream is named before the
+    unused stream parameter it leaves behind."""
+    errs = sorted(errors(findings), key=lambda f: (_RANK.get(f.rule, len(RULES)), f.file, f.line))
     if not errs:
         return None
     more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
