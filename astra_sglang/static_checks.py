@@ -16,6 +16,14 @@ string literals instead (inline PTX such as "mov.u64 %0, %%globaltimer;"), and
 from (_stream_findings). Quoted includes that resolve next to the candidate (not
 the workspace's production headers) are scanned too.
 
+What gets scanned: every candidate (check, bench, optimize's compile), including
+optimize's round 0, which is a copy of the extracted baseline.cu; the production
+headers under the workspace's include dirs are not (they hold framework glue such as
+tvm-ffi's stream lookup and trtllm's capture query). tests/test_static_checks.py holds
+the shipped kernels, the launch templates and every extracted baseline to these rules:
+a rule that fires on them is wrong. L2 eviction hints inside one kernel
+(createpolicy ... L2::evict_last) stay allowed: production SGLang kernels use them.
+
 Static checks are the first line only: a kernel can always hide what it does from a
 regex. What they cannot see (a result cache keyed by pointer, a stream dropped
 through a helper's argument) the dynamic checks catch: check runs the candidate the
