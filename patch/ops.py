@@ -68,7 +68,7 @@ class KernelBackend:
     devices: FrozenSet[str] = frozenset({"cuda"})
 
     def __init__(self, spec, lib_path, source: str = ""):
-        from astra_sglang.runtime import KernelLib
+        from astra_sglang.build.loader import KernelLib
 
         self.lib = KernelLib(lib_path, spec)
         self.name = f"kernel {source or lib_path}"
@@ -370,9 +370,8 @@ def _pid() -> int:
 
 def compare(spec, inputs: Dict[str, Any], expected: Dict[str, Any], got: Dict[str, Any], dims, names) -> CheckResult:
     """The check's tolerance rule on every output: err(got) <= max(k * err(expected), floor)."""
-    from astra_sglang.check import dtype_name, nonfinite_mismatch, rel_err, tolerance
+    from astra_sglang.harness.numerics import SHORT_DTYPE, dtype_name, nonfinite_mismatch, rel_err, tolerance
 
-    short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
     ref = spec.reference(inputs, tuple(dims), {n: v for n, v in inputs.items() if not hasattr(v, "clone")})
     errors: Dict[str, Tuple[float, float, float]] = {}
     bad: List[str] = []
@@ -381,7 +380,7 @@ def compare(spec, inputs: Dict[str, Any], expected: Dict[str, Any], got: Dict[st
         e = expected[n].reshape(ref[n].shape) if expected[n].numel() == ref[n].numel() else expected[n]
         r_got = rel_err(g, ref[n])
         r_prod = rel_err(e, ref[n])
-        tol = tolerance(spec, short.get(dtype_name(g), dtype_name(g)), r_prod["err"])
+        tol = tolerance(spec, SHORT_DTYPE.get(dtype_name(g), dtype_name(g)), r_prod["err"])
         nf = nonfinite_mismatch(g, ref[n], e)
         errors[n] = (r_got["err"], r_prod["err"], tol)
         if not (r_got["err"] <= tol) or nf:

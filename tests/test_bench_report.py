@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from astra_sglang.bench import (
+from astra_sglang.harness.timer import (
     HELPERS_CU,
     L2_FACTOR,
     ceiling_key,
@@ -16,9 +16,10 @@ from astra_sglang.bench import (
     plan_sets,
     store_ceiling,
 )
-from astra_sglang.check import parse_sanitizer_log
-from astra_sglang.ncu import not_permitted, parse_csv, parse_resource_usage, summarize_kernel
-from astra_sglang.report import BenchReport, BenchRow, geomean, is_noise, median, pct_of_ceiling, percentile, spread
+from astra_sglang.harness.sanitize import parse_sanitizer_log
+from astra_sglang.harness.ncu import not_permitted, parse_csv, parse_resource_usage, summarize_kernel
+from astra_sglang.harness.results import BenchReport, BenchRow
+from astra_sglang.harness.stats import geomean, is_noise, median, pct_of_ceiling, percentile, spread
 from astra_sglang.static_checks import errors, scan_source
 
 

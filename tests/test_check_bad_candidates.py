@@ -50,7 +50,7 @@ def workspaces(request, tmp_path_factory):
 
 
 def _workspace(root: Path, op: str):
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     if not (root / op / "manifest.json").exists():
         pytest.skip(f"no {op} workspace under {root}")
@@ -65,7 +65,7 @@ def _record(res, name: str) -> None:
 
 @pytest.mark.parametrize("op", OPS)
 def test_production_passes_its_own_check(workspaces, op):
-    from astra_sglang.check import check_candidate
+    from astra_sglang.harness.check import check_candidate
 
     res = check_candidate(op, _workspace(workspaces, op), None, timeout=120)
     _record(res, f"production-{op}")
@@ -75,7 +75,7 @@ def test_production_passes_its_own_check(workspaces, op):
 
 @pytest.mark.parametrize("cand", CANDIDATES, ids=[c.stem for c in CANDIDATES])
 def test_candidate_verdict(workspaces, cand):
-    from astra_sglang.check import check_candidate
+    from astra_sglang.harness.check import check_candidate
 
     op, expect = meta(cand)
     hang = "timed out" in expect
@@ -89,7 +89,7 @@ def test_candidate_verdict(workspaces, cand):
 
 
 def test_bench_times_and_rechecks(workspaces, tmp_path):
-    from astra_sglang.bench import bench
+    from astra_sglang.harness.bench import bench
 
     ws = _workspace(workspaces, "silu_and_mul")
     rep = bench("silu_and_mul", ws, BAD / "ok_silu_simple.cu", shapes="16x4096,1024x4096", dtypes=("fp16",),

@@ -78,9 +78,9 @@ def test_bench_rejects_unknown_shape_selector(tmp_path, capsys):
 
 
 def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):
-    from astra_sglang.bench import bench
+    from astra_sglang.harness.bench import bench
     from astra_sglang.errors import AstraError
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     d = tmp_path / "merge_state"
     d.mkdir()

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from astra_sglang.worker import PREFIX, explain, run_worker
+from astra_sglang.harness.worker import PREFIX, explain, run_worker
 
 
 def py(code: str):

@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Tuple
 
 import click
 
-from .errors import AstraError
+from ..errors import AstraError
 
 
 def _progress(msg: str) -> None:
@@ -25,7 +25,7 @@ def _dtypes(values: Sequence[str]) -> Optional[Tuple[str, ...]]:
 
 
 def _workspace(op: str, ws_path: Optional[Path], root: Path):
-    from .workspace import Workspace
+    from ..build.workspace import Workspace
 
     return Workspace.open(op, path=ws_path) if ws_path else Workspace.open(op, root=root)
 
@@ -67,7 +67,7 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
 
     Exit status 0 when it passes, 1 when it fails (with the reason), 2 on usage errors."""
     from .check import check_candidate
-    from .report import format_check
+    from .results import format_check
 
     ws = _workspace(op, ws_path, root)
     res = check_candidate(op, ws, candidate, shapes=shapes, dtypes=_dtypes(dtypes), seed=seed, timeout=timeout,

@@ -8,7 +8,7 @@ one that dies on a signal or exits without a result is reported with the signal,
 stage it was in and the tail of its stderr (where CUDA's error text lands). The result
 is always a `WorkerResult`, never an exception.
 
-Child side: `python -m astra_sglang.worker JOB.json` runs `job["mode"]` (check, bench,
+Child side: `python -m astra_sglang.harness.worker JOB.json` runs `job["mode"]` (check, bench,
 profile) and reports through `emit()`: one line per event on stdout, prefixed with
 `@@astra ` so that anything a kernel prints is not mistaken for an event.
 
@@ -85,7 +85,7 @@ def explain(stderr: str, limit: int = 300) -> str:
 
 
 def default_argv() -> List[str]:
-    return [sys.executable, "-m", "astra_sglang.worker"]
+    return [sys.executable, "-m", "astra_sglang.harness.worker"]
 
 
 def run_worker(
@@ -109,7 +109,7 @@ def run_worker(
     child_env.update(env or {})
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     # the child must import this package even when the caller runs from a source tree
-    pkg_root = str(Path(__file__).absolute().parent.parent)
+    pkg_root = str(Path(__file__).absolute().parent.parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     events: List[Dict[str, Any]] = []
     payload: Optional[Dict[str, Any]] = None
@@ -250,9 +250,9 @@ def _json_default(o: Any) -> Any:
 
 
 MODES = {
-    "check": "astra_sglang.check:run_check_job",
-    "bench": "astra_sglang.bench:run_bench_job",
-    "profile": "astra_sglang.ncu:run_profile_job",
+    "check": "astra_sglang.harness.checkjob:run_check_job",
+    "bench": "astra_sglang.harness.bench:run_bench_job",
+    "profile": "astra_sglang.harness.ncu:run_profile_job",
 }
 
 
@@ -281,7 +281,7 @@ def child_main(job_path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m astra_sglang.worker JOB.json\n")
+        sys.stderr.write("usage: python -m astra_sglang.harness.worker JOB.json\n")
         sys.exit(2)
     rc = child_main(sys.argv[1])
     sys.stdout.flush()

@@ -1,0 +1,291 @@
+"""`astra-sglang bench`: how fast is a kernel, against the production kernel, measured properly.
+
+Method (DESIGN.md, Timing):
+- each implementation is captured as a CUDA graph of N back-to-back calls over rotating input
+  sets totalling more than 4× the L2 (every call L2-cold, no launch gaps between calls); the
+  graph is replayed R times, each replay timed with CUDA events; per-call time = replay / N;
+- production and candidate are captured on the same input sets and replayed interleaved
+  (P C, C P, P C, ...), so clock or thermal drift hits both alike;
+- median and spread ((p90 - p10) / median) over replays; a difference smaller than the larger
+  spread is reported as noise; speedup per shape and the geometric mean;
+- the copy ceiling is measured once per GPU with an SM copy kernel (a graph's y.copy_(x)
+  becomes a copy-engine memcpy node, which is slower) and cached on disk; % of ceiling uses
+  the spec's bytes moved; the graph launch floor is an empty kernel's per-call time in a graph;
+- in-place outputs (inout) are restored from a pristine copy before every replay, outside the
+  timed region; production variants with their own convention (FlashInfer's base-2 lse) get
+  converted copies of the inputs, made once, outside it too;
+- L2-warm timing (one input set, repeated) is an option;
+- after timing, the candidate is re-checked on fresh inputs in the very buffers it was timed
+  on (catches results cached by pointer or warm-up detection).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from ..build.cache import cache_root
+from ..build.workspace import open_workspace
+from ..errors import AstraError
+from ..spec import Shape
+from .cases import case_seed, production_skips, select_shapes, workspace_dtypes
+from .guards import GuardedSet
+from .impl import Impl
+from .inputs import make_case_inputs, to_prod_abi
+from .oracle import FatalCaseError, run_case
+from .results import BenchReport, BenchRow
+from .timer import (DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, build_helpers, ceiling_key, graph_of, load_cached_ceiling,
+                    measure_ceiling, measure_launch_floor, plan_calls, plan_sets, store_ceiling, time_graphs)
+
+
+def _set_bytes(tensors: Dict[str, Any], names: Sequence[str]) -> int:
+    return sum(tensors[n].numel() * tensors[n].element_size() for n in names)
+
+
+def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
+    """Worker entry (mode 'bench')."""
+    import torch
+
+    from ..registry import get_op
+    from .worker import emit
+
+    spec = get_op(job["op"])
+    torch.cuda.init()
+    props = torch.cuda.get_device_properties(0)
+    dev_name = props.name
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or job.get("l2_bytes") or (50 << 20))
+    uuid = str(getattr(props, "uuid", ""))
+    emit("stage", msg=f"device {dev_name}: {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB")
+    helpers = Helpers(job["helper_lib"])
+    key = ceiling_key(dev_name, uuid, torch.version.cuda or "")
+    cached = load_cached_ceiling(Path(job["ceiling_cache"]), key) if not job.get("remeasure") else None
+    if cached:
+        ceiling, source = cached, "cached"
+    else:
+        emit("stage", msg="measuring the copy ceiling (SM copy kernel)")
+        ceiling, source = measure_ceiling(helpers), "measured"
+        store_ceiling(Path(job["ceiling_cache"]), key, ceiling)
+    emit("stage", msg="measuring the graph launch floor")
+    floor_us = measure_launch_floor(helpers)
+    gbps = float(ceiling["gbps"])
+    prod = Impl(job["prod"], spec)
+    cand = Impl(job["cand"], spec) if job.get("cand") else None
+    replays = int(job.get("replays", DEFAULT_REPLAYS))
+    l2 = job.get("l2", "cold")
+    seed = int(job.get("seed", 0))
+    prod_attrs = job.get("prod_attrs") or {}
+    skip = job.get("skip", {})
+    ptr_names = [a.name for a in spec.abi if a.ctype == "ptr"]
+    inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
+    rows: List[Dict[str, Any]] = []
+    notes: List[str] = []
+    recheck = {"ok": True, "reason": "", "cases": 0, "failures": []}
+    for shape in job["shapes"]:
+        dims = tuple(int(x) for x in shape["dims"])
+        skey = "x".join(map(str, dims))
+        for dtype in job["dtypes"]:
+            if f"{skey} {dtype}" in skip:
+                notes.append(f"{skey} {dtype}: skipped ({skip[f'{skey} {dtype}']})")
+                continue
+            emit("stage", msg=f"timing {skey} {dtype}")
+            dist = spec.distributions[0] if spec.distributions else "normal"
+            first = make_case_inputs(spec, dims, dtype, dist, case_seed(seed, dims, dtype, "bench", 0), "cuda")
+            sb = _set_bytes(first, ptr_names)
+            n_sets, cap_note = plan_sets(sb, l2_bytes, l2, int(job.get("mem_cap", MEM_CAP_BYTES)))
+            # set 0 lives in guarded buffers: the re-check after timing reuses exactly these pointers
+            gset = GuardedSet(spec, first, "cuda")
+            gset.load(first)
+            sets = [gset.views]
+            for i in range(1, n_sets):
+                t = make_case_inputs(spec, dims, dtype, dist, case_seed(seed, dims, dtype, "bench", i), "cuda")
+                sets.append({n: t[n] for n in ptr_names})
+            # production takes its variant's convention (e.g. base-2 lse): converted copies of the
+            # inputs that differ, made once here, outside the timed region; outputs are shared
+            prod_sets = [{n: to_prod_abi(spec, s, prod_attrs)[n] for n in ptr_names} for s in sets]
+            pristine = [{n: s[n].clone() for n in inout} for s in sets] if inout else []
+            scalars = spec.scalars(dims)
+            bm = int(spec.bytes_moved(dims, dtype))
+            est = max(floor_us, bm / (gbps * 1e3)) if gbps else floor_us
+            n_calls = plan_calls(est, n_sets)
+            impls = [("production", prod)] + ([("candidate", cand)] if cand else [])
+            graphs = []
+            row_note = cap_note
+            failed, who_failed = "", ""
+            for who, impl in impls:
+                def call(i: int, impl=impl, who=who) -> None:
+                    rc = impl((prod_sets if who == "production" else sets)[i % n_sets], dims, dtype, scalars)
+                    if rc:
+                        raise RuntimeError(f"{who} returned cudaError {rc}")
+                try:
+                    graphs.append(graph_of(call, n_calls))
+                except RuntimeError as e:
+                    failed = f"{skey} {dtype}: {who} could not be captured/run: {str(e).splitlines()[0]}"
+                    who_failed = who
+                    break
+            if failed:
+                if who_failed == "production":
+                    notes.append(failed)
+                    continue
+                recheck.update(ok=False, reason=recheck["reason"] or failed)
+                recheck["failures"].append(failed)
+                emit("row", row=None, failure=failed)
+                continue
+
+            def restore(j: int) -> None:
+                for s, ps, p in zip(sets, prod_sets, pristine):
+                    for n in inout:
+                        s[n].copy_(p[n])
+                        if ps[n] is not s[n]:
+                            ps[n].copy_(to_prod_abi(spec, {**s}, prod_attrs)[n])
+
+            ms = time_graphs(graphs, replays, restore if inout else None)
+            per_call = [[m * 1e3 / n_calls for m in series] for series in ms]
+            row = BenchRow.make(skey, dtype, per_call[0], per_call[1] if cand else None, bm, gbps,
+                                calls_per_replay=n_calls, input_sets=n_sets, replays=replays,
+                                tags=list(shape.get("tags", [])), note=row_note)
+            rows.append(row.__dict__)
+            emit("row", row=row.__dict__)
+            del graphs
+            # re-check on fresh inputs in the buffers the candidate was just timed on
+            if job.get("recheck", True):
+                emit("stage", msg=f"re-check {skey} {dtype} after timing")
+                try:
+                    bufs_p = GuardedSet(spec, first, "cuda")
+                    d, f, n = run_case(spec, cand or prod, prod, gset, gset if cand is None else bufs_p, dims, dtype, dist,
+                                       case_seed(seed, dims, dtype, "recheck"), "cuda", run_index=1,
+                                       label=f"{skey} {dtype} re-check after timing", baseline_only=cand is None,
+                                       prod_attrs=prod_attrs)
+                    del bufs_p
+                except FatalCaseError as e:
+                    f, n = [str(e)], []
+                    recheck["cases"] += 1
+                    recheck["failures"] += f
+                    recheck.update(ok=False, reason=recheck["reason"] or f[0])
+                    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us)
+                recheck["cases"] += 1
+                notes += n
+                if f:
+                    recheck["failures"] += f
+                    recheck.update(ok=False, reason=recheck["reason"] or f[0])
+            del sets, prod_sets, pristine, gset, first
+            torch.cuda.empty_cache()
+    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us)
+
+
+def _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us) -> Dict[str, Any]:
+    import torch
+
+    return {
+        "ok": bool(recheck["ok"]), "reason": recheck["reason"], "rows": rows, "notes": notes, "recheck": recheck,
+        "device": dev_name, "sm_count": props.multi_processor_count, "l2_bytes": l2_bytes, "ceiling_gbps": gbps,
+        "ceiling_source": source, "launch_floor_us": floor_us,
+        "software": {"torch": torch.__version__, "cuda": torch.version.cuda or "",
+                     "driver": _driver_version()},
+    }
+
+
+def _driver_version() -> str:
+    from ..build import query_gpu
+
+    return query_gpu("driver_version") or ""
+
+
+
+# ------------------------------------------------------------------------------------------
+# caller side
+
+
+def bench(
+    op: str,
+    workspace: Any,
+    candidate: Optional[Union[str, Path]] = None,
+    *,
+    shapes: Union[str, Sequence[Shape]] = "paper",
+    dtypes: Sequence[str] = ("fp16", "bf16"),
+    l2: str = "cold",
+    replays: int = DEFAULT_REPLAYS,
+    seed: Optional[int] = None,
+    timeout: float = 120.0,
+    total_timeout: float = 3600.0,
+    recheck: bool = True,
+    static: bool = True,
+    remeasure_ceiling: bool = False,
+    command: str = "",
+    progress: Optional[Callable[[str], None]] = None,
+) -> BenchReport:
+    """Time production (and `candidate`) on `shapes`; see the module docstring.
+
+    Never raises for anything the candidate does: a failure leaves report.ok False with the reason.
+    Raises AstraError for usage errors."""
+    from ..build import first_error_line
+    from ..registry import get_op
+    from ..static_checks import scan_file, summarize
+    from .worker import run_worker
+
+    t0 = time.monotonic()
+    say = progress or (lambda s: None)
+    if l2 not in ("cold", "warm"):
+        raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
+    spec = get_op(op)
+    ws = open_workspace(op, workspace)
+    shape_list = select_shapes(spec, shapes)
+    have = workspace_dtypes(spec, ws.manifest)
+    dts = [d for d in dtypes if d in have]
+    if not dts:
+        raise AstraError(f"none of the dtypes {', '.join(dtypes)} is supported by this {op} workspace "
+                         f"(it has: {', '.join(have)})")
+    seed = int(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    rep = BenchReport(op=op, variant=ws.variant, candidate=str(candidate) if candidate else None, l2=l2, replays=replays,
+                      date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), command=command)
+
+    def fail(reason: str) -> BenchReport:
+        rep.ok, rep.reason = False, reason
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    cand_path = Path(candidate) if candidate else None
+    if cand_path is not None:
+        if not cand_path.exists():
+            raise AstraError(f"candidate {cand_path} does not exist")
+        import hashlib
+
+        rep.candidate_sha256 = hashlib.sha256(cand_path.read_bytes()).hexdigest()
+        if static:
+            s = summarize(scan_file(cand_path, ws.include_dirs))
+            if s:
+                return fail(s)
+    say("building the production baseline")
+    pb = ws.build()
+    if not pb.ok:
+        return fail(f"the production baseline does not compile: {first_error_line(pb.log)}")
+    cb = None
+    if cand_path is not None:
+        say(f"building {cand_path.name}")
+        cb = ws.build(cand_path)
+        if not cb.ok:
+            return fail(f"compile error: {first_error_line(cb.log)}")
+    helpers = build_helpers(ws.manifest.get("arch", "sm_90"))
+    job = {
+        "mode": "bench", "op": op, "prod": f"lib:{pb.library}", "cand": f"lib:{cb.library}" if cb else None,
+        "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
+        "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
+        "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
+        "remeasure": remeasure_ceiling, "recheck": recheck, "skip": production_skips(spec, ws.variant, shape_list, dts),
+    }
+    wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
+    rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
+    p = wr.payload or {}
+    rep.rows = [BenchRow(**r) for r in (p.get("rows") or rows)]
+    for k in ("device", "sm_count", "l2_bytes", "ceiling_gbps", "ceiling_source", "launch_floor_us", "software"):
+        if k in p:
+            setattr(rep, k, p[k])
+    rep.notes = [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]
+    rep.notes += list(p.get("notes", []))
+    rep.recheck = dict(p.get("recheck", {}))
+    rep.seconds = time.monotonic() - t0
+    if wr.status in ("ok", "failed") and p:
+        rep.ok, rep.reason = bool(p.get("ok")), p.get("reason", "")
+        return rep
+    return fail(wr.reason)

@@ -1,0 +1,147 @@
+"""One case: fresh inputs into existing guarded buffers, candidate and production run, every output and
+in-place side effect compared with the fp64 reference and with production (numerics.py)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..spec import OpSpec
+from .guards import GuardedSet
+from .impl import Impl, cuda_error_name
+from .inputs import from_prod_abi, make_case_inputs, reference_kwargs, to_prod_abi
+from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, count_poison, dtype_name, nonfinite_mismatch,
+                       rel_err, tolerance)
+
+
+class FatalCaseError(Exception):
+    """A CUDA error that poisons the context (illegal address, ...): the run cannot go on."""
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+
+def run_case(
+    spec: OpSpec,
+    cand: Impl,
+    prod: Impl,
+    bufs_c: GuardedSet,
+    bufs_p: GuardedSet,
+    dims: Tuple[int, ...],
+    dtype: str,
+    dist: str,
+    seed: int,
+    device: str,
+    *,
+    run_index: int = 0,
+    label: str = "",
+    baseline_only: bool = False,
+    prod_attrs: Optional[Dict[str, Any]] = None,
+    stage: Callable[[str], None] = lambda s: None,
+) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
+    """Run candidate and production on one fresh input draw. Returns (details, failures, notes).
+
+    prod_attrs: the workspace's variant attrs: production gets its inputs converted to the
+    variant's convention (spec.to_variant_abi) and is judged against the reference under its
+    own semantics (reference_kwargs); the candidate implements the op's own ABI and contract.
+    Raises FatalCaseError when a launch leaves the CUDA context unusable."""
+    import torch
+
+    label = label or f"{'x'.join(map(str, dims))} {dtype} {dist}"
+    rerun = run_index == 1  # the same distribution as run 0, fresh values, same buffers
+    scalars = spec.scalars(tuple(dims))
+    inputs = make_case_inputs(spec, dims, dtype, dist, seed, device)
+    failures: List[str] = []
+    notes: List[str] = []
+    outs: Dict[str, Dict[str, Any]] = {}
+    who_list = [("production", prod, bufs_p)] if baseline_only else [("candidate", cand, bufs_c), ("production", prod, bufs_p)]
+    for who, impl, bufs in who_list:
+        abi_in = to_prod_abi(spec, inputs, prod_attrs) if who == "production" else inputs
+        bufs.load(abi_in)
+        sync(device)
+        stage(f"{who} on {label}" + (f" (run {run_index + 1})" if rerun else ""))
+        try:
+            rc = impl(bufs.views, dims, dtype, scalars)
+            sync(device)
+        except Exception as e:  # torch raises RuntimeError / AcceleratorError for CUDA errors
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FatalCaseError(f"{label}: {who} crashed the CUDA context: {msg}") from e
+        if rc != 0:
+            name = cuda_error_name(rc)
+            if who == "production":
+                notes.append(f"{label}: production returned {name}; case skipped")
+                return [], [], notes
+            failures.append(f"{label}: candidate returned {name}")
+            return [], failures, notes
+        dmg = bufs.guard_damage()
+        for name, (before, after) in dmg.items():
+            where = " and ".join(w for w, n in (("before the start", before), ("past the end", after)) if n)
+            failures.append(f"{label}: {who} wrote outside {name}: {before + after} guard bytes changed {where}")
+        for name, role in bufs.roles.items():
+            if role == "in":
+                n = bitwise_changed(bufs.views[name], abi_in[name])
+                if n:
+                    failures.append(f"{label}: {who} modified its input {name} ({n} elements changed)")
+            elif role == "out":
+                v = bufs.views[name]
+                n = count_poison(v)
+                if n:
+                    failures.append(
+                        f"{label}: {who} never wrote {n} of {v.numel()} elements of {name} (poison left)"
+                        + (" on a re-run with fresh inputs in the same buffers (result cached by pointer?)"
+                           if rerun else ""))
+        if who == "production":
+            outs[who] = from_prod_abi(spec, bufs.views, prod_attrs)
+        else:
+            outs[who] = {n: bufs.views[n].clone() for n, r in bufs.roles.items() if r in ("out", "inout")}
+    ref_in = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+    del inputs, abi_in
+    ref = spec.reference(ref_in, tuple(dims), scalars)
+    kw = reference_kwargs(spec, prod_attrs)
+    ref_p = spec.reference(ref_in, tuple(dims), scalars, **kw) if kw else ref
+    del ref_in
+    details: List[Dict[str, Any]] = []
+    for name, r in ref.items():
+        rp = rel_err(outs["production"][name], ref_p[name])
+        short = SHORT_DTYPE.get(dtype_name(outs["production"][name]), dtype)
+        if baseline_only:
+            rc_ = rp
+            limit = BASELINE_SLACK * tolerance(spec, short, None)
+            tol = limit
+            mism = nonfinite_mismatch(outs["production"][name], ref_p[name])
+            ok = rp["err"] <= limit
+            if not ok:
+                failures.append(f"{label}: production's {name} disagrees with the fp64 reference: error "
+                                f"{rp['err']:.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
+                                + (f", {rp['nan']} NaN where the reference is finite" if rp["nan"] else ""))
+            if mism:
+                notes.append(f"{label}: production's {name} differs from the reference at {mism} non-finite positions")
+        else:
+            rc_ = rel_err(outs["candidate"][name], r)
+            prod_err = rp["err"]
+            tol = tolerance(spec, short, prod_err)
+            mism = nonfinite_mismatch(outs["candidate"][name], r, outs["production"][name])
+            ok = rc_["err"] <= tol and not mism
+            again = " on a re-run with fresh inputs in the same buffers (stale result cached by pointer?)" if rerun else ""
+            if rc_["nan"]:
+                failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
+            elif rc_["err"] > tol:
+                failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} "
+                                f"(production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)){again}")
+            if mism:
+                failures.append(f"{label}: candidate's {name} differs from reference and production at {mism} "
+                                f"positions where the reference is ±inf/NaN")
+        details.append({
+            "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
+            "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"], "tol": tol, "ok": ok,
+            "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"],
+            "nan": rc_["nan"], "ref_nonfinite": int(rp["ref_nonfinite"]),
+        })
+    if failures:
+        for d in details:
+            if any(f"{d['tensor']} " in f or f"{d['tensor']}:" in f for f in failures):
+                d["ok"] = False
+    return details, failures, notes

@@ -1,0 +1,295 @@
+"""The result of each stage, one type each: CheckResult (check), BenchRow and BenchReport (bench),
+with their JSON, table and plot."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from .stats import geomean, is_noise, median, pct_of_ceiling, spread
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    reason: str  # the first failure, one line ("" when ok)
+    failures: List[str] = field(default_factory=list)
+    # one row per (shape, dtype, distribution, run, output tensor)
+    details: List[Dict[str, Any]] = field(default_factory=list)
+    op: str = ""
+    candidate: Optional[str] = None  # path of the candidate (None: the production baseline)
+    candidate_sha256: str = ""
+    variant: str = ""
+    stage: str = ""  # where it ended: static | build | run | sanitize | done
+    static: List[Dict[str, Any]] = field(default_factory=list)  # static-check findings
+    notes: List[str] = field(default_factory=list)
+    shapes: List[str] = field(default_factory=list)
+    dtypes: List[str] = field(default_factory=list)
+    seed: int = 0
+    device: str = ""
+    seconds: float = 0.0
+    worker_status: str = ""
+    log_tail: str = ""
+
+    def summary(self) -> str:
+        who = self.candidate or "production baseline"
+        if self.ok:
+            n = len({(d["shape"], d["dtype"]) for d in self.details})
+            missed = sum(1 for x in self.notes if "not checked" in x)
+            skipped = sum(1 for x in self.notes if ": skipped (" in x)
+            extra = "".join([f", {skipped} skipped (production does not take them)" if skipped else "",
+                             f", {missed} NOT CHECKED (harness out of memory)" if missed else ""])
+            return (f"PASS {self.op} {who}: {n} shape×dtype cases, {len(self.details)} comparisons{extra} "
+                    f"({self.seconds:.1f}s)")
+        return f"FAIL {self.op} {who}: {self.reason}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, path: Union[str, Path]) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        return p
+
+    def worst(self) -> List[Dict[str, Any]]:
+        """Per output tensor and dtype, the detail row with the largest candidate error / tolerance."""
+        best: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        for d in self.details:
+            k = (d.get("tensor", ""), d.get("dtype", ""))
+            r = _ratio(d)
+            if k not in best or r > _ratio(best[k]):
+                best[k] = d
+        return list(best.values())
+
+
+def _ratio(d: Dict[str, Any]) -> float:
+    tol = d.get("tol") or 0.0
+    err = d.get("cand_err")
+    if err is None:
+        return 0.0
+    return float("inf") if tol == 0 else err / tol
+
+
+@dataclass
+class BenchRow:
+    shape: str
+    dtype: str
+    prod_us: float
+    prod_spread: float
+    cand_us: Optional[float] = None
+    cand_spread: Optional[float] = None
+    speedup: Optional[float] = None  # prod_us / cand_us
+    noise: bool = False  # |difference| < measured spread
+    bytes_moved: int = 0
+    prod_pct_of_ceiling: Optional[float] = None
+    cand_pct_of_ceiling: Optional[float] = None
+    calls_per_replay: int = 0
+    input_sets: int = 0
+    replays: int = 0
+    tags: List[str] = field(default_factory=list)
+    note: str = ""
+    prod_samples_us: List[float] = field(default_factory=list)
+    cand_samples_us: List[float] = field(default_factory=list)
+
+    @property
+    def pct_of_ceiling(self) -> Optional[float]:
+        return self.cand_pct_of_ceiling if self.cand_us is not None else self.prod_pct_of_ceiling
+
+    @property
+    def max_spread(self) -> float:
+        return max(self.prod_spread, self.cand_spread or 0.0)
+
+    @classmethod
+    def make(cls, shape: str, dtype: str, prod_samples: Sequence[float], cand_samples: Optional[Sequence[float]],
+             bytes_moved: int, ceiling_gbps: float, **kw: Any) -> "BenchRow":
+        pm, ps = median(prod_samples), spread(prod_samples)
+        row = cls(shape, dtype, pm, ps, bytes_moved=bytes_moved,
+                  prod_pct_of_ceiling=pct_of_ceiling(bytes_moved, pm, ceiling_gbps),
+                  prod_samples_us=[round(x, 5) for x in prod_samples], **kw)
+        if cand_samples:
+            cm, cs = median(cand_samples), spread(cand_samples)
+            row.cand_us, row.cand_spread = cm, cs
+            row.speedup = pm / cm if cm > 0 else None
+            row.noise = is_noise(pm, ps, cm, cs)
+            row.cand_pct_of_ceiling = pct_of_ceiling(bytes_moved, cm, ceiling_gbps)
+            row.cand_samples_us = [round(x, 5) for x in cand_samples]
+        return row
+
+
+@dataclass
+class BenchReport:
+    op: str
+    variant: str = ""
+    candidate: Optional[str] = None
+    candidate_sha256: str = ""
+    device: str = ""
+    date: str = ""
+    command: str = ""
+    l2: str = "cold"
+    replays: int = 0
+    ceiling_gbps: float = 0.0
+    ceiling_source: str = ""  # "measured" | "cached"
+    launch_floor_us: float = 0.0
+    l2_bytes: int = 0
+    sm_count: int = 0
+    rows: List[BenchRow] = field(default_factory=list)
+    ok: bool = True  # timing completed and the re-check after timing passed
+    reason: str = ""
+    recheck: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    software: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def geomean(self) -> Optional[float]:
+        return geomean(r.speedup for r in self.rows if r.speedup)
+
+    @property
+    def max_spread(self) -> float:
+        return max((r.max_spread for r in self.rows), default=0.0)
+
+    # --- serialization -------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["geomean"] = self.geomean
+        d["max_spread"] = self.max_spread
+        for r, rd in zip(self.rows, d["rows"]):
+            rd["pct_of_ceiling"] = r.pct_of_ceiling
+        return d
+
+    def to_json(self, path: Union[str, Path]) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        return p
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "BenchReport":
+        names = {f.name for f in fields(cls)}
+        rnames = {f.name for f in fields(BenchRow)}
+        kw = {k: v for k, v in d.items() if k in names and k != "rows"}
+        rep = cls(**kw)
+        rep.rows = [BenchRow(**{k: v for k, v in r.items() if k in rnames}) for r in d.get("rows", [])]
+        return rep
+
+    @classmethod
+    def from_json(cls, path: Union[str, Path]) -> "BenchReport":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    # --- rendering -----------------------------------------------------------------------
+    def table(self) -> str:
+        has_c = any(r.cand_us is not None for r in self.rows)
+        head = ["shape", "dtype", "prod µs", "±%"]
+        if has_c:
+            head += ["cand µs", "±%", "speedup", ""]
+        head += ["% ceil" + (" (cand)" if has_c else "")]
+        lines: List[List[str]] = [head]
+        for r in self.rows:
+            row = [r.shape, r.dtype, f"{r.prod_us:.2f}", f"{100 * r.prod_spread:.1f}"]
+            if has_c:
+                if r.cand_us is None:
+                    row += ["—", "", "", r.note[:30]]
+                else:
+                    row += [f"{r.cand_us:.2f}", f"{100 * (r.cand_spread or 0):.1f}",
+                            f"{r.speedup:.3f}x" if r.speedup else "—", "noise" if r.noise else ""]
+            pct = r.pct_of_ceiling
+            row += [f"{pct:.1f}" if pct is not None else "—"]
+            lines.append(row)
+        widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
+        out = []
+        for i, l in enumerate(lines):
+            out.append("  ".join(str(c).rjust(w) if j >= 2 else str(c).ljust(w) for j, (c, w) in enumerate(zip(l, widths))).rstrip())
+            if i == 0:
+                out.append("  ".join("-" * w for w in widths))
+        foot = [f"{self.op} [{self.variant}] on {self.device}, L2-{self.l2}, {self.replays} replays; "
+                f"copy ceiling {self.ceiling_gbps:.0f} GB/s ({self.ceiling_source}), graph launch floor "
+                f"{self.launch_floor_us:.2f} µs"]
+        if has_c:
+            g = self.geomean
+            foot.append(f"geomean speedup {g:.3f}x over {sum(1 for r in self.rows if r.speedup)} shapes"
+                        if g else "geomean speedup: —")
+        foot.append(f"max spread {100 * self.max_spread:.1f}%")
+        if self.recheck:
+            foot.append("re-check after timing: " + ("passed" if self.recheck.get("ok") else
+                                                      f"FAILED: {self.recheck.get('reason', '')}"))
+        if not self.ok and self.reason and self.reason != self.recheck.get("reason"):
+            foot.append(f"FAILED: {self.reason}")
+        return "\n".join(out + [""] + foot)
+
+    def plot(self, path: Union[str, Path]) -> Optional[Path]:
+        """Per-shape speedup and % of the copy ceiling, beside the JSON. None without matplotlib."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        rows = self.rows
+        labels = [f"{r.shape}\n{r.dtype}" for r in rows]
+        has_c = any(r.cand_us is not None for r in rows)
+        nplots = 2 if has_c else 1
+        fig, axes = plt.subplots(nplots, 1, figsize=(max(6.0, 0.6 * len(rows) + 2), 3.2 * nplots), squeeze=False)
+        x = list(range(len(rows)))
+        ax = axes[0][0]
+        if has_c:
+            sp = [r.speedup or 0 for r in rows]
+            colors = ["#999999" if r.noise else ("#2a9d8f" if (r.speedup or 0) >= 1 else "#e76f51") for r in rows]
+            err = [(r.speedup or 0) * r.max_spread / 2 for r in rows]
+            ax.bar(x, sp, color=colors, yerr=err, capsize=2)
+            ax.axhline(1.0, color="black", lw=0.8)
+            g = self.geomean
+            if g:
+                ax.axhline(g, color="#264653", lw=1, ls="--", label=f"geomean {g:.3f}x")
+                ax.legend(loc="best", fontsize=8)
+            ax.set_ylabel("speedup vs production")
+            ax.set_title(f"{self.op} speedup vs production, {self.device}, L2-{self.l2} (grey: within noise)",
+                         fontsize=8)
+            ax.set_xticks(x)
+            ax.set_xticklabels(labels, fontsize=7, rotation=0)
+            ax = axes[1][0]
+        w = 0.4 if has_c else 0.7
+        ax.bar([i - (w / 2 if has_c else 0) for i in x], [r.prod_pct_of_ceiling or 0 for r in rows], width=w,
+               label="production", color="#8d99ae")
+        if has_c:
+            ax.bar([i + w / 2 for i in x], [r.cand_pct_of_ceiling or 0 for r in rows], width=w, label="candidate",
+                   color="#2a9d8f")
+        ax.axhline(100, color="black", lw=0.8)
+        ax.set_ylabel(f"% of copy ceiling ({self.ceiling_gbps:.0f} GB/s)")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.legend(loc="best", fontsize=8)
+        if not has_c:
+            ax.set_title(f"{self.op} production ({self.device}, L2-{self.l2})", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        return p
+
+
+def format_check(result: Any, verbose: bool = False) -> str:
+    """Human-readable lines for a CheckResult."""
+    lines = [result.summary()]
+    if not result.ok and len(result.failures) > 1:
+        for f in result.failures[1:6]:
+            lines.append(f"  also: {f}")
+    for f in result.static:
+        if f.get("severity") == "warning":
+            lines.append(f"  warning: {Path(f['file']).name}:{f['line']}: {f['rule']}: {f['reason']}")
+    worst = result.worst()
+    if worst:
+        lines.append("  worst error / tolerance per output and dtype:")
+        for d in sorted(worst, key=lambda d: (d["tensor"], d["dtype"])):
+            ce = d.get("cand_err")
+            lines.append(
+                f"    {d['tensor']:12s} {d['dtype']:5s} {d['shape']:>14s} {d['dist']:8s} "
+                + (f"cand {ce:.3g}  " if ce is not None else "")
+                + f"prod {d['prod_err']:.3g}  tol {d['tol']:.3g}")
+    if verbose:
+        for n in result.notes:
+            lines.append(f"  note: {n}")
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Timing statistics (pure Python, no numpy), the one geomean of the project.
+
+- each implementation is timed as R replays of a CUDA graph; the per-call time of a replay
+  is its time over the calls in it; we report the median over replays;
+- spread = (p90 - p10) / median over the replays: the relative width of the middle 80%;
+- a candidate/production difference smaller than the larger of the two spreads is noise;
+- geomean = geometric mean of the per-shape speedups (production time / candidate time).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not xs:
+        raise ValueError("percentile of no samples")
+    s = sorted(xs)
+    if len(s) == 1:
+        return float(s[0])
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def median(xs: Sequence[float]) -> float:
+    return percentile(xs, 50.0)
+
+
+def spread(xs: Sequence[float]) -> float:
+    """(p90 - p10) / median: 0.02 means the middle 80% of replays lie within 2% of each other."""
+    m = median(xs)
+    if m <= 0:
+        return 0.0
+    return (percentile(xs, 90.0) - percentile(xs, 10.0)) / m
+
+
+def geomean(xs: Iterable[float]) -> Optional[float]:
+    v = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    if not v:
+        return None
+    return math.exp(sum(math.log(x) for x in v) / len(v))
+
+
+def is_noise(prod_us: float, prod_spread: float, cand_us: float, cand_spread: float) -> bool:
+    """True when the two medians differ by less than the larger measured spread."""
+    if prod_us <= 0:
+        return False
+    return abs(cand_us - prod_us) / prod_us < max(prod_spread, cand_spread)
+
+
+def pct_of_ceiling(bytes_moved: int, us: float, ceiling_gbps: float) -> Optional[float]:
+    if not us or not ceiling_gbps:
+        return None
+    return 100.0 * (bytes_moved / (us * 1e-6)) / (ceiling_gbps * 1e9)

@@ -1,0 +1,253 @@
+"""The timer: CUDA graphs of back-to-back calls over rotating input sets, replayed interleaved and
+timed with CUDA events; the copy ceiling (an SM copy kernel) and the graph launch floor (an empty
+kernel), measured with the same machinery. Planning functions are pure (no torch)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..build.cache import cache_root
+from ..errors import AstraError
+from .stats import median, spread
+
+DEFAULT_REPLAYS = 30
+WARMUP_REPLAYS = 3
+TARGET_REPLAY_US = 2000.0  # aim for replays of about 2 ms: far above event resolution
+MAX_CALLS = 4096  # kernel nodes per graph
+L2_FACTOR = 4.0  # rotating sets total more than this many L2s
+MEM_CAP_BYTES = 24 << 30  # input sets for one shape never take more than this
+CEILING_BYTES = 1 << 30  # bytes per copy when measuring the ceiling
+
+HELPERS_CU = r"""
+// astra-sglang bench helpers: an SM copy kernel (the bandwidth ceiling) and an empty kernel
+// (the graph launch floor). Built once per GPU arch into the cache.
+#include <cuda_runtime.h>
+#include <cstdint>
+
+__global__ void __launch_bounds__(256) astra_copy_kernel(const int4* __restrict__ src, int4* __restrict__ dst, int64_t n) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * 4 + threadIdx.x;
+  int4 v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t i = base + static_cast<int64_t>(k) * blockDim.x;
+    if (i < n) v[k] = src[i];
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t i = base + static_cast<int64_t>(k) * blockDim.x;
+    if (i < n) dst[i] = v[k];
+  }
+}
+
+__global__ void astra_empty_kernel() {}
+
+extern "C" cudaError_t astra_copy(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+  const int64_t n = bytes / 16;
+  if (n <= 0) return cudaSuccess;
+  const int64_t per_block = 256 * 4;
+  const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
+  astra_copy_kernel<<<blocks, 256, 0, stream>>>(static_cast<const int4*>(src), static_cast<int4*>(dst), n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t astra_empty(cudaStream_t stream) {
+  astra_empty_kernel<<<1, 32, 0, stream>>>();
+  return cudaGetLastError();
+}
+"""
+HELPERS_VERSION = "1"
+
+
+# ------------------------------------------------------------------------------------------
+# planning (pure)
+
+
+def plan_sets(set_bytes: int, l2_bytes: int, l2: str = "cold", mem_cap: int = MEM_CAP_BYTES) -> Tuple[int, str]:
+    """How many rotating input sets: enough to exceed L2_FACTOR × L2 (at least 2), within mem_cap.
+
+    Returns (n_sets, note) where note says when the memory cap kept the rotation short."""
+    if l2 == "warm":
+        return 1, ""
+    if set_bytes <= 0:
+        return 2, ""
+    need = max(2, math.ceil(L2_FACTOR * l2_bytes / set_bytes))
+    cap = max(1, mem_cap // set_bytes)
+    if need > cap:
+        n = max(1, cap)
+        return n, (f"only {n} input sets fit in {mem_cap >> 30} GiB ({n * set_bytes / max(l2_bytes, 1):.1f}× L2)")
+    return need, ""
+
+
+def plan_calls(est_us: float, n_sets: int, target_us: float = TARGET_REPLAY_US, max_calls: int = MAX_CALLS) -> int:
+    """Calls per graph replay: about target_us of work, every set used equally often, at least one pass."""
+    est_us = max(est_us, 0.5)
+    n = max(n_sets, int(math.ceil(target_us / est_us)))
+    per = int(math.ceil(n / n_sets))
+    n = per * n_sets
+    if n > max_calls:
+        n = max(n_sets, (max_calls // n_sets) * n_sets)
+    return n
+
+
+def ceiling_key(name: str, uuid: str, extra: str = "") -> str:
+    return f"{name}|{uuid}|{extra}"
+
+
+def load_cached_ceiling(path: Path, key: str) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    v = data.get(key)
+    return v if isinstance(v, dict) and v.get("gbps") else None
+
+
+def store_ceiling(path: Path, key: str, value: Dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = value
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------
+# worker side (torch + CUDA)
+
+
+class Helpers:
+    def __init__(self, lib_path: str):
+        import ctypes
+
+        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL)
+        self.lib.astra_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        self.lib.astra_copy.restype = ctypes.c_int
+        self.lib.astra_empty.argtypes = [ctypes.c_void_p]
+        self.lib.astra_empty.restype = ctypes.c_int
+
+    @staticmethod
+    def _stream():
+        import torch
+
+        return torch.cuda.current_stream().cuda_stream
+
+    def copy(self, dst, src, nbytes: int) -> int:
+        import ctypes
+
+        return self.lib.astra_copy(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()), nbytes,
+                                   ctypes.c_void_p(self._stream()))
+
+    def empty(self) -> int:
+        import ctypes
+
+        return self.lib.astra_empty(ctypes.c_void_p(self._stream()))
+
+
+def graph_of(fn: Callable[[int], None], n: int):
+    """Capture fn(0..n-1) into a CUDA graph (after one eager warm-up pass outside capture)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(0)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(i)
+    torch.cuda.synchronize()
+    return g
+
+
+def time_graphs(graphs: Sequence[Any], replays: int, before: Optional[Callable[[int], None]] = None,
+                 warmup: int = WARMUP_REPLAYS) -> List[List[float]]:
+    """Replay the graphs interleaved (rotating the order every round); ms per replay for each."""
+    import torch
+
+    k = len(graphs)
+    for _ in range(warmup):
+        for j, g in enumerate(graphs):
+            if before:
+                before(j)
+            g.replay()
+    torch.cuda.synchronize()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+              for _ in range(k)]
+    for r in range(replays):
+        order = list(range(k))
+        if r % 2:
+            order.reverse()
+        for j in order:
+            if before:
+                before(j)
+            a, b = events[j][r]
+            a.record()
+            graphs[j].replay()
+            b.record()
+    torch.cuda.synchronize()
+    return [[a.elapsed_time(b) for a, b in events[j]] for j in range(k)]
+
+
+def measure_ceiling(helpers: Helpers, nbytes: int = CEILING_BYTES, calls: int = 10, replays: int = 10) -> Dict[str, Any]:
+    """SM copy-kernel bandwidth (bytes read + written per second), GB/s."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    nbytes = int(min(nbytes, free // 4)) // 4096 * 4096
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+
+    def call(i: int) -> None:
+        rc = helpers.copy(dst, src, nbytes)
+        if rc:
+            raise RuntimeError(f"copy kernel failed: cudaError {rc}")
+
+    g = graph_of(call, calls)
+    ms = time_graphs([g], replays)[0]
+    if not torch.equal(src[:4096], dst[:4096]) or not torch.equal(src[-4096:], dst[-4096:]):
+        raise RuntimeError("the copy kernel did not copy")
+    per_call_s = median(ms) / 1e3 / calls
+    del src, dst, g
+    torch.cuda.empty_cache()
+    return {"gbps": 2 * nbytes / per_call_s / 1e9, "bytes": nbytes, "spread": spread(ms),
+            "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def measure_launch_floor(helpers: Helpers, calls: int = 1000, replays: int = 10) -> float:
+    """Per-call time of an empty kernel in a graph of back-to-back calls, µs."""
+    def call(i: int) -> None:
+        rc = helpers.empty()
+        if rc:
+            raise RuntimeError(f"empty kernel failed: cudaError {rc}")
+
+    g = graph_of(call, calls)
+    ms = time_graphs([g], replays)[0]
+    return median(ms) * 1e3 / calls
+
+
+
+def build_helpers(arch_text: str) -> Path:
+    """Build (once per arch, cached) the copy/empty helper kernels."""
+    from ..build import build_shared, first_error_line, parse_arch
+
+    arch = parse_arch(arch_text)
+    d = cache_root() / "helpers"
+    d.mkdir(parents=True, exist_ok=True)
+    src = d / "astra_bench_helpers.cu"
+    if not src.exists() or src.read_text() != HELPERS_CU:
+        src.write_text(HELPERS_CU)
+    flags = [arch.gencode("sglang_jit"), "-O3", "-std=c++17", "-Xcompiler", "-fPIC"]
+    res = build_shared(src, [], flags, d / "build", f"helpers-v{HELPERS_VERSION}")
+    if not res.ok:
+        raise AstraError(f"the bench helper kernels do not compile: {first_error_line(res.log)}")
+    return res.library
