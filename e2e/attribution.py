@@ -35,8 +35,8 @@ KNOWN: Tuple[Rule, ...] = (
     Rule("gemma_fused_add_rmsnorm", "op", r"gemma.*fused_?add_?rms_?norm"),
     Rule("gemma_rmsnorm", "op", r"gemma.*rms_?norm"),
     Rule("fused_add_rmsnorm", "op", r"fused_?add_?rms_?norm"),
-    Rule("qk_norm+rope", "op", r"qk_?norm_?rope|qknorm_rope|norm_rope"),
-    Rule("qk_norm", "op", r"qk_?norm|qknorm"),
+    Rule("qknorm+rope", "op", r"qk_?norm_?rope|qknorm_rope|norm_rope"),
+    Rule("qknorm", "op", r"qk_?norm"),
     Rule("rmsnorm", "op", r"rms_?norm"),
     Rule("rope+kv_store", "op", r"rope_store|rotary.*store"),
     Rule("rope", "op", r"rope|rotary|ApplyRotary|cos_?sin"),
@@ -82,6 +82,19 @@ def registry_rules() -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
+def shipped_ops() -> frozenset:
+    """Registered ops that ship a kernel (kernels/<op>/kernel.cu): what the patch can swap in.
+    KNOWN's op names follow the registry's folder names, so an op astra starts covering shows
+    as covered without editing this table."""
+    try:
+        from astra_sglang.registry import op_dir, op_names
+
+        return frozenset(n for n in op_names() if (op_dir(n) / "kernel.cu").is_file())
+    except Exception:  # noqa: BLE001
+        return frozenset()
+
+
 @lru_cache(maxsize=None)
 def _rx(p: str):
     return re.compile(p, re.IGNORECASE)
@@ -110,7 +123,7 @@ def classify(name: str, hidden_act: str = "silu",
     for op, pats in rules:
         if any(_rx(p).search(name) for p in pats):
             return Match(op, "op", True, is_astra)
-    covered = {op for op, _ in rules}
+    covered = {op for op, _ in rules} | shipped_ops()
     for r in KNOWN:
         if _rx(r.pattern).search(name):
             op = r.op
@@ -134,7 +147,7 @@ def shape_hints(cfg: dict, tokens: int, tp: int = 1) -> Dict[str, str]:
     out = {
         "fused_add_rmsnorm": f"{tokens}x{h}",
         "rmsnorm": f"{tokens}x{h}",
-        "qk_norm": f"q {tokens}x{heads}x{hd}, k {tokens}x{kv}x{hd}",
+        "qknorm": f"q {tokens}x{heads}x{hd}, k {tokens}x{kv}x{hd}",
         "rope": f"q {tokens}x{heads}x{hd}, k {tokens}x{kv}x{hd}",
         "rope+kv_store": f"q {tokens}x{heads}x{hd}, k/v {tokens}x{kv}x{hd}",
         "kv_store": f"k/v {tokens}x{kv}x{hd}",

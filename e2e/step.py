@@ -194,10 +194,12 @@ def profile_arms(session: Session, arms: Sequence[str], batch_sizes: Sequence[in
     return pm
 
 
-def predicted_from_profile(analysis: dict, base: str, others: Sequence[str]) -> Dict[Tuple[str, int], dict]:
+def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
+                           patched: Optional[Dict[str, object]] = None) -> Dict[Tuple[str, int], dict]:
     """(arm, batch) -> the profile's saved µs per decode step: from bench speedups on the base's
     profile, and in-graph (base kernel time − the arm's, both profiled). Only arms that were
-    profiled (the patched ones) get one; an unpatched A2 does not."""
+    profiled (the patched ones) get one; an unpatched A2 does not. patched: arm -> its ops ("all" or
+    a list): only those ops' savings count."""
     dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
     out = {}
     for (arm, bs), c in dec.items():
@@ -206,10 +208,17 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str]) -> 
         for o in others:
             if not any(a == o for a, _ in dec):
                 continue
-            p = {"saved_us": c["predicted_saved_us"], "base_kernel_us": c["kernel_us_per_step"]}
+            ops = (patched or {}).get(o, "all")
+            saved = sum(r["saved_us"] for r in c["ops"] if ops == "all" or r["op"] in ops)
+            p = {"saved_us": saved, "base_kernel_us": c["kernel_us_per_step"]}
             oc = dec.get((o, bs))
             if oc is not None:
-                p["in_context_saved_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
+                # the covered ops' own kernel time, base minus patched: GEMM time differs between
+                # processes by ~1% (profiled), which would swamp a whole-step difference
+                theirs = {r["op"]: r["us_per_step"] for r in oc["ops"] if r["covered"]}
+                p["in_context_saved_us"] = sum(r["us_per_step"] - theirs.get(r["op"], r["us_per_step"])
+                                               for r in c["ops"] if r["covered"] and r["op"] in theirs)
+                p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p
     return out
 
@@ -264,10 +273,6 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         meta["GPU"] = session.ready["A"].get("gpu", "")
         for arm in arms:
             meta[f"arm {arm} start-up (s)"] = f"{time.monotonic() - session.workers[arm].t0:.0f}"
-        if profile:
-            prof_arms = ["A"] + [a for a in arms if a not in ("A", "A2")]
-            profile_arms(session, prof_arms, batch_sizes, input_len, profile_steps, out / "profile",
-                         cfg, {**meta, "tp": 1}, cmd_timeout)
         for rnd, arm in ss.step_schedule(list(arms), rounds):
             for bs in batch_sizes:
                 r = session.workers[arm].call({"cmd": "run", "batch_size": bs, "input_len": input_len,
@@ -279,6 +284,12 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
                 _say(f"round {rnd:>2} arm {arm:<2} bs {bs:>3}: prefill {st['prefill_ms']:8.2f} ms, "
                      f"decode step {st['decode_ms']:7.3f} ms")
             _dump(out, meta, records)
+        if profile:
+            # after the rounds: a process the torch profiler has run in keeps a per-step overhead
+            # (measured 2026-11-23: ~0.2 ms per decode step), which would bias the arms it ran in
+            prof_arms = ["A"] + [a for a in arms if a not in ("A", "A2")]
+            profile_arms(session, prof_arms, batch_sizes, input_len, profile_steps, out / "profile",
+                         cfg, {**meta, "tp": 1}, cmd_timeout)
     finally:
         codes = session.stop()
         meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())
@@ -300,7 +311,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         write_outputs(analysis, out / "profile", cfg, str(model_path))
     _dump(out, meta, records)
     pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
-    predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs]) if analysis else None
+    predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms) if analysis else None
     summary = ss.summarize(records, pairs, predicted)
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -320,10 +331,11 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
 
 
 def default_results_dirs() -> List[Path]:
-    """results/ of the checkout the package runs from, and of the working directory."""
+    """$ASTRA_SGLANG_RESULTS (path list), results/ of the checkout the package runs from, and of the cwd."""
+    env = [Path(p) for p in os.environ.get("ASTRA_SGLANG_RESULTS", "").split(os.pathsep) if p]
     here = Path(__file__).resolve().parent.parent / "results"
     cwd = Path.cwd() / "results"
-    return [p for p in dict.fromkeys([here, cwd]) if p.is_dir()]
+    return [p for p in dict.fromkeys(env + [here, cwd]) if p.is_dir()]
 
 
 def _dump(out: Path, meta: dict, records: List[dict]) -> None:

@@ -16,6 +16,7 @@ export ASTRA_SGLANG_CACHE=${ASTRA_SGLANG_CACHE:-/tmp/e2e-cache/astra}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STEP_ARGS=${STEP_ARGS:---batch-size 1,8,32,64 --input-len 256 --output-len 32 --rounds 6 --profile-steps 10}
 REPO=$(pwd); RUNS=/tmp/step-runs; mkdir -p "$RUNS"
+export ASTRA_SGLANG_RESULTS=${ASTRA_SGLANG_RESULTS:-$REPO/results}   # bench JSONs: the profile's speedups
 # $DEADLINE_S: seconds from now by which every run must have ended (a run's limit is cut to fit)
 T_END=$(( $(date +%s) + ${DEADLINE_S:-100000} ))
 ts() { date -u +%H:%M:%S; }
