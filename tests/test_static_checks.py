@@ -420,3 +420,23 @@ def test_extracted_production_launchers_pass(wheel_sources, tmp_path):
                 assert fs == [], f"{op}/{v.name}: {[x.one_line() for x in fs]}"
             scanned.append(f"{op}/{v.name}")
     assert len(scanned) >= 3, scanned
+
+
+@pytest.mark.nvcc
+def test_cheating_candidates_compile():
+    """Each cheat must build, so the GPU checks reject it for its cheat, not for a compile error."""
+    import shutil
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    with tempfile.TemporaryDirectory() as tmp:
+        def build(c: Path):
+            r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(c), "-o", str(Path(tmp) / f"{c.stem}.o")],
+                               capture_output=True, text=True, timeout=300)
+            return c.name, r.returncode, r.stderr[-2000:]
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for name, rc, err in pool.map(build, CHEATS):
+                assert rc == 0, f"{name}: {err}"
