@@ -181,10 +181,14 @@ RULES: Tuple[Rule, ...] = (
          "synchronous memcpy/memset: blocks the host and is not on the given stream (use the *Async form)"),
     Rule("host-sync", _CALL.format(r"cudaStreamWaitEvent"),
          "waits on an event: all work must run on the one stream passed in"),
-    Rule("host-copy", r"\b(?:cudaMemcpyHostToDevice|cudaMemcpyDeviceToHost|cudaMemcpyHostToHost|"
+    Rule("host-copy", r"\b(?:cudaMemcpyHostToDevice|cudaMemcpyDeviceToHost|cudaMemcpyHostToHost|cudaMemcpyDefault|"
                       r"cudaMemcpy(?:To|From)Symbol\w*Async|cudaHostGetDevicePointer|cudaHostUnregister)\b",
-         "copies between host and device in the call: a host round trip that lets host code see device state, "
-         "and pageable copies fail under capture (a capture probe); pass everything as kernel arguments"),
+         "copies between host and device in the call (cudaMemcpyDefault infers it from the pointers): a host "
+         "round trip that lets host code see device state, and pageable copies fail under capture (a capture "
+         "probe); pass everything as kernel arguments, copy device to device with cudaMemcpyDeviceToDevice"),
+    Rule("token-paste", r"\b(?:cu|cuda|CU)\w*\s*##|##\s*\w*?(?:Capturing|Capture\w*|Graph\w*|"
+                        r"Attribute|Limit|Persisting\w*|ProcAddress|EntryPoint|timer\w*|clock\w*)\b",
+         "builds a CUDA API name by token pasting: every call must be visible to these rules"),
     Rule("alloc", _CALL.format(r"(?:cudaMalloc\w*|cudaHostAlloc|cudaFree\w*|cudaMalloc3D\w*|cuMemAlloc\w*|"
                                 r"cuMemFree\w*|cudaHostRegister)"),
          "allocates or frees memory in the call: synchronizes the device (or, async, is a pool the caller does "
@@ -547,7 +551,8 @@ def scan_source(src: str, path: str = "<candidate>") -> List[Finding]:
                 if re.match(r"[ \t]*#[ \t]*define[ \t]+\w+[ \t]+hip\w*[ \t]*$",
                             code[code.rfind("\n", 0, m.start()) + 1:code.find("\n", m.start()) % (len(code) + 1)]):
                     continue
-                if r.rule in _LIBC_RULES and (pre.endswith(".") or pre.endswith("->") or re.search(r"\w::$", pre)):
+                if r.rule in _LIBC_RULES and (pre.endswith(".") or pre.endswith("->") or (
+                        re.search(r"\w::$", pre) and r.rule != "host-time")):  # std::time is time
                     continue
                 add(r, _line_of(code, m.start()))
         elif r.target == "string":

@@ -205,6 +205,11 @@ def _host(snippet: str) -> str:
     # host round trips and async pools
     ("cudaMemcpyAsync(p, &h, 4, cudaMemcpyHostToDevice, stream);", "host-copy", "host round trip"),
     ("cudaMemcpyToSymbolAsync(sym, &h, 4, 0, cudaMemcpyHostToDevice, stream);", "host-copy", "host round trip"),
+    ("cudaMemcpyAsync(p, &h, 4, cudaMemcpyDefault, stream);", "host-copy", "infers it from the pointers"),
+    ("#define Q(x) cudaStream ## x\nQ(IsCapturing)(stream, &st);", "token-paste", "token pasting"),
+    ("#define G(x) x ## Graph ## Launch", "token-paste", "token pasting"),
+    ("auto t = std::time(nullptr);", "host-time", "clock"),
+    ("auto t = std::clock();", "device-timer", "clock"),
     ("cudaMallocAsync(&p, 4, stream);", "alloc", "allocates"),
     ("cudaFreeAsync(p, stream);", "alloc", "allocates"),
     # streams other than the one passed in
