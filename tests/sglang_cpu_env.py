@@ -10,9 +10,10 @@ modules the patch touches importable anyway, without running sglang/__init__.py:
 - third-party packages SGLang needs and CI does not have (triton, transformers, ...) and a
   few heavy SGLang subpackages that only matter at serving time (distributed, model
   executor, quantization configs, runtime context) are permissive stubs;
-- `sgl_kernel` is a stub whose silu_and_mul / fused_add_rmsnorm / merge_state_v2 are CPU
-  implementations with sgl-kernel's Python signatures and semantics (tests stand-ins for
-  the production kernels);
+- `sgl_kernel` is a stub whose functions are generated from the op registry: for every
+  `sgl_kernel:<fn>` a spec replaces, a CPU function with sgl-kernel's Python signature (from
+  the spec's ABI and the adapter) computing the spec's reference (stand-ins for the
+  production kernels); a new op folder needs no edit here;
 - `is_cuda()` answers True, so the modules take their CUDA branches and bind the
   production callables at import time exactly as on a GPU server.
 
@@ -98,59 +99,97 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-# ---------------------------------------------------------------------- sgl_kernel stand-ins
-def make_sgl_kernel(name: str = "sgl_kernel"):
-    """A stub `sgl_kernel` with CPU versions of the production callables (sgl-kernel's
-    Python signatures, FlashInfer/sgl-kernel semantics); `calls` counts their calls."""
-    import torch
+# ---------------------------------------------------------------------- stand-ins from the registry
+def production_signature(spec, adapter):
+    """The Python signature sgl-kernel gives the op, derived from the spec's ABI and the adapter, in
+    sgl-kernel's order: inputs and in-place tensors, outputs the caller must pass, scalars with the
+    spec's defaults, outputs the adapter can allocate (`out=None`), the ignorable parameters
+    (`enable_pdl=None`); each under its ABI name, outputs under the first adapter alias that names
+    them (merge_state's v_out is sgl-kernel's v_merged). E.g. rmsnorm(input, weight, eps=1e-6,
+    out=None, enable_pdl=None). SGLang calls these positionally; the names only serve keywords."""
+    import inspect
 
+    alias = {}
+    for param, canon in adapter.aliases.items():
+        alias.setdefault(canon, param)
+    P = inspect.Parameter
+    ptrs = [a for a in spec.abi if a.ctype == "ptr"]
+    outs = [a for a in ptrs if a.role == "out"]
+
+    def param(name, default=P.empty):
+        return P(alias.get(name, name), P.POSITIONAL_OR_KEYWORD, default=default)
+
+    defaults = spec.scalars(spec.corpus[0].dims) if spec.corpus else {}
+    params = [P(a.name, P.POSITIONAL_OR_KEYWORD) for a in ptrs if a.role != "out"]
+    params += [param(a.name) for a in outs if a.name not in adapter.alloc]
+    params += [P(a.name, P.POSITIONAL_OR_KEYWORD, default=defaults.get(a.name, P.empty)) for a in spec.abi
+               if a.ctype != "ptr" and a.name != "dtype" and a.name not in spec.dim_names]
+    params += [param(a.name, None) for a in outs if a.name in adapter.alloc]
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None) for n in sorted(adapter.ignorable)]
+    return inspect.Signature(params)
+
+
+def _write_reference(spec, views, dims, scalars):
+    """Run the spec's fp64 reference on ABI views and write every output and in-place tensor."""
+    for name, val in spec.reference(views, dims, scalars).items():
+        views[name].copy_(val.to(views[name].dtype))
+
+
+def production_standin(spec, adapter):
+    """A CPU function with sgl-kernel's signature and semantics for one op: binds its arguments,
+    allocates optional outputs, computes the spec's reference, returns what the adapter returns."""
+    sig = production_signature(spec, adapter)
+
+    def standin(*args, **kwargs):
+        b = sig.bind(*args, **kwargs)
+        b.apply_defaults()
+        canon = {adapter.canonical(k): v for k, v in b.arguments.items() if k not in adapter.ignorable}
+        for name, make in adapter.alloc.items():
+            if canon.get(name) is None:
+                canon[name] = make(canon)
+        norm = adapter.normalize(canon)
+        if isinstance(norm, str):
+            raise ValueError(f"sgl_kernel stand-in for {spec.name}: {norm}")
+        views, dims = norm
+        scalars = spec.scalars(tuple(dims))
+        scalars.update({k: canon[k] for k in scalars if k in canon})
+        _write_reference(spec, dict(views), tuple(dims), scalars)
+        return adapter.returns(canon)
+
+    standin.__signature__ = sig
+    return standin
+
+
+def _registry():
+    """(spec, adapter) of every op the registry finds with a patch adapter."""
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.adapters import get_adapter
+    from astra_sglang.registry import get_op
+
+    return [(get_op(op), get_adapter(op)) for op in patchable_ops()]
+
+
+def make_sgl_kernel(name: str = "sgl_kernel"):
+    """A stub `sgl_kernel` whose functions are CPU stand-ins of the production callables of every
+    op in the registry (each `sgl_kernel:<fn>` in a spec's `replaces`); `calls` counts their calls."""
     m = StubModule(name)
     m.__path__ = []
+    m.calls = {}
+    for spec, adapter in _registry():
+        for target in spec.replaces:
+            mod, fname = target.split(":", 1)
+            if mod != "sgl_kernel":
+                continue
+            fn = production_standin(spec, adapter)
 
-    def silu_and_mul(input, out=None):
-        d = input.shape[-1] // 2
-        if out is None:
-            out = input.new_empty(input.shape[:-1] + (d,))
-        x = input.float()
-        out.copy_((torch.nn.functional.silu(x[..., :d]) * x[..., d:]).to(out.dtype))
-        return out
+            def counted(*a, _fn=fn, _n=fname, **k):
+                m.calls[_n] += 1
+                return _fn(*a, **k)
 
-    def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-        s = input.float() + residual.float()
-        residual.copy_(s.to(residual.dtype))
-        input.copy_((s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(input.dtype))
-
-    def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
-        s_a = s_a.to(torch.float32)
-        s_b = s_b.to(torch.float32)
-        if v_merged is None:
-            v_merged = torch.empty_like(v_a)
-        if s_merged is None:
-            s_merged = torch.empty_like(s_a)
-        ninf = torch.full_like(s_a, float("-inf"))
-        a = torch.where(torch.isinf(s_a), ninf, s_a)
-        b = torch.where(torch.isinf(s_b), ninf, s_b)
-        mx = torch.maximum(a, b)
-        p, q = torch.exp(a - mx), torch.exp(b - mx)
-        v = (v_a.float() * (p / (p + q)).unsqueeze(-1) + v_b.float() * (q / (p + q)).unsqueeze(-1))
-        v_merged.copy_(v.to(v_merged.dtype))
-        s_merged.copy_(torch.log(p + q) + mx)
-        return v_merged, s_merged
-
-    m.silu_and_mul = silu_and_mul
-    m.fused_add_rmsnorm = fused_add_rmsnorm
-    m.merge_state_v2 = merge_state_v2
-    m.calls = {"silu_and_mul": 0, "fused_add_rmsnorm": 0, "merge_state_v2": 0}
-    for fname in list(m.calls):
-        fn = getattr(m, fname)
-
-        def counted(*a, _fn=fn, _n=fname, **k):
-            m.calls[_n] += 1
-            return _fn(*a, **k)
-
-        counted.__name__ = fname
-        counted.__wrapped__ = fn
-        setattr(m, fname, counted)
+            counted.__name__ = fname
+            counted.__wrapped__ = fn
+            m.calls[fname] = 0
+            setattr(m, fname, counted)
     return m
 
 
@@ -162,41 +201,24 @@ def fake_production(name: str = "fake_sk"):
 
 # ---------------------------------------------------------------------- astra kernels on CPU
 def astra_standins(wrong=()):
-    """CPU stand-ins for the astra kernels, behind the ABI (views, dims, scalars).
-    Ops named in `wrong` compute a deliberately wrong result (one element off)."""
-    import torch
-
+    """CPU stand-ins for the astra kernels of every op in the registry, behind the ABI (views,
+    dims, scalars): the spec's reference. Ops named in `wrong` compute a deliberately wrong result:
+    the last element of the op's last written tensor (silu's out, the residual of fused_add_rmsnorm,
+    merge_state's lse) is one off."""
+    from astra_sglang.patch.adapters import abi_layout
     from astra_sglang.patch.ops import TorchBackend
 
-    def silu(v, dims, sc):
-        d = dims[1]
-        x = v["input"].float()
-        v["out"].copy_((torch.nn.functional.silu(x[:, :d]) * x[:, d:]).to(v["out"].dtype))
-        if "silu_and_mul" in wrong:
-            v["out"][0, 0] += 1.0
+    out = {}
+    for spec, _ in _registry():
+        last = abi_layout(spec).mutated[-1]
 
-    def rms(v, dims, sc):
-        s = v["input"].float() + v["residual"].float()
-        v["residual"].copy_(s.to(v["residual"].dtype))
-        y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + sc["eps"]) * v["weight"].float()
-        v["input"].copy_(y.to(v["input"].dtype))
-        if "fused_add_rmsnorm" in wrong:
-            v["residual"][-1, -1] += 1.0  # the in-place side effect is wrong
+        def fn(v, dims, sc, _spec=spec, _last=last):
+            _write_reference(_spec, v, tuple(dims), sc)
+            if _spec.name in wrong:
+                v[_last].view(-1)[-1] += 1.0
 
-    def merge(v, dims, sc):
-        ninf = torch.full_like(v["s_a"], float("-inf"))
-        a = torch.where(torch.isinf(v["s_a"]), ninf, v["s_a"])
-        b = torch.where(torch.isinf(v["s_b"]), ninf, v["s_b"])
-        mx = torch.maximum(a, b)
-        p, q = torch.exp(a - mx), torch.exp(b - mx)
-        out = v["v_a"].float() * (p / (p + q)).unsqueeze(-1) + v["v_b"].float() * (q / (p + q)).unsqueeze(-1)
-        v["v_out"].copy_(out.to(v["v_out"].dtype))
-        v["s_out"].copy_(torch.log(p + q) + mx)
-        if "merge_state" in wrong:
-            v["s_out"].mul_(2.0)  # wrong lse base
-
-    fns = {"silu_and_mul": silu, "fused_add_rmsnorm": rms, "merge_state": merge}
-    return {op: TorchBackend(f"cpu stand-in{' (WRONG)' if op in wrong else ''}", fn) for op, fn in fns.items()}
+        out[spec.name] = TorchBackend(f"cpu stand-in{' (WRONG)' if spec.name in wrong else ''}", fn)
+    return out
 
 
 def install(sglang_root: Path, with_sgl_kernel: bool = True) -> None:

@@ -259,7 +259,8 @@ print(json.dumps(dict(patched=patched, counters=c, restored=restored, sk_calls=s
     assert c["merge_state"]["calls"] == 1 and c["merge_state"]["checks_passed"] == 1
     assert all(v["checks_failed"] == 0 and v["disabled"] == 0 for v in c.values())
     # the production stand-ins ran only inside the self-checks
-    assert res["sk_calls"] == {"silu_and_mul": 1, "fused_add_rmsnorm": 1, "merge_state_v2": 1}
+    assert {k: n for k, n in res["sk_calls"].items() if n} == {"silu_and_mul": 1, "fused_add_rmsnorm": 1,
+                                                                "merge_state_v2": 1}
     assert res["restored"]
 
 
