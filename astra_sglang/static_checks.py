@@ -341,7 +341,6 @@ def string_literals(src: str) -> Iterator[Tuple[int, str]]:
 
 # ------------------------------------------------------------------ where each launch's stream comes from
 
-_IDENT = re.compile(r"[A-Za-z_]\w*\Z")
 _PARAM = re.compile(r"\s*(?:\[\[[^\]]*\]\]\s*)?(?:const\s+)?cudaStream_t\s*(?:const\s+)?(\w+)?\s*(?:=.*)?\Z", re.S)
 _DEF_TAIL = re.compile(r"\s*(?:(?:const|noexcept|override|final|mutable)\b\s*)*(?:->\s*[\w:<>,*&\s]+?)?\s*\{")
 
@@ -602,7 +601,7 @@ def errors(findings: Iterable[Finding]) -> List[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-_RANK = {}
+_RANK: Dict[str, int] = {}
 for _i, _r in enumerate(RULES):
     _RANK.setdefault(_r.rule, _i)
 
