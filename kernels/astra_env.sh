@@ -1,12 +1,8 @@
-# Sourced by the kernels/*.sh GPU scripts: makes `python3 -m astra_sglang.cli` importable on a GPU machine
-# without registry access (an editable install when pip can, else a package farm over the checkout).
+# Sourced by the GPU scripts (kernels/gpu_run.sh, kernels/dev/*.sh): makes `astra-sglang` runnable from a
+# checkout on a GPU machine without registry access, by a plain editable install (setup.py maps every
+# stage folder into astra_sglang; nothing else is needed).
 export PYTHONUNBUFFERED=1 ASTRA_CACHE_DIR=${ASTRA_CACHE_DIR:-/tmp/astra-cache}
-python3 -c "import astra_sglang.kernels" 2>/dev/null || \
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/astra-pip.log 2>&1 || true
-if ! python3 -c "import astra_sglang.kernels" 2>/dev/null; then
-  F=/tmp/astra_pkg/astra_sglang; mkdir -p $F
-  for f in astra_sglang/*; do ln -sfn "$PWD/$f" $F/; done
-  for d in extract kernels patch; do ln -sfn "$PWD/$d" "$F/$d"; done
-  export PYTHONPATH=/tmp/astra_pkg${PYTHONPATH:+:$PYTHONPATH}
-fi
+python3 -c "import astra_sglang.kernels, astra_sglang.patch" 2>/dev/null || \
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/astra-pip.log 2>&1 || {
+    echo "error: pip install -e . failed (see /tmp/astra-pip.log)" >&2; exit 2; }
 AS="python3 -m astra_sglang.cli"

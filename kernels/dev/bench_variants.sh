@@ -11,7 +11,7 @@
 set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
-[ -f "kernels/$op/kernel.cu" ] || { echo "no kernels/$op/kernel.cu (run from the repository root; ops: silu_and_mul, fused_add_rmsnorm, merge_state)" >&2; exit 2; }
+[ -f "kernels/$op/kernel.cu" ] || { echo "no kernels/$op/kernel.cu (run from the repository root; `astra-sglang ops` lists the ops)" >&2; exit 2; }
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 source kernels/astra_env.sh

@@ -17,8 +17,8 @@ Error metric per output: max |out - ref| / (1 + |ref|) over positions where the 
 is finite; NaN/inf must sit exactly where the reference has them. A check passes when
 the metric is <= the spec's Tolerance.floor for the output's dtype.
 
-Runs without an installed astra_sglang (e.g. on a bare GPU box): the repository's
-package folders are mapped in by `_bootstrap()`.
+Needs astra_sglang installed; on a bare GPU box a plain editable install of the checkout
+(`pip install --no-deps --no-build-isolation -e .`) is enough.
 """
 from __future__ import annotations
 
@@ -31,36 +31,22 @@ import math
 import platform
 import sys
 import time
-import types
 import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
 CLASSES = ("decode", "prefill", "paper", "edge")
 # distributions beyond "normal", run on the paper and edge classes
 EXTRA_DISTS = {"silu_and_mul": ("large",), "fused_add_rmsnorm": ("large",), "merge_state": ("large", "inf_lse")}
 
 
 def _bootstrap() -> None:
-    """Make `astra_sglang` (+ .extract, .kernels) importable from a source checkout."""
+    """astra_sglang must be installed (a plain `pip install --no-deps -e .` of the checkout will do)."""
     try:
         importlib.import_module("astra_sglang.kernels")
-        return
-    except ImportError:
-        pass
-    sys.path.insert(0, str(REPO))
-    import astra_sglang  # the folder itself is a package
-
-    for sub, folder in (("extract", "extract"), ("kernels", "kernels"), ("patch", "patch")):
-        name = f"astra_sglang.{sub}"
-        if name in sys.modules:
-            continue
-        mod = types.ModuleType(name)
-        mod.__path__ = [str(REPO / folder)]  # type: ignore[attr-defined]
-        mod.__file__ = str(REPO / folder / "__init__.py")
-        sys.modules[name] = mod
-        setattr(astra_sglang, sub, mod)
+    except ImportError as e:
+        raise SystemExit(f"error: astra_sglang is not importable ({e}); from the repository root run "
+                         "`pip install --no-deps --no-build-isolation -e .`")
 
 
 def pick(shapes: Sequence[Any], n: int) -> List[Any]:

@@ -1,7 +1,8 @@
 """GPU: every extracted production baseline matches its spec's fp64 reference through the ABI.
 
-Extracts each variant available from the real wheels (and merge_state's sgl_kernel variant
-when ASTRA_SGLANG_CHECKOUT points at an SGLang checkout), builds it for the local GPU and
+Extracts every variant of every op in the registry available from the real wheels (and the
+variants that need an SGLang checkout, e.g. merge_state's sgl_kernel, when ASTRA_SGLANG_CHECKOUT
+points at one), builds it for the local GPU and
 runs tests/gpu_baselines/run_baselines.py's checks on a few shapes per class, fp16 and bf16.
 ASTRA_GPU_WS=dir1:dir2 checks already-extracted workspaces instead.
 """
@@ -16,13 +17,13 @@ import run_baselines as rb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc, pytest.mark.wheels]
 
-VARIANTS = [
-    ("silu_and_mul", "jit"),
-    ("silu_and_mul", "aot"),
-    ("fused_add_rmsnorm", "flashinfer"),
-    ("fused_add_rmsnorm", "jit_hf"),
-    ("merge_state", "flashinfer"),
-]
+from astra_sglang.registry import get_op, op_names
+
+# every production variant of every op in the registry; the ones that need a source tree the wheels
+# do not hold (an SGLang git checkout) only when ASTRA_SGLANG_CHECKOUT points at one
+VARIANTS = [(op, v.name) for op in op_names() for v in get_op(op).variants if v.requires_root is None]
+CHECKOUT_VARIANTS = [(op, v.name) for op in op_names() for v in get_op(op).variants
+                     if v.requires_root == "sglang_checkout"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,6 @@ def workspaces(tmp_path_factory, request):
     wheel_sources = request.getfixturevalue("wheel_sources")
     from astra_sglang.build import detect_arch
     from astra_sglang.extract import discover, extract
-    from astra_sglang.registry import get_op
 
     arch = detect_arch()
     root = tmp_path_factory.mktemp("gpu_ws")
@@ -41,7 +41,8 @@ def workspaces(tmp_path_factory, request):
     todo = [(op, v, srcs) for op, v in VARIANTS]
     checkout = os.environ.get("ASTRA_SGLANG_CHECKOUT")
     if checkout:
-        todo.append(("merge_state", "sgl_kernel", discover(Path(checkout), wheel_sources["flashinfer"], wheel_sources["tvm"])))
+        co = discover(Path(checkout), wheel_sources["flashinfer"], wheel_sources["tvm"])
+        todo += [(op, v, co) for op, v in CHECKOUT_VARIANTS]
     out = []
     for op, v, s in todo:
         dest = root / v / op

@@ -26,15 +26,7 @@ if ! python3 -c "import agents" 2>/dev/null && [ -d .optwhl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/optsite .optwhl/*.whl \
     && export PYTHONPATH=/tmp/optsite${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ! python3 -c "import astra_sglang.agents, astra_sglang.kernels" 2>/dev/null; then
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/optimize-pip.log 2>&1 || true
-fi
-if ! python3 -c "import astra_sglang.agents, astra_sglang.kernels" 2>/dev/null; then  # a package farm
-  F=/tmp/astra_pkg/astra_sglang; mkdir -p $F
-  for f in astra_sglang/*; do ln -sf "$PWD/$f" $F/; done
-  ln -sfn "$PWD/extract" $F/extract; ln -sfn "$PWD/kernels" $F/kernels; ln -sfn "$PWD/patch" $F/patch
-  export PYTHONPATH=/tmp/astra_pkg${PYTHONPATH:+:$PYTHONPATH}
-fi
+source kernels/astra_env.sh   # a plain editable install of the checkout
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
   python3 -c "import sys, torch, agents, openai; from importlib.metadata import version as v
