@@ -1,5 +1,5 @@
 // op: silu_and_mul
-// expect: fresh inputs|same pointers|same buffers|replay|stale
+// expect: fresh inputs|same pointers|same buffers|replay|stale|graph|captur
 // static: none
 // dynamic: check calls it over several input sets back to back (captured, as bench does) and again on the same pointers with fresh inputs; bench writes fresh values into every rotating set after timing, replays the graph and compares
 // what: remembers the pointer sets it has computed and launches nothing when one comes back after another set was used
