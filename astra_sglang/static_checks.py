@@ -193,6 +193,13 @@ RULES: Tuple[Rule, ...] = (
                                 r"cuMemFree\w*|cudaHostRegister)"),
          "allocates or frees memory in the call: synchronizes the device (or, async, is a pool the caller does "
          "not own), and lets a kernel keep state (results cached between calls)"),
+    Rule("managed-memory", r"\b__managed__\b|\bcudaMallocManaged\b",
+         "managed memory migrates pages between host and device behind the caller's back: a kernel reads and "
+         "writes only the buffers it is handed"),
+    Rule("device-global", r"(?m)^[ \t]*(?:static[ \t]+)?__device__[ \t]+(?!__forceinline__|__noinline__|inline\b|"
+                          r"static\b|constexpr\b|const\b|void\b)[^(;{]*?\b\w+[ \t]*(?:\[[^\]]*\][ \t]*)*(?:=[^;]*)?;",
+         "a mutable __device__ global keeps state between calls (a result cache, a call counter, the last call's "
+         "time): a kernel's work must depend on its arguments only", "warning"),
     Rule("host-callback", _CALL.format(r"(?:cudaLaunchHostFunc|cudaStreamAddCallback|cuLaunchHostFunc)"),
          "runs a host callback on the stream: serializes the stream with the host"),
     # --- files, processes, network, environment ---------------------------------------

@@ -273,6 +273,14 @@ def test_legitimate_device_code_passes(kernel):
     assert scan_source(src) == []
 
 
+def test_device_globals_are_reported_and_managed_memory_rejects():
+    fs = scan_source("__device__ unsigned long long g_end[2];\n__device__ int n = 0;\n"
+                     "__device__ __forceinline__ float f(float x) { return x; }\n__device__ const int k = 1;\n")
+    assert [(f.rule, f.line, f.severity) for f in fs] == [("device-global", 1, "warning"), ("device-global", 2, "warning")]
+    assert summarize(fs) is None
+    assert [f.rule for f in errors(scan_source("__managed__ float buf[16];\n"))] == ["managed-memory"]
+
+
 def test_timer_mentioned_in_a_message_string_is_still_a_timer():
     # string rules read every literal: a PTX fragment built in a string is found wherever it is
     fs = scan_source('const char* frag = "mov.u64 %0, %%globaltimer;";\n')
