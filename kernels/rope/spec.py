@@ -100,7 +100,7 @@ def _rotate(x, heads: int, d: int, r: int, cos, sin, neox: bool):
     """x: [tokens, >= heads * d]; rotate the first r columns of every head."""
     t = x.shape[0]
     out = x.clone()
-    h = out[:, : heads * d].reshape(t, heads, d)
+    h = out[:, : heads * d].reshape(t, heads, d).clone()
     c, s = cos[:, None, :], sin[:, None, :]
     if neox:
         a, b = h[..., : r // 2].clone(), h[..., r // 2 : r].clone()
