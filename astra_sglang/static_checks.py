@@ -512,7 +512,7 @@ def _stream_findings(code: str) -> Iterator[Tuple[str, int, str]]:
                 yield "stream-compare", b0 + m.start(), s
     for o, name, b0, b1 in defs:
         body = code[b0:b1]
-        uses = len(re.findall(rf"\b{re.escape(name)}\b", body)) if name else 0
+        uses = len(re.findall(rf"(?<!\.)(?<!->)\b{re.escape(name)}\b", body)) if name else 0  # not cfg.stream
         voids = len(re.findall(rf"(?:\(\s*void\s*\)|static_cast\s*<\s*void\s*>\s*\()\s*{re.escape(name)}\b",
                                body)) if name else 0
         if uses - voids <= 0:

@@ -330,6 +330,9 @@ def test_ignored_stream_parameter_rejects():
     rules = {f.rule for f in scan_source(src)}
     assert {"stream-unused", "launch-stream"} <= rules
     assert {f.rule for f in scan_source("void run(float* p, cudaStream_t) { }\n")} == {"stream-unused"}
+    # a member named like the parameter is not a use of it
+    src = "cudaError_t run(cudaStream_t stream, cudaStream_t side) { cudaLaunchConfig_t c = {}; c.stream = side; (void)stream; return cudaLaunchKernelEx(&c, k); }\n"
+    assert "stream-unused" in {f.rule for f in scan_source(src)}
     # a declaration or a function-pointer type has no body to use it in
     assert scan_source("cudaError_t run(float* p, cudaStream_t stream);\nusing F = void (*)(cudaStream_t);\n") == []
 
