@@ -65,3 +65,64 @@ def test_cli_unknown_op_is_one_line_nonzero(capsys):
 def test_cli_help_lists_extract():
     r = CliRunner().invoke(cli, ["--help"])
     assert r.exit_code == 0 and "extract" in r.output
+
+
+# ------------------------------------------------------------------ one cache root, one build path
+
+
+def test_cache_root_reads_one_variable_and_the_old_name_as_an_alias(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from astra_sglang.build import cache_root
+
+    monkeypatch.delenv("ASTRA_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ASTRA_SGLANG_CACHE", raising=False)
+    assert cache_root() == Path.home() / ".cache" / "astra-sglang"
+    monkeypatch.setenv("ASTRA_SGLANG_CACHE", str(tmp_path / "old"))
+    with pytest.warns(DeprecationWarning, match="ASTRA_CACHE_DIR"):
+        assert cache_root("patch") == tmp_path / "old" / "patch"
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path / "new"))
+    assert cache_root("patch") == tmp_path / "new" / "patch"  # the new name wins
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "fused_add_rmsnorm", "merge_state"])
+def test_patch_builds_the_shipped_kernel_with_the_flags_check_and_bench_use(op, monkeypatch, tmp_path):
+    """One build path: patch's build_kernel passes the flags a workspace of the op's default production
+    variant records (what check and bench build the same kernel.cu with)."""
+    from astra_sglang.build import cache as cache_mod
+    from astra_sglang.build import kernel_flags
+    from astra_sglang.patch import apply
+
+    seen = {}
+
+    def fake_build(source, includes, flags, cache_dir, closure_hash, timeout=600.0):
+        seen.update(source=source, flags=list(flags), cache_dir=cache_dir)
+        return cache_mod.BuildResult(True, tmp_path / "x.so", 0.0, False, "", [])
+
+    monkeypatch.setattr(cache_mod, "build_shared", fake_build)
+    monkeypatch.setattr("astra_sglang.build.build_shared", fake_build)
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
+    apply.build_kernel(op, arch="sm_90")
+    spec = get_op(op)
+    arch = parse_arch("sm_90")
+    v = spec.variant(spec.default_variant({r: True for r in ("sglang", "flashinfer", "tvm_ffi", "sglang_jit")}))
+    assert seen["flags"] == kernel_flags(spec, arch) == compile_flags(v.flag_profile, arch, v.extra_flags)
+    assert "-std=c++17" not in seen["flags"] or v.flag_profile != "sglang_jit"
+    assert seen["cache_dir"] == tmp_path / "patch" / op
+
+
+@pytest.mark.nvcc
+def test_build_cache_key_includes_the_flags(tmp_path):
+    import shutil as _sh
+
+    from astra_sglang.build import build_shared
+
+    if not _sh.which("nvcc") and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("needs nvcc")
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" int astra_k(void) { return 0; }\n')
+    a = build_shared(src, [], ["-O3", "-Xcompiler", "-fPIC"], tmp_path / "c", "h")
+    b = build_shared(src, [], ["-O2", "-Xcompiler", "-fPIC"], tmp_path / "c", "h")
+    again = build_shared(src, [], ["-O3", "-Xcompiler", "-fPIC"], tmp_path / "c", "h")
+    assert a.ok and b.ok and a.library != b.library
+    assert again.cached and again.library == a.library
