@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The norm/activation family's GPU record (issue 14, helper E1): `astra-sglang check` and `astra-sglang bench`
+# of each shipped kernel against its extracted production kernel, on one GPU, in one device call.
+#
+# Run from the repository root of a copy that carries astra-work/e1/ (git-ignored):
+#   astra-work/e1/src  a `git archive` snapshot of the commit the numbers belong to (isolates the run
+#                      from uncommitted edits in a shared working tree)
+#   astra-work/e1/ws   the workspaces `extract` wrote for sm_90 from the sglang 0.5.23 / flashinfer-python
+#                      0.7.2 / apache-tvm-ffi 0.1.11 wheels, with their baselines and kernel.cu prebuilt;
+#                      they are copied to /tmp/e1ws, the path they were built at (the build cache key holds
+#                      the absolute include paths), so nothing compiles on the device.
+#   DEADLINE=seconds   phases that would start later are skipped and said so (device budget).
+# Results: $OUT/<op>/{check,decode,prefill}.json + .png, $OUT/run.log.
+set -uo pipefail
+DEADLINE=${DEADLINE:-200}
+OUT=${OUT:-./e1-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+rm -rf /tmp/e1ws && cp -r astra-work/e1/ws /tmp/e1ws
+cd astra-work/e1/src
+# The snapshot as the astra_sglang package, ahead of any install a warm machine already has.
+F=/tmp/e1farm/astra_sglang; rm -rf /tmp/e1farm; mkdir -p $F
+for f in astra_sglang/*; do ln -sfn "$PWD/$f" $F/; done
+for d in extract kernels patch e2e; do ln -sfn "$PWD/$d" "$F/$d"; done
+export PYTHONPATH=/tmp/e1farm PYTHONUNBUFFERED=1 ASTRA_CACHE_DIR=/tmp/e1-astra-cache
+AS="python3 -m astra_sglang.cli"
+python3 -c "import astra_sglang.kernels as k; print('astra_sglang from', k.__file__)"
+declare -A VARIANT=([rmsnorm]=flashinfer [gemma_rmsnorm]=flashinfer [gemma_fused_add_rmsnorm]=flashinfer
+                    [gelu_tanh_and_mul]=jit [gelu_and_mul]=jit)
+OPS=${OPS:-rmsnorm gemma_fused_add_rmsnorm gemma_rmsnorm gelu_tanh_and_mul gelu_and_mul}
+{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1
+  python3 -c "import torch; print('torch', torch.__version__)"; git log -1 --format=%H 2>/dev/null || true; } | tee "$OUT/env.txt"
+status=0
+for ph in check decode prefill; do
+  for op in $OPS; do
+    ws=/tmp/e1ws/${VARIANT[$op]}/$op; mkdir -p "$OUT/$op"
+    cand=(--workspace "$ws" --candidate "kernels/$op/kernel.cu")
+    need=$([ $ph = check ] && echo 12 || echo 15)
+    if [ "$(left)" -lt "$need" ]; then t "SKIP $ph $op (device budget: $(left)s left)"; continue; fi
+    t "$ph $op"
+    case $ph in
+      check) timeout $(left) $AS check $op "${cand[@]}" --dtype fp16,bf16 --json "$OUT/$op/check.json" || status=1 ;;
+      *) timeout $(left) $AS bench $op "${cand[@]}" --shapes $ph --replays 5 --out "$OUT/$op/$ph.json" || status=1 ;;
+    esac
+  done
+done
+t "done (status $status)"
+exit $status
