@@ -106,7 +106,9 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
     # the given source paths are checked here too (discover reads, never writes)
     local = discover(None if download else sglang_src, flashinfer_src, tvm_ffi_src)
 
+    fetching = download and not (sglang_version and dl.cached(sglang_version))
     if list_:
+        require(*(["pip"] if fetching else []))
         sources = _downloaded(dl, sglang_version, flashinfer_src, tvm_ffi_src) if download else local
         _list_sources(sources, dl)
         for name in ([op] if op else op_names()):
@@ -138,7 +140,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
         return missing_roots(local, v, f"{op} variant {v.name}")
 
     # 2. what extract needs, every missing piece at once
-    require(arch_need, "nvcc", sources_need)
+    require(arch_need, "nvcc", sources_need, *(["pip"] if fetching else []))
     ex.check_arch(find_nvcc(), target[0])
 
     # 3. the sources (downloaded: network), then the workspace, built before it moves into place
@@ -161,7 +163,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
             with os.fdopen(fd, "w") as f:
                 f.write(res.log + "\n")
             raise AstraError(f"the extracted baseline does not compile: {first_error_line(res.log)} "
-                             f"(nvcc log: {log}; nothing was written to {dest})")
+                             f"(nvcc log: {log}; {dest} is left as it was)")
         built.append((res, res.library.relative_to(tmp)))
 
     ex.extract(spec, sources, dest, target[0], variant=variant, force=force, progress=_progress,

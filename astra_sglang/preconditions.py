@@ -103,6 +103,16 @@ def check_nvcc() -> Problem:
     return None
 
 
+def check_pip() -> Problem:
+    try:
+        found = importlib.util.find_spec("pip") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"pip is not installed in this Python ({sys.executable}): `python -m ensurepip` (--download runs pip)"
+    return None
+
+
 def check_openai_key() -> Problem:
     if not os.environ.get("OPENAI_API_KEY"):
         return ("OPENAI_API_KEY is not set: export it, or point --base-url at an OpenAI-compatible server, "
@@ -116,6 +126,7 @@ CHECKS: Dict[str, Callable[[], Problem]] = {
     "gpu": check_gpu,
     "sglang": check_sglang,
     "nvcc": check_nvcc,
+    "pip": check_pip,
     "openai_key": check_openai_key,
 }
 

@@ -145,6 +145,12 @@ def test_sglang_and_key_needs(monkeypatch):
     assert pre.missing("openai_key") == []
 
 
+def test_pip_need(monkeypatch):
+    real = pre.importlib.util.find_spec
+    monkeypatch.setattr(pre.importlib.util, "find_spec", lambda name: None if name == "pip" else real(name))
+    assert "pip is not installed" in pre.missing("pip")[0]
+
+
 def test_real_checks_answer_on_this_machine():
     # whatever this machine has, every check returns None or text, never raises
     for name, check in pre.CHECKS.items():
@@ -240,7 +246,7 @@ def test_failed_build_leaves_nothing_and_the_rerun_needs_no_force(monkeypatch, c
     monkeypatch.setattr(extractor_mod, "render_launcher", broken)
     code, _, err = _run(args, capsys)
     assert code == 2
-    line = _one_error(err, "does not compile", "astra-test", "nothing was written")
+    line = _one_error(err, "does not compile", "astra-test", "is left as it was")
     log = Path(line.split("nvcc log: ")[1].split(";")[0])
     assert "astra-test" in log.read_text()
     log.unlink()
