@@ -36,8 +36,9 @@ from .impl import Impl
 from .inputs import make_case_inputs, to_prod_abi
 from .oracle import FatalCaseError, run_case
 from .results import BenchReport, BenchRow
-from .timer import (DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, build_helpers, ceiling_key, graph_of, load_cached_ceiling,
-                    measure_ceiling, measure_launch_floor, plan_calls, plan_sets, store_ceiling, time_graphs)
+from .timer import (DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, Neighbours, build_helpers, ceiling_key, graph_of,
+                    load_cached_ceiling, measure_ceiling, measure_launch_floor, plan_calls, plan_context_calls, plan_sets,
+                    store_ceiling, time_graphs)
 
 
 def _set_bytes(tensors: Dict[str, Any], names: Sequence[str]) -> int:
@@ -68,7 +69,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
         ceiling, source = measure_ceiling(helpers), "measured"
         store_ceiling(Path(job["ceiling_cache"]), key, ceiling)
     emit("stage", msg="measuring the graph launch floor")
-    floor_us = measure_launch_floor(helpers)
+    floor_us, floor_spread = measure_launch_floor(helpers, with_spread=True)
     gbps = float(ceiling["gbps"])
     prod = Impl(job["prod"], spec)
     cand = Impl(job["cand"], spec) if job.get("cand") else None
@@ -145,6 +146,24 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             row = BenchRow.make(skey, dtype, per_call[0], per_call[1] if cand else None, bm, gbps,
                                 calls_per_replay=n_calls, input_sets=n_sets, replays=replays,
                                 tags=list(shape.get("tags", [])), note=row_note)
+            if job.get("context", True):
+                emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
+                ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
+                                           restore if inout else None)
+                if ctx_note:
+                    notes.append(f"{skey} {dtype}: {ctx_note}")
+            refused = []
+            if job.get("recheck", True):
+                emit("stage", msg=f"{skey} {dtype}: the timed graphs replayed on fresh inputs in the same buffers")
+                refused += verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype, dist, seed,
+                                               n_calls, prod_attrs)
+            if l2 == "cold":
+                refused += refuse_impossible(row, gbps, float(ceiling.get("spread") or 0.0), floor_us, floor_spread)
+            if refused:
+                row.failed = refused[0]
+                recheck["failures"] += refused
+                recheck.update(ok=False, reason=recheck["reason"] or refused[0])
+            recheck["cases"] += 1
             rows.append(row.__dict__)
             emit("row", row=row.__dict__)
             del graphs
@@ -172,6 +191,101 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             del sets, prod_sets, pristine, gset, first
             torch.cuda.empty_cache()
     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us)
+
+
+def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
+                    replays: int, before) -> str:
+    """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
+    beside the neighbours alone, interleaved; record marginal times and the basis on `row`. Returns a
+    note when it could not be measured ('' otherwise)."""
+    import torch
+
+    from .rules import timing_basis
+    from .stats import marginal
+
+    try:
+        nb = Neighbours(spec, sets[0])
+    except (RuntimeError, ValueError, IndexError) as e:
+        return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
+
+    def alone(i: int) -> None:
+        nb.produce(sets[0])
+        nb.consume(sets[0])
+
+    graphs = [graph_of(alone, n)]
+    for who, impl in impls:
+        t = prod_sets[0] if who == "production" else sets[0]
+
+        def triple(i: int, impl=impl, t=t, who=who) -> None:
+            nb.produce(t)
+            rc = impl(t, dims, dtype, scalars)
+            if rc:
+                raise RuntimeError(f"{who} returned cudaError {rc}")
+            nb.consume(t)
+
+        try:
+            graphs.append(graph_of(triple, n))
+        except RuntimeError as e:
+            return f"in-context timing not measured: {who} could not be captured/run: {str(e).splitlines()[0]}"
+    ms = time_graphs(graphs, replays, before)
+    per = [[m * 1e3 / n for m in series] for series in ms]
+    base = marginal(per[1], per[0])
+    cand = marginal(per[2], per[0]) if len(per) > 2 else None
+    row.set_context(base, cand, sorted(per[0])[len(per[0]) // 2], timing_basis(dims, True))
+    del graphs, nb
+    torch.cuda.synchronize()
+    return ""
+
+
+def verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype: str, dist: str, seed: int,
+                        n_calls: int, prod_attrs) -> List[str]:
+    """What was timed is checked: fresh values into every input set in place, each timed graph replayed,
+    every output and in-place side effect of every set compared with the reference (production first:
+    its errors set the candidate's tolerance). Returns the failures."""
+    import torch
+
+    from .graphcheck import calls_per_set, guard_failures, judge_sets, refill
+
+    n_sets = len(sets)
+    skey = "x".join(map(str, dims))
+    seeds = [case_seed(seed, dims, dtype, "timed-graph", j) for j in range(n_sets)]
+    repeats = calls_per_set(n_calls, n_sets)
+    prod_errs = None
+    out: List[str] = []
+    for (who, _impl), g in zip(impls, graphs):
+        label = f"{skey} {dtype} timed graph replayed on fresh inputs"
+        refill(spec, sets, prod_sets, dims, dtype, dist, seeds, prod_attrs)
+        gset.fill_guards()
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        f = guard_failures([gset], label)
+        if not f:
+            f, errs = judge_sets(spec, who, prod_sets if who == "production" else sets, dims, dtype, dist, seeds,
+                                 repeats, prod_attrs, label, prod_errs)
+            if who == "production":
+                prod_errs = errs
+        if f:
+            out.append(f[0] if who != "production" or "production" in f[0] else f"production: {f[0]}")
+            if who == "production":
+                break  # no tolerance to judge the candidate with
+    return out
+
+
+def refuse_impossible(row: BenchRow, gbps: float, ceiling_spread: float, floor_us: float,
+                      floor_spread: float) -> List[str]:
+    """Chained (L2-cold) times above the copy ceiling or under the launch floor: refused (rules.py)."""
+    from .rules import impossible
+
+    out = []
+    for who, us, sp in (("production", row.prod_us, row.prod_spread), ("candidate", row.cand_us, row.cand_spread)):
+        if us is None:
+            continue
+        why = impossible(who, us, sp, row.bytes_moved, gbps, ceiling_spread, floor_us, floor_spread)
+        if why:
+            out.append(f"{row.shape} {row.dtype}: {why}")
+    return out
 
 
 def _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us) -> Dict[str, Any]:
@@ -214,6 +328,8 @@ def bench(
     remeasure_ceiling: bool = False,
     command: str = "",
     progress: Optional[Callable[[str], None]] = None,
+    context: bool = True,
+    baseline: str = "extracted",
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
 
@@ -272,7 +388,7 @@ def bench(
         "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
         "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
-        "remeasure": remeasure_ceiling, "recheck": recheck, "skip": production_skips(spec, ws.variant, shape_list, dts),
+        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
     wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]

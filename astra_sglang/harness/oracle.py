@@ -97,12 +97,40 @@ def run_case(
             outs[who] = from_prod_abi(spec, bufs.views, prod_attrs)
         else:
             outs[who] = {n: bufs.views[n].clone() for n, r in bufs.roles.items() if r in ("out", "inout")}
-    ref_in = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+    ref, ref_p = references(spec, inputs, dims, scalars, prod_attrs)
     del inputs, abi_in
-    ref = spec.reference(ref_in, tuple(dims), scalars)
+    again = " on a re-run with fresh inputs in the same buffers (stale result cached by pointer?)" if rerun else ""
+    details, f2, n2 = judge(spec, label, dims, dtype, dist, run_index, outs, ref, ref_p, baseline_only, again)
+    return details, failures + f2, notes + n2
+
+
+def references(spec: OpSpec, inputs: Dict[str, Any], dims, scalars: Dict[str, Any],
+               prod_attrs: Optional[Dict[str, Any]], repeats: int = 1) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """fp64 references for the candidate (the op's semantics) and production (its variant's semantics).
+    `repeats` > 1: the op applied that many times in a row (in-place outputs feed the next call), what a
+    graph that calls it repeatedly on one input set leaves behind."""
+    import torch
+
+    inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
+    ref_in = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
     kw = reference_kwargs(spec, prod_attrs)
-    ref_p = spec.reference(ref_in, tuple(dims), scalars, **kw) if kw else ref
-    del ref_in
+    outs = []
+    for k in ([{}, kw] if kw else [{}]):
+        cur = dict(ref_in)
+        for _ in range(max(1, repeats) if inout else 1):
+            r = spec.reference(cur, tuple(dims), scalars, **k)
+            cur.update({n: r[n] for n in inout if n in r})
+        outs.append(r)
+    return outs[0], outs[-1]
+
+
+def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int, outs: Dict[str, Dict[str, Any]],
+          ref: Dict[str, Any], ref_p: Dict[str, Any], baseline_only: bool = False,
+          again: str = "") -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
+    """The tolerance rule on every output: outs["candidate"] / outs["production"] against the fp64
+    references (numerics.py). Returns (details, failures, notes); `again` is appended to failures."""
+    failures: List[str] = []
+    notes: List[str] = []
     details: List[Dict[str, Any]] = []
     for name, r in ref.items():
         rp = rel_err(outs["production"][name], ref_p[name])
@@ -116,7 +144,7 @@ def run_case(
             if not ok:
                 failures.append(f"{label}: production's {name} disagrees with the fp64 reference: error "
                                 f"{rp['err']:.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
-                                + (f", {rp['nan']} NaN where the reference is finite" if rp["nan"] else ""))
+                                + (f", {rp['nan']} NaN where the reference is finite" if rp["nan"] else "") + again)
             if mism:
                 notes.append(f"{label}: production's {name} differs from the reference at {mism} non-finite positions")
         else:
@@ -125,7 +153,6 @@ def run_case(
             tol = tolerance(spec, short, prod_err)
             mism = nonfinite_mismatch(outs["candidate"][name], r, outs["production"][name])
             ok = rc_["err"] <= tol and not mism
-            again = " on a re-run with fresh inputs in the same buffers (stale result cached by pointer?)" if rerun else ""
             if rc_["nan"]:
                 failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
             elif rc_["err"] > tol:
@@ -133,7 +160,7 @@ def run_case(
                                 f"(production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)){again}")
             if mism:
                 failures.append(f"{label}: candidate's {name} differs from reference and production at {mism} "
-                                f"positions where the reference is ±inf/NaN")
+                                f"positions where the reference is ±inf/NaN{again}")
         details.append({
             "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
             "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"], "tol": tol, "ok": ok,

@@ -92,6 +92,16 @@ class BenchRow:
     note: str = ""
     prod_samples_us: List[float] = field(default_factory=list)
     cand_samples_us: List[float] = field(default_factory=list)
+    # in context: the op between a producer GEMM (writes its inputs) and a consumer GEMM (reads its
+    # outputs) in one graph; marginal µs per call = (neighbours + op) - (neighbours alone)
+    chained_speedup: Optional[float] = None  # prod_us / cand_us (back-to-back calls)
+    context_base_us: Optional[float] = None  # production's marginal time
+    context_cand_us: Optional[float] = None
+    context_spread_us: Optional[float] = None  # p90 - p10 of the marginal times (the larger of the two)
+    context_speedup: Optional[float] = None  # context_base_us / context_cand_us
+    context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
+    timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
+    failed: str = ""  # why this row's implementation was refused ("" = accepted)
 
     @property
     def pct_of_ceiling(self) -> Optional[float]:
@@ -111,11 +121,34 @@ class BenchRow:
         if cand_samples:
             cm, cs = median(cand_samples), spread(cand_samples)
             row.cand_us, row.cand_spread = cm, cs
-            row.speedup = pm / cm if cm > 0 else None
+            row.speedup = row.chained_speedup = pm / cm if cm > 0 else None
             row.noise = is_noise(pm, ps, cm, cs)
             row.cand_pct_of_ceiling = pct_of_ceiling(bytes_moved, cm, ceiling_gbps)
             row.cand_samples_us = [round(x, 5) for x in cand_samples]
         return row
+
+    def set_context(self, base: Dict[str, Any], cand: Optional[Dict[str, Any]], neighbours_us: float,
+                    basis: str) -> None:
+        """Record the in-context marginal times (stats.marginal dicts) and pick the basis of `speedup`."""
+        self.context_base_us = base["median"]
+        self.context_neighbours_us = neighbours_us
+        self.context_spread_us = base["spread"]
+        if cand is not None:
+            self.context_cand_us = cand["median"]
+            self.context_spread_us = max(base["spread"], cand["spread"])
+            if cand["median"] > 0 and base["median"] > 0:
+                self.context_speedup = base["median"] / cand["median"]
+        self.timing_basis = basis
+        if basis == "in-context" and self.context_speedup is not None:
+            self.speedup = self.context_speedup
+            self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
+
+    @property
+    def basis_us(self) -> Tuple[float, Optional[float]]:
+        """(production, candidate) µs on the row's basis."""
+        if self.timing_basis == "in-context" and self.context_base_us is not None:
+            return self.context_base_us, self.context_cand_us
+        return self.prod_us, self.cand_us
 
 
 @dataclass
@@ -181,19 +214,36 @@ class BenchReport:
     # --- rendering -----------------------------------------------------------------------
     def table(self) -> str:
         has_c = any(r.cand_us is not None for r in self.rows)
+        has_ctx = any(r.context_base_us is not None for r in self.rows)
         head = ["shape", "dtype", "prod µs", "±%"]
         if has_c:
-            head += ["cand µs", "±%", "speedup", ""]
+            head += ["cand µs", "±%", "chained"]
+        if has_ctx:
+            head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
+        if has_c:
+            head += ["speedup", "basis", ""]
         head += ["% ceil" + (" (cand)" if has_c else "")]
         lines: List[List[str]] = [head]
         for r in self.rows:
             row = [r.shape, r.dtype, f"{r.prod_us:.2f}", f"{100 * r.prod_spread:.1f}"]
             if has_c:
                 if r.cand_us is None:
-                    row += ["—", "", "", r.note[:30]]
+                    row += ["—", "", ""]
                 else:
                     row += [f"{r.cand_us:.2f}", f"{100 * (r.cand_spread or 0):.1f}",
-                            f"{r.speedup:.3f}x" if r.speedup else "—", "noise" if r.noise else ""]
+                            f"{r.chained_speedup:.3f}x" if r.chained_speedup else "—"]
+            if has_ctx:
+                row += [f"{r.context_base_us:.2f}" if r.context_base_us is not None else "—",
+                        f"{r.context_cand_us:.2f}" if r.context_cand_us is not None else ("—" if has_c else ""),
+                        f"{r.context_spread_us:.2f}" if r.context_spread_us is not None else "—"]
+                if has_c:
+                    row += [f"{r.context_speedup:.3f}x" if r.context_speedup else "—"]
+            if has_c:
+                if r.cand_us is None:
+                    row += ["", "", r.note[:30]]
+                else:
+                    row += [f"{r.speedup:.3f}x" if r.speedup else "—", r.timing_basis,
+                            "FAILED" if r.failed else ("noise" if r.noise else "")]
             pct = r.pct_of_ceiling
             row += [f"{pct:.1f}" if pct is not None else "—"]
             lines.append(row)
@@ -208,9 +258,21 @@ class BenchReport:
                 f"{self.launch_floor_us:.2f} µs"]
         if has_c:
             g = self.geomean
-            foot.append(f"geomean speedup {g:.3f}x over {sum(1 for r in self.rows if r.speedup)} shapes"
+            bases = sorted({r.timing_basis for r in self.rows if r.speedup})
+            foot.append(f"geomean speedup {g:.3f}x over {sum(1 for r in self.rows if r.speedup)} shapes "
+                        f"(basis per row: {' / '.join(bases)}; decode shapes <= 256 tokens use in-context)"
                         if g else "geomean speedup: —")
+            gc = geomean(r.chained_speedup for r in self.rows if r.chained_speedup)
+            gx = geomean(r.context_speedup for r in self.rows if r.context_speedup)
+            if has_ctx and gc and gx:
+                foot.append(f"geomean chained {gc:.3f}x, in-context {gx:.3f}x")
+        if has_ctx:
+            foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM reading "
+                        "its outputs (cuBLAS via torch), one CUDA graph; marginal µs = with op - neighbours alone")
         foot.append(f"max spread {100 * self.max_spread:.1f}%")
+        for r in self.rows:
+            if r.failed:
+                foot.append(f"REFUSED {r.shape} {r.dtype}: {r.failed}")
         if self.recheck:
             foot.append("re-check after timing: " + ("passed" if self.recheck.get("ok") else
                                                       f"FAILED: {self.recheck.get('reason', '')}"))
@@ -230,7 +292,7 @@ class BenchReport:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         rows = self.rows
-        labels = [f"{r.shape}\n{r.dtype}" for r in rows]
+        labels = [f"{r.shape}\n{r.dtype}" + ("\nctx" if r.timing_basis == "in-context" else "") for r in rows]
         has_c = any(r.cand_us is not None for r in rows)
         nplots = 2 if has_c else 1
         fig, axes = plt.subplots(nplots, 1, figsize=(max(6.0, 0.6 * len(rows) + 2), 3.2 * nplots), squeeze=False)
@@ -246,7 +308,7 @@ class BenchReport:
             if g:
                 ax.axhline(g, color="#264653", lw=1, ls="--", label=f"geomean {g:.3f}x")
                 ax.legend(loc="best", fontsize=8)
-            ax.set_ylabel("speedup vs production")
+            ax.set_ylabel("speedup vs production\n(in-context for decode rows)")
             ax.set_title(f"{self.op} speedup vs production, {self.device}, L2-{self.l2} (grey: within noise)",
                          fontsize=8)
             ax.set_xticks(x)

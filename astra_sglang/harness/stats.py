@@ -55,3 +55,15 @@ def pct_of_ceiling(bytes_moved: int, us: float, ceiling_gbps: float) -> Optional
     if not us or not ceiling_gbps:
         return None
     return 100.0 * (bytes_moved / (us * 1e-6)) / (ceiling_gbps * 1e9)
+
+
+def marginal(with_op: Sequence[float], without: Sequence[float]) -> dict:
+    """The op's marginal time from interleaved replays: per replay r, with_op[r] - without[r] (the graph
+    with the op minus the same graph without it, replayed next to each other). Returns the median and
+    the spread in the samples' unit (p90 - p10 of the differences: a difference can be near zero, so a
+    relative spread would mean nothing)."""
+    n = min(len(with_op), len(without))
+    if not n:
+        raise ValueError("marginal time of no samples")
+    d = [with_op[i] - without[i] for i in range(n)]
+    return {"median": median(d), "spread": percentile(d, 90.0) - percentile(d, 10.0), "samples": d}

@@ -223,8 +223,8 @@ def measure_ceiling(helpers: Helpers, nbytes: int = CEILING_BYTES, calls: int = 
             "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def measure_launch_floor(helpers: Helpers, calls: int = 1000, replays: int = 10) -> float:
-    """Per-call time of an empty kernel in a graph of back-to-back calls, µs."""
+def measure_launch_floor(helpers: Helpers, calls: int = 1000, replays: int = 10, with_spread: bool = False):
+    """Per-call time of an empty kernel in a graph of back-to-back calls, µs (and its spread)."""
     def call(i: int) -> None:
         rc = helpers.empty()
         if rc:
@@ -232,7 +232,8 @@ def measure_launch_floor(helpers: Helpers, calls: int = 1000, replays: int = 10)
 
     g = graph_of(call, calls)
     ms = time_graphs([g], replays)[0]
-    return median(ms) * 1e3 / calls
+    us = median(ms) * 1e3 / calls
+    return (us, spread(ms)) if with_spread else us
 
 
 
@@ -251,3 +252,54 @@ def build_helpers(arch_text: str) -> Path:
     if not res.ok:
         raise AstraError(f"the bench helper kernels do not compile: {first_error_line(res.log)}")
     return res.library
+
+
+# ------------------------------------------------------------------------------------------
+# in context: the op between the neighbours it has in a model's graph
+
+CONTEXT_K = 4096  # the producer GEMM's inner size and the consumer's output width (a model's hidden size)
+CONTEXT_TARGET_US = 1000.0
+CONTEXT_MAX_CALLS = 256
+
+
+class Neighbours:
+    """A producer GEMM writing the op's first input ([tokens, K] x [K, width], cuBLAS through torch) and a
+    consumer GEMM reading its first output ([tokens, width] x [width, K]): what sits around a
+    memory-bound op in a decode step (o_proj -> fused_add_rmsnorm -> qkv_proj, gate_up -> silu -> down)."""
+
+    def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0):
+        import torch
+
+        ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
+        outs = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("out", "inout")]
+        self.src_name, self.dst_name = ins[0], outs[0]
+        src, dst = tensors[self.src_name], tensors[self.dst_name]
+        rows = src.shape[0]
+        self.width_in = src.numel() // rows
+        self.width_out = dst.numel() // dst.shape[0]
+        g = torch.Generator(device=src.device).manual_seed(seed)
+        self.a = torch.randn(rows, k, generator=g, device=src.device, dtype=src.dtype)
+        self.b = (torch.randn(k, self.width_in, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(src.dtype)
+        self.c = (torch.randn(self.width_out, k, generator=g, device=src.device, dtype=torch.float32)
+                  / self.width_out ** 0.5).to(dst.dtype)
+        self.y = torch.empty(dst.shape[0], k, device=dst.device, dtype=dst.dtype)
+        self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
+
+    def produce(self, tensors: Dict[str, Any]) -> None:
+        import torch
+
+        t = tensors[self.src_name]
+        torch.matmul(self.a, self.b, out=t.view(t.shape[0], self.width_in))
+
+    def consume(self, tensors: Dict[str, Any]) -> None:
+        import torch
+
+        t = tensors[self.dst_name]
+        torch.matmul(t.view(t.shape[0], self.width_out), self.c, out=self.y)
+
+
+def plan_context_calls(gemm_bytes: int, op_est_us: float, gbps: float, target_us: float = CONTEXT_TARGET_US,
+                       max_calls: int = CONTEXT_MAX_CALLS) -> int:
+    """(producer, op, consumer) triples per graph: about target_us of work, 4 to max_calls."""
+    per = op_est_us + (gemm_bytes / (gbps * 1e3) if gbps else 10.0)
+    return int(max(4, min(max_calls, math.ceil(target_us / max(per, 0.5)))))

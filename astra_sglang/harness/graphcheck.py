@@ -1,0 +1,228 @@
+"""The candidate checked the way it is timed, so that it cannot tell a check from a timing run.
+
+- `refill` + `judge_sets`: write fresh values into every input set in place (same pointers, outputs
+  poisoned), replay a captured graph, compare every output and in-place side effect of every set
+  with the fp64 reference (in-place ops: the op applied as many times as the graph calls it on that
+  set). bench runs this on the very graph it timed, after the timed replays; check on a graph of
+  the candidate back to back over several sets, twice, with fresh inputs on the same pointers.
+- `stream_honesty`: the candidate launched on a non-default stream right behind queued work that
+  writes its inputs, with no device-wide synchronize in between: a kernel that ignores its stream
+  (default stream, a stream of its own) reads stale inputs and fails.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..spec import OpSpec
+from .cases import case_seed
+from .inputs import from_prod_abi, make_case_inputs, to_prod_abi
+from .numerics import BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, count_poison, dtype_name, poison_, rel_err, tolerance
+from .oracle import references
+
+STALL_CYCLES = 50_000_000  # queued work ahead of the candidate in the stream test (~25 ms)
+
+
+def calls_per_set(n_calls: int, n_sets: int) -> List[int]:
+    """How often a graph of n_calls calls over sets i % n_sets calls each set."""
+    return [len(range(j, n_calls, n_sets)) for j in range(n_sets)]
+
+
+def _roles(spec: OpSpec) -> Dict[str, str]:
+    return {a.name: a.role for a in spec.abi if a.ctype == "ptr"}
+
+
+def refill(spec: OpSpec, sets: Sequence[Dict[str, Any]], prod_sets: Optional[Sequence[Dict[str, Any]]], dims, dtype: str,
+           dist: str, seeds: Sequence[int], prod_attrs: Optional[Dict[str, Any]], device: str = "cuda") -> None:
+    """Fresh inputs (seeds[j]) into set j in place; outputs poisoned. prod_sets: production's views of the
+    same sets (converted copies of the inputs that differ, e.g. base-2 lse), refilled alike."""
+    roles = _roles(spec)
+    for j, s in enumerate(sets):
+        t = make_case_inputs(spec, dims, dtype, dist, seeds[j], device)
+        for n, role in roles.items():
+            if role in ("in", "inout"):
+                s[n].copy_(t[n])
+            else:
+                poison_(s[n])
+        if prod_sets is not None and prod_attrs:
+            conv = to_prod_abi(spec, t, prod_attrs)
+            for n, role in roles.items():
+                p = prod_sets[j][n]
+                if p is not s[n]:
+                    p.copy_(conv[n]) if role in ("in", "inout") else poison_(p)
+
+
+def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], dims, dtype: str, dist: str,
+               seeds: Sequence[int], repeats: Sequence[int], prod_attrs: Optional[Dict[str, Any]], label: str,
+               prod_errs: Optional[List[Dict[str, float]]] = None,
+               device: str = "cuda") -> Tuple[List[str], List[Dict[str, float]]]:
+    """Compare what a replay left in every set with the reference of the inputs refill() wrote (special
+    values are the eager check's business: these cases draw the first, finite, distribution).
+
+    who == "production": judged against the fp64 reference alone (BASELINE_SLACK floors); returns its
+    errors per set, which the candidate's tolerance then uses (same seeds). Returns (failures, errors);
+    stops at the first failing set."""
+    roles = _roles(spec)
+    scalars = spec.scalars(tuple(dims))
+    errs: List[Dict[str, float]] = []
+    for j, s in enumerate(sets):
+        t = make_case_inputs(spec, dims, dtype, dist, seeds[j], device)
+        conv = to_prod_abi(spec, t, prod_attrs) if who == "production" else t
+        where = f"{label}, input set {j + 1} of {len(sets)}"
+        for n, role in roles.items():
+            if role == "in":
+                k = bitwise_changed(s[n], conv[n])
+                if k:
+                    return [f"{where}: {who} modified its input {n} ({k} elements changed)"], errs
+            elif role == "out":
+                k = count_poison(s[n])
+                if k:
+                    return [f"{where}: {who} never wrote {k} of {s[n].numel()} elements of {n} (poison left)"], errs
+        outs = from_prod_abi(spec, s, prod_attrs) if who == "production" else {
+            n: s[n] for n, r in roles.items() if r in ("out", "inout")}
+        ref, ref_p = references(spec, t, dims, scalars, prod_attrs, repeats[j])
+        e: Dict[str, float] = {}
+        for name, r in ref.items():
+            out = outs[name]
+            short = SHORT_DTYPE.get(dtype_name(out), dtype)
+            if who == "production":
+                rp = rel_err(out, ref_p[name])
+                e[name] = rp["err"]
+                limit = BASELINE_SLACK * tolerance(spec, short, None)
+                if not rp["err"] <= limit:
+                    return [f"{where}: production's {name} disagrees with the fp64 reference: error "
+                            f"{rp['err']:.3g} > {limit:.3g}"], errs
+                continue
+            rc = rel_err(out, r)
+            pe = (prod_errs[j] if prod_errs and j < len(prod_errs) else {}).get(name)
+            tol = tolerance(spec, short, pe)
+            if rc["nan"]:
+                return [f"{where}: candidate's {name} has {rc['nan']} NaN where the reference is finite"], errs
+            if rc["err"] > tol:
+                return [f"{where}: candidate's {name} error {rc['err']:.3g} > tolerance {tol:.3g} "
+                        f"(production {pe if pe is not None else float('nan'):.3g})"], errs
+        errs.append(e)
+    return [], errs
+
+
+def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, dist: str, seeds: Sequence[int],
+                         prod_attrs: Optional[Dict[str, Any]], label: str) -> Tuple[List[str], List[Dict[str, float]]]:
+    """Production's errors on the inputs of `seeds` (one eager call per set in one guarded buffer set):
+    the tolerance the candidate's graph replay is judged with."""
+    import torch
+
+    errs: List[Dict[str, float]] = []
+    scalars = spec.scalars(tuple(dims))
+    for j, seed in enumerate(seeds):
+        t = make_case_inputs(spec, dims, dtype, dist, seed, "cuda")
+        bufs.load(to_prod_abi(spec, t, prod_attrs))
+        rc = prod(bufs.views, dims, dtype, scalars)
+        torch.cuda.synchronize()
+        if rc:
+            return [f"{label}: production returned cudaError {rc}"], errs
+        f, e = judge_sets(spec, "production", [bufs.views], dims, dtype, dist, [seed], [1], prod_attrs, label)
+        if f:
+            return f, errs
+        errs += e
+    return [], errs
+
+
+def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
+    """check's in-graph and stream cases for one shape×dtype (ctx: checkjob.CheckContext). Returns
+    (details, failures, notes) like oracle.run_case."""
+    import torch
+
+    from .guards import GuardedSet
+    from .timer import graph_of
+
+    spec, n_sets = ctx.spec, max(2, ctx.graph_sets)
+    dist = spec.distributions[0] if spec.distributions else "normal"
+    skey = "x".join(map(str, dims))
+    scalars = spec.scalars(tuple(dims))
+    proto = make_case_inputs(spec, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, "graph-proto"), "cuda")
+    bufs = [GuardedSet(spec, proto, "cuda", ctx.guard) for _ in range(n_sets)]
+    pbuf = GuardedSet(spec, proto, "cuda", ctx.guard)
+    del proto
+    sets = [b.views for b in bufs]
+    details: List[Dict[str, Any]] = []
+
+    def call(i: int) -> None:
+        rc = ctx.cand(sets[i % n_sets], dims, dtype, scalars)
+        if rc:
+            raise RuntimeError(f"candidate returned cudaError {rc}")
+
+    ctx.emit("stage", msg=f"candidate captured in a CUDA graph on {skey} {dtype} ({n_sets} input sets)")
+    try:
+        refill(spec, sets, None, dims, dtype, dist, [case_seed(ctx.seed, dims, dtype, "graph-warm", j) for j in range(n_sets)],
+               None)
+        g = graph_of(call, n_sets)
+    except RuntimeError as e:
+        return [], [f"{skey} {dtype} in a CUDA graph: candidate could not be captured/run: {str(e).splitlines()[0]}"], []
+    for rnd in range(2):
+        label = f"{skey} {dtype} {dist} in a CUDA graph, back to back" + (", replayed with fresh inputs" if rnd else "")
+        seeds = [case_seed(ctx.seed, dims, dtype, "graph", rnd, j) for j in range(n_sets)]
+        f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, dist, seeds, ctx.prod_attrs, label)
+        if f:
+            return details, [], [f"{label}: {f[0]} (in-graph case skipped)"]
+        refill(spec, sets, None, dims, dtype, dist, seeds, None)
+        for b in bufs:
+            b.fill_guards()
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        f = guard_failures(bufs, label)
+        if not f:
+            f, _ = judge_sets(spec, "candidate", sets, dims, dtype, dist, seeds, [1] * n_sets, None, label, perrs)
+        details.append({"shape": skey, "dtype": dtype, "dist": dist, "run": f"graph-{rnd}", "tensor": "*",
+                        "cand_err": None, "prod_err": None, "tol": None, "ok": not f})
+        if f:
+            return details, f, []
+    del g
+    f = stream_honesty(ctx, bufs[0], pbuf, dims, dtype, dist)
+    details.append({"shape": skey, "dtype": dtype, "dist": dist, "run": "stream", "tensor": "*",
+                    "cand_err": None, "prod_err": None, "tol": None, "ok": not f})
+    return details, f, []
+
+
+def guard_failures(bufs, label: str) -> List[str]:
+    for j, b in enumerate(bufs):
+        for name, (before, after) in b.guard_damage().items():
+            where = " and ".join(w for w, n in (("before the start", before), ("past the end", after)) if n)
+            return [f"{label}, input set {j + 1}: candidate wrote outside {name}: {before + after} guard bytes "
+                    f"changed {where}"]
+    return []
+
+
+def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str) -> List[str]:
+    """The candidate on a fresh non-default stream, queued right behind a long kernel and the copy of
+    its fresh inputs into its buffers; no device-wide synchronize between them and the launch."""
+    import torch
+
+    spec = ctx.spec
+    skey = "x".join(map(str, dims))
+    label = f"{skey} {dtype} {dist} on a non-default stream behind queued work that writes its inputs"
+    seed = case_seed(ctx.seed, dims, dtype, "stream")
+    f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, dist, [seed], ctx.prod_attrs, label)
+    if f:
+        return []
+    fresh = make_case_inputs(spec, dims, dtype, dist, seed, "cuda")
+    roles = _roles(spec)
+    for n, role in roles.items():  # stale inputs (another draw) and poisoned outputs, settled before the test
+        if role == "out":
+            poison_(buf.views[n])
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()  # torch's streams are non-blocking: the legacy default stream does not wait on them
+    scalars = spec.scalars(tuple(dims))
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(STALL_CYCLES)
+        for n, role in roles.items():
+            if role in ("in", "inout"):
+                buf.views[n].copy_(fresh[n], non_blocking=True)
+        rc = ctx.cand(buf.views, dims, dtype, scalars)
+    s.synchronize()
+    torch.cuda.synchronize()
+    if rc:
+        return [f"{label}: candidate returned cudaError {rc}"]
+    f, _ = judge_sets(spec, "candidate", [buf.views], dims, dtype, dist, [seed], [1], None, label, perrs)
+    if f:
+        return [f[0].replace(", input set 1 of 1", "") + " (stale inputs read: does the kernel ignore its stream argument?)"]
+    return []
