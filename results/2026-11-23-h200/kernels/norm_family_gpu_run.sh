@@ -17,11 +17,14 @@ OUT=${OUT:-./e1-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 rm -rf /tmp/e1ws && cp -r astra-work/e1/ws /tmp/e1ws
-cd astra-work/e1/src
-# The snapshot as the astra_sglang package, ahead of any install a warm machine already has.
+SRC=$(cd astra-work/e1/src && pwd)
+# The snapshot as the astra_sglang package, ahead of any install a warm machine already has; run from
+# a neutral directory (python puts the current directory first on sys.path: the snapshot's own
+# astra_sglang/ folder lacks the kernels/extract/patch mapping).
 F=/tmp/e1farm/astra_sglang; rm -rf /tmp/e1farm; mkdir -p $F
-for f in astra_sglang/*; do ln -sfn "$PWD/$f" $F/; done
-for d in extract kernels patch e2e; do ln -sfn "$PWD/$d" "$F/$d"; done
+for f in "$SRC"/astra_sglang/*; do ln -sfn "$f" $F/; done
+for d in extract kernels patch e2e; do ln -sfn "$SRC/$d" "$F/$d"; done
+mkdir -p /tmp/e1run && cd /tmp/e1run
 export PYTHONPATH=/tmp/e1farm PYTHONUNBUFFERED=1 ASTRA_CACHE_DIR=/tmp/e1-astra-cache
 AS="python3 -m astra_sglang.cli"
 python3 -c "import astra_sglang.kernels as k; print('astra_sglang from', k.__file__)"
@@ -29,12 +32,12 @@ declare -A VARIANT=([rmsnorm]=flashinfer [gemma_rmsnorm]=flashinfer [gemma_fused
                     [gelu_tanh_and_mul]=jit [gelu_and_mul]=jit)
 OPS=${OPS:-rmsnorm gemma_fused_add_rmsnorm gemma_rmsnorm gelu_tanh_and_mul gelu_and_mul}
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1
-  python3 -c "import torch; print('torch', torch.__version__)"; git log -1 --format=%H 2>/dev/null || true; } | tee "$OUT/env.txt"
+  python3 -c "import torch; print('torch', torch.__version__)"; echo "snapshot of commit $(cat "$SRC/COMMIT")"; } | tee "$OUT/env.txt"
 status=0
 for ph in check decode prefill; do
   for op in $OPS; do
     ws=/tmp/e1ws/${VARIANT[$op]}/$op; mkdir -p "$OUT/$op"
-    cand=(--workspace "$ws" --candidate "kernels/$op/kernel.cu")
+    cand=(--workspace "$ws" --candidate "$SRC/kernels/$op/kernel.cu")
     need=$([ $ph = check ] && echo 12 || echo 15)
     if [ "$(left)" -lt "$need" ]; then t "SKIP $ph $op (device budget: $(left)s left)"; continue; fi
     t "$ph $op"
