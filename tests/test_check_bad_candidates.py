@@ -100,3 +100,72 @@ def test_bench_times_and_rechecks(workspaces, tmp_path):
     assert rep.recheck["ok"] and rep.recheck["cases"] == 2
     rep.to_json(tmp_path / "b.json")
     assert "geomean" in rep.table()
+
+
+# ------------------------------------------------------------------ issue 12: cheats caught dynamically
+
+# what check's dynamic cases say about each cheating candidate when the static rules are off
+DYNAMIC = {
+    "cheat_capture_skip": r"in a CUDA graph.*never wrote .* \(poison left\)",
+    "cheat_pointer_memo": r"in a CUDA graph|fresh inputs|same buffers|cached by pointer",
+    "cheat_ignore_stream": r"non-default stream behind queued work.*stale inputs read",
+    "cheat_early_exit_time": r"in a CUDA graph|never wrote|error .* > tolerance",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC))
+def test_cheat_is_caught_by_the_dynamic_checks_alone(workspaces, name):
+    from astra_sglang.harness.check import check_candidate
+
+    cand = BAD / f"{name}.cu"
+    if not cand.exists():
+        pytest.skip(f"{cand.name} not written yet")
+    op, _ = meta(cand)
+    res = check_candidate(op, _workspace(workspaces, op), cand, shapes="16x4096,1024x4096", dtypes=("fp16",),
+                          timeout=120, static=False)
+    _record(res, f"dynamic-{name}")
+    assert not res.ok, f"{cand.name} was accepted without the static rules"
+    assert re.search(DYNAMIC[name], res.reason), res.reason
+
+
+def test_bench_refuses_the_capture_cheat(workspaces):
+    from astra_sglang.harness.bench import bench
+
+    ws = _workspace(workspaces, "silu_and_mul")
+    rep = bench("silu_and_mul", ws, BAD / "cheat_capture_skip.cu", shapes="16x4096,1024x4096", dtypes=("fp16",),
+                replays=10, static=False)
+    _record_bench(rep, "bench-cheat_capture_skip")
+    assert not rep.ok
+    assert all(r.failed for r in rep.rows)
+    assert re.search(r"timed graph replayed on fresh inputs.*never wrote|impossible number", rep.reason), rep.reason
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "fused_add_rmsnorm"])
+def test_shipped_kernel_passes_check_and_bench_on_decode_shapes_with_both_bases(workspaces, op):
+    from astra_sglang.harness.bench import bench
+    from astra_sglang.harness.check import check_candidate
+    from astra_sglang.registry import shipped_kernel
+
+    ws = _workspace(workspaces, op)
+    # the decode corpus; ASTRA_TEST_SHAPES_<op> narrows it (a device run on a budget)
+    shapes = os.environ.get(f"ASTRA_TEST_SHAPES_{op}", "decode")
+    res = check_candidate(op, ws, shipped_kernel(op), shapes=shapes, dtypes=("fp16",), timeout=120)
+    _record(res, f"shipped-{op}-decode")
+    assert res.ok, res.reason
+    assert any(d["run"] == "stream" for d in res.details) and any(d["run"] == "graph-1" for d in res.details)
+    rep = bench(op, ws, shipped_kernel(op), shapes=shapes, dtypes=("fp16",), replays=20,
+                command=f"bench({op!r}, ws, {shipped_kernel(op).name!r}, shapes={shapes!r}, dtypes=('fp16',), replays=20)")
+    _record_bench(rep, f"bench-shipped-{op}-decode")
+    assert rep.ok, rep.reason
+    for r in rep.rows:
+        assert not r.failed
+        assert r.context_base_us is not None and r.context_cand_us is not None and r.context_speedup
+        assert r.timing_basis == ("in-context" if int(r.shape.split("x")[0]) <= 256 else "chained")
+        assert r.speedup == (r.context_speedup if r.timing_basis == "in-context" else r.chained_speedup)
+
+
+def _record_bench(rep, name: str) -> None:
+    out = os.environ.get("ASTRA_RESULTS_DIR")
+    if out:
+        rep.to_json(Path(out) / f"{name}.json")
+        (Path(out) / f"{name}.txt").write_text(rep.table() + "\n")

@@ -163,7 +163,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 row.failed = refused[0]
                 recheck["failures"] += refused
                 recheck.update(ok=False, reason=recheck["reason"] or refused[0])
-            recheck["cases"] += 1
+            recheck["timed_graphs"] = recheck.get("timed_graphs", 0) + (len(impls) if job.get("recheck", True) else 0)
             rows.append(row.__dict__)
             emit("row", row=row.__dict__)
             del graphs
@@ -245,31 +245,32 @@ def verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype:
     its errors set the candidate's tolerance). Returns the failures."""
     import torch
 
-    from .graphcheck import calls_per_set, guard_failures, judge_sets, refill
+    from .graphcheck import calls_per_set, fresh_inputs, guard_failures, judge_sets, refill, set_references
 
     n_sets = len(sets)
     skey = "x".join(map(str, dims))
-    seeds = [case_seed(seed, dims, dtype, "timed-graph", j) for j in range(n_sets)]
-    repeats = calls_per_set(n_calls, n_sets)
+    fresh = fresh_inputs(spec, dims, dtype, dist, [case_seed(seed, dims, dtype, "timed-graph", j) for j in range(n_sets)])
+    refs = set_references(spec, fresh, dims, calls_per_set(n_calls, n_sets), prod_attrs)
     prod_errs = None
     out: List[str] = []
+    label = f"{skey} {dtype} timed graph replayed on fresh inputs"
     for (who, _impl), g in zip(impls, graphs):
-        label = f"{skey} {dtype} timed graph replayed on fresh inputs"
-        refill(spec, sets, prod_sets, dims, dtype, dist, seeds, prod_attrs)
+        refill(spec, sets, prod_sets, fresh, prod_attrs)
         gset.fill_guards()
         torch.cuda.synchronize()
         g.replay()
         torch.cuda.synchronize()
         f = guard_failures([gset], label)
         if not f:
-            f, errs = judge_sets(spec, who, prod_sets if who == "production" else sets, dims, dtype, dist, seeds,
-                                 repeats, prod_attrs, label, prod_errs)
+            f, errs = judge_sets(spec, who, prod_sets if who == "production" else sets, fresh, refs, dtype, prod_attrs,
+                                 label, prod_errs)
             if who == "production":
                 prod_errs = errs
         if f:
             out.append(f[0] if who != "production" or "production" in f[0] else f"production: {f[0]}")
             if who == "production":
                 break  # no tolerance to judge the candidate with
+    del fresh, refs
     return out
 
 

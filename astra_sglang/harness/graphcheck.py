@@ -31,13 +31,17 @@ def _roles(spec: OpSpec) -> Dict[str, str]:
     return {a.name: a.role for a in spec.abi if a.ctype == "ptr"}
 
 
-def refill(spec: OpSpec, sets: Sequence[Dict[str, Any]], prod_sets: Optional[Sequence[Dict[str, Any]]], dims, dtype: str,
-           dist: str, seeds: Sequence[int], prod_attrs: Optional[Dict[str, Any]], device: str = "cuda") -> None:
-    """Fresh inputs (seeds[j]) into set j in place; outputs poisoned. prod_sets: production's views of the
+def fresh_inputs(spec: OpSpec, dims, dtype: str, dist: str, seeds: Sequence[int], device: str = "cuda") -> List[Dict[str, Any]]:
+    return [make_case_inputs(spec, dims, dtype, dist, sd, device) for sd in seeds]
+
+
+def refill(spec: OpSpec, sets: Sequence[Dict[str, Any]], prod_sets: Optional[Sequence[Dict[str, Any]]],
+           fresh: Sequence[Dict[str, Any]], prod_attrs: Optional[Dict[str, Any]]) -> None:
+    """fresh[j] into set j in place (same pointers); outputs poisoned. prod_sets: production's views of the
     same sets (converted copies of the inputs that differ, e.g. base-2 lse), refilled alike."""
     roles = _roles(spec)
     for j, s in enumerate(sets):
-        t = make_case_inputs(spec, dims, dtype, dist, seeds[j], device)
+        t = fresh[j]
         for n, role in roles.items():
             if role in ("in", "inout"):
                 s[n].copy_(t[n])
@@ -51,79 +55,85 @@ def refill(spec: OpSpec, sets: Sequence[Dict[str, Any]], prod_sets: Optional[Seq
                     p.copy_(conv[n]) if role in ("in", "inout") else poison_(p)
 
 
-def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], dims, dtype: str, dist: str,
-               seeds: Sequence[int], repeats: Sequence[int], prod_attrs: Optional[Dict[str, Any]], label: str,
-               prod_errs: Optional[List[Dict[str, float]]] = None,
-               device: str = "cuda") -> Tuple[List[str], List[Dict[str, float]]]:
-    """Compare what a replay left in every set with the reference of the inputs refill() wrote (special
-    values are the eager check's business: these cases draw the first, finite, distribution).
+def set_references(spec: OpSpec, fresh: Sequence[Dict[str, Any]], dims, repeats: Sequence[int],
+                   prod_attrs: Optional[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(candidate's, production's) fp64 references per set; in-place ops applied repeats[j] times."""
+    scalars = spec.scalars(tuple(dims))
+    return [references(spec, t, dims, scalars, prod_attrs, repeats[j]) for j, t in enumerate(fresh)]
+
+
+def _flat(ts: Sequence[Any]):
+    import torch
+
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Sequence[Dict[str, Any]],
+               refs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], dtype: str, prod_attrs: Optional[Dict[str, Any]],
+               label: str, prod_errs: Optional[Dict[str, float]] = None) -> Tuple[List[str], Dict[str, float]]:
+    """Compare what a replay left in every set with the references of the inputs refill() wrote (special
+    values are the eager check's business: these cases draw the first, finite, distribution). All sets
+    of one output are compared at once (one error over their concatenation); a failing set is named.
 
     who == "production": judged against the fp64 reference alone (BASELINE_SLACK floors); returns its
-    errors per set, which the candidate's tolerance then uses (same seeds). Returns (failures, errors);
-    stops at the first failing set."""
+    error per output, which the candidate's tolerance then uses (same inputs). Returns (failures, errors)."""
     roles = _roles(spec)
-    scalars = spec.scalars(tuple(dims))
-    errs: List[Dict[str, float]] = []
+    n = len(sets)
+
+    def where(j: int) -> str:
+        return f"{label}, input set {j + 1} of {n}"
+
     for j, s in enumerate(sets):
-        t = make_case_inputs(spec, dims, dtype, dist, seeds[j], device)
-        conv = to_prod_abi(spec, t, prod_attrs) if who == "production" else t
-        where = f"{label}, input set {j + 1} of {len(sets)}"
-        for n, role in roles.items():
+        conv = to_prod_abi(spec, fresh[j], prod_attrs) if who == "production" else fresh[j]
+        for name, role in roles.items():
             if role == "in":
-                k = bitwise_changed(s[n], conv[n])
+                k = bitwise_changed(s[name], conv[name])
                 if k:
-                    return [f"{where}: {who} modified its input {n} ({k} elements changed)"], errs
+                    return [f"{where(j)}: {who} modified its input {name} ({k} elements changed)"], {}
             elif role == "out":
-                k = count_poison(s[n])
+                k = count_poison(s[name])
                 if k:
-                    return [f"{where}: {who} never wrote {k} of {s[n].numel()} elements of {n} (poison left)"], errs
-        outs = from_prod_abi(spec, s, prod_attrs) if who == "production" else {
-            n: s[n] for n, r in roles.items() if r in ("out", "inout")}
-        ref, ref_p = references(spec, t, dims, scalars, prod_attrs, repeats[j])
-        e: Dict[str, float] = {}
-        for name, r in ref.items():
-            out = outs[name]
-            short = SHORT_DTYPE.get(dtype_name(out), dtype)
-            if who == "production":
-                rp = rel_err(out, ref_p[name])
-                e[name] = rp["err"]
-                limit = BASELINE_SLACK * tolerance(spec, short, None)
-                if not rp["err"] <= limit:
-                    return [f"{where}: production's {name} disagrees with the fp64 reference: error "
-                            f"{rp['err']:.3g} > {limit:.3g}"], errs
-                continue
-            rc = rel_err(out, r)
-            pe = (prod_errs[j] if prod_errs and j < len(prod_errs) else {}).get(name)
-            tol = tolerance(spec, short, pe)
-            if rc["nan"]:
-                return [f"{where}: candidate's {name} has {rc['nan']} NaN where the reference is finite"], errs
-            if rc["err"] > tol:
-                return [f"{where}: candidate's {name} error {rc['err']:.3g} > tolerance {tol:.3g} "
-                        f"(production {pe if pe is not None else float('nan'):.3g})"], errs
-        errs.append(e)
+                    return [f"{where(j)}: {who} never wrote {k} of {s[name].numel()} elements of {name} "
+                            f"(poison left)"], {}
+    outs = [from_prod_abi(spec, s, prod_attrs) if who == "production" else
+            {name: s[name] for name, r in roles.items() if r in ("out", "inout")} for s in sets]
+    errs: Dict[str, float] = {}
+    for name in refs[0][0]:
+        pick = 1 if who == "production" else 0
+        got = _flat([o[name] for o in outs])
+        e = rel_err(got, _flat([r[pick][name] for r in refs]))
+        errs[name] = e["err"]
+        short = SHORT_DTYPE.get(dtype_name(outs[0][name]), dtype)
+        if who == "production":
+            tol = BASELINE_SLACK * tolerance(spec, short, None)
+        else:
+            tol = tolerance(spec, short, (prod_errs or {}).get(name))
+        if e["nan"] or not e["err"] <= tol:
+            bad = next((j for j in range(n) if rel_err(outs[j][name], refs[j][pick][name])["err"] > tol), 0)
+            if e["nan"]:
+                return [f"{where(bad)}: {who}'s {name} has NaN where the reference is finite"], errs
+            return [f"{where(bad)}: {who}'s {name} error {e['err']:.3g} > tolerance {tol:.3g}"
+                    + ("" if who == "production" else
+                       f" (production {(prod_errs or {}).get(name, float('nan')):.3g})")], errs
     return [], errs
 
 
-def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, dist: str, seeds: Sequence[int],
-                         prod_attrs: Optional[Dict[str, Any]], label: str) -> Tuple[List[str], List[Dict[str, float]]]:
-    """Production's errors on the inputs of `seeds` (one eager call per set in one guarded buffer set):
+def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequence[Dict[str, Any]],
+                         refs, prod_attrs: Optional[Dict[str, Any]], label: str) -> Tuple[List[str], Dict[str, float]]:
+    """Production's errors on `fresh` (one eager call per set in one guarded buffer set, outputs kept):
     the tolerance the candidate's graph replay is judged with."""
     import torch
 
-    errs: List[Dict[str, float]] = []
     scalars = spec.scalars(tuple(dims))
-    for j, seed in enumerate(seeds):
-        t = make_case_inputs(spec, dims, dtype, dist, seed, "cuda")
+    kept = []
+    for t in fresh:
         bufs.load(to_prod_abi(spec, t, prod_attrs))
         rc = prod(bufs.views, dims, dtype, scalars)
         torch.cuda.synchronize()
         if rc:
-            return [f"{label}: production returned cudaError {rc}"], errs
-        f, e = judge_sets(spec, "production", [bufs.views], dims, dtype, dist, [seed], [1], prod_attrs, label)
-        if f:
-            return f, errs
-        errs += e
-    return [], errs
+            return [f"{label}: production returned cudaError {rc}"], {}
+        kept.append({n: v.clone() for n, v in bufs.views.items()})
+    return judge_sets(spec, "production", kept, fresh, refs, dtype, prod_attrs, label)
 
 
 def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
@@ -152,18 +162,20 @@ def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[st
 
     ctx.emit("stage", msg=f"candidate captured in a CUDA graph on {skey} {dtype} ({n_sets} input sets)")
     try:
-        refill(spec, sets, None, dims, dtype, dist, [case_seed(ctx.seed, dims, dtype, "graph-warm", j) for j in range(n_sets)],
-               None)
+        refill(spec, sets, None, fresh_inputs(spec, dims, dtype, dist, [case_seed(ctx.seed, dims, dtype, "graph-warm", j)
+                                                                   for j in range(n_sets)]), None)
         g = graph_of(call, n_sets)
     except RuntimeError as e:
         return [], [f"{skey} {dtype} in a CUDA graph: candidate could not be captured/run: {str(e).splitlines()[0]}"], []
     for rnd in range(2):
         label = f"{skey} {dtype} {dist} in a CUDA graph, back to back" + (", replayed with fresh inputs" if rnd else "")
-        seeds = [case_seed(ctx.seed, dims, dtype, "graph", rnd, j) for j in range(n_sets)]
-        f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, dist, seeds, ctx.prod_attrs, label)
+        fresh = fresh_inputs(spec, dims, dtype, dist, [case_seed(ctx.seed, dims, dtype, "graph", rnd, j)
+                                                       for j in range(n_sets)])
+        refs = set_references(spec, fresh, dims, [1] * n_sets, ctx.prod_attrs)
+        f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, fresh, refs, ctx.prod_attrs, label)
         if f:
             return details, [], [f"{label}: {f[0]} (in-graph case skipped)"]
-        refill(spec, sets, None, dims, dtype, dist, seeds, None)
+        refill(spec, sets, None, fresh, None)
         for b in bufs:
             b.fill_guards()
         torch.cuda.synchronize()
@@ -171,7 +183,7 @@ def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[st
         torch.cuda.synchronize()
         f = guard_failures(bufs, label)
         if not f:
-            f, _ = judge_sets(spec, "candidate", sets, dims, dtype, dist, seeds, [1] * n_sets, None, label, perrs)
+            f, _ = judge_sets(spec, "candidate", sets, fresh, refs, dtype, None, label, perrs)
         details.append({"shape": skey, "dtype": dtype, "dist": dist, "run": f"graph-{rnd}", "tensor": "*",
                         "cand_err": None, "prod_err": None, "tol": None, "ok": not f})
         if f:
@@ -200,11 +212,11 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str) -> List[str]:
     spec = ctx.spec
     skey = "x".join(map(str, dims))
     label = f"{skey} {dtype} {dist} on a non-default stream behind queued work that writes its inputs"
-    seed = case_seed(ctx.seed, dims, dtype, "stream")
-    f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, dist, [seed], ctx.prod_attrs, label)
+    fresh = make_case_inputs(spec, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, "stream"), "cuda")
+    refs = set_references(spec, [fresh], dims, [1], ctx.prod_attrs)
+    f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label)
     if f:
         return []
-    fresh = make_case_inputs(spec, dims, dtype, dist, seed, "cuda")
     roles = _roles(spec)
     for n, role in roles.items():  # stale inputs (another draw) and poisoned outputs, settled before the test
         if role == "out":
@@ -222,7 +234,7 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str) -> List[str]:
     torch.cuda.synchronize()
     if rc:
         return [f"{label}: candidate returned cudaError {rc}"]
-    f, _ = judge_sets(spec, "candidate", [buf.views], dims, dtype, dist, [seed], [1], None, label, perrs)
+    f, _ = judge_sets(spec, "candidate", [buf.views], [fresh], refs, dtype, None, label, perrs)
     if f:
         return [f[0].replace(", input set 1 of 1", "") + " (stale inputs read: does the kernel ignore its stream argument?)"]
     return []

@@ -1,0 +1,168 @@
+"""Issue 12 on the CPU: marginal-time statistics, the basis rule, the impossible-number rule, the row and
+report fields other stages read, and the timed-graph verification logic (refill, references, judge) with
+plain tensors standing in for a replayed graph's buffers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from astra_sglang.harness.results import BenchReport, BenchRow
+from astra_sglang.harness.rules import CHAINED, DECODE_MAX_TOKENS, IN_CONTEXT, impossible, timing_basis
+from astra_sglang.harness.stats import marginal
+from astra_sglang.harness.timer import plan_context_calls
+
+
+def test_marginal_time_is_the_median_of_paired_differences_with_an_absolute_spread():
+    with_op = [10.0, 10.5, 11.0, 10.2, 30.0]  # one disturbed replay
+    alone = [8.0, 8.4, 9.1, 8.1, 28.0]
+    m = marginal(with_op, alone)
+    assert m["median"] == pytest.approx(2.0)
+    assert m["samples"] == pytest.approx([2.0, 2.1, 1.9, 2.1, 2.0])
+    assert m["spread"] == pytest.approx(2.1 - 1.94, abs=1e-9)  # p90 - p10, µs (not relative)
+    with pytest.raises(ValueError):
+        marginal([], [])
+
+
+@pytest.mark.parametrize("tokens,has_ctx,basis", [(1, True, IN_CONTEXT), (DECODE_MAX_TOKENS, True, IN_CONTEXT),
+                                                  (DECODE_MAX_TOKENS + 1, True, CHAINED), (16, False, CHAINED)])
+def test_basis_decode_rows_use_in_context(tokens, has_ctx, basis):
+    assert timing_basis((tokens, 4096), has_ctx) == basis
+
+
+def test_impossible_numbers_are_refused_with_the_reason():
+    # 1 MB in 0.2 µs = 5000 GB/s against a 4000 GB/s ceiling with 2% spreads
+    why = impossible("candidate", 0.2, 0.02, 1_000_000, 4000.0, 0.01, 0.8)
+    assert "impossible number" in why and "above the measured copy ceiling 4000 GB/s" in why and "2.0%" in why
+    # within the spread: accepted
+    assert impossible("candidate", 0.246, 0.02, 1_000_000, 4000.0, 0.01, 0.1) == ""
+    # under the graph launch floor
+    why = impossible("candidate", 0.5, 0.01, 1000, 4000.0, 0.01, 1.0, 0.02)
+    assert "under the graph launch floor 1.000 µs" in why
+    assert impossible("production", 0.99, 0.02, 1000, 4000.0, 0.01, 1.0, 0.0) == ""  # within the spread
+    assert "non-positive" in impossible("candidate", 0.0, 0.0, 1, 1.0, 0.0, 0.0)
+
+
+def _row(shape="16x4096", base=2.0, cand=1.9, pc=(1.6, 1.2)):
+    r = BenchRow.make(shape, "fp16", [pc[0]] * 5, [pc[1]] * 5, 1 << 20, 4000.0)
+    r.set_context({"median": base, "spread": 0.05}, {"median": cand, "spread": 0.08}, 20.0,
+                  timing_basis(tuple(int(x) for x in shape.split("x")), True))
+    return r
+
+
+def test_row_speedup_follows_the_basis_and_keeps_both_numbers():
+    r = _row()
+    assert r.chained_speedup == pytest.approx(1.6 / 1.2)
+    assert r.context_speedup == pytest.approx(2.0 / 1.9)
+    assert r.timing_basis == IN_CONTEXT and r.speedup == r.context_speedup
+    assert r.context_spread_us == pytest.approx(0.08)
+    assert not r.noise  # 0.1 µs difference > 0.08 µs spread
+    big = _row("4096x4096")
+    assert big.timing_basis == CHAINED and big.speedup == big.chained_speedup
+    assert _row(base=2.0, cand=1.95).noise
+
+
+def test_report_contract_fields_geomean_and_table_say_the_basis(tmp_path):
+    rep = BenchReport(op="silu_and_mul", rows=[_row(), _row("4096x4096")], ceiling_gbps=4000.0)
+    d = json.loads(rep.to_json(tmp_path / "r.json").read_text())
+    for row in d["rows"]:
+        for k in ("context_base_us", "context_cand_us", "context_spread_us", "context_speedup", "timing_basis", "speedup"):
+            assert k in row
+    assert d["rows"][0]["speedup"] == pytest.approx(2.0 / 1.9)
+    assert rep.geomean == pytest.approx(((2.0 / 1.9) * (1.6 / 1.2)) ** 0.5)
+    t = rep.table()
+    assert "in-context" in t and "chained" in t and "basis per row" in t
+    back = BenchReport.from_json(tmp_path / "r.json")
+    assert back.rows[0].timing_basis == IN_CONTEXT and back.geomean == pytest.approx(rep.geomean)
+    rep.rows[1].failed = "4096x4096 fp16: candidate: impossible number: ..."
+    assert "REFUSED 4096x4096 fp16" in rep.table()
+
+
+def test_context_plan_is_bounded():
+    assert plan_context_calls(0, 1.0, 4000.0) == 256
+    assert plan_context_calls(1 << 30, 100.0, 4000.0) == 4
+
+
+# ------------------------------------------------------------------ timed-graph verification logic (CPU)
+
+torch = pytest.importorskip("torch")
+
+
+def _spec_and_sets(n=3, dims=(3, 64)):
+    from astra_sglang.harness.graphcheck import fresh_inputs
+    from astra_sglang.registry import get_op
+
+    spec = get_op("silu_and_mul")
+    fresh = fresh_inputs(spec, dims, "fp16", "normal", list(range(n)), device="cpu")
+    sets = [{k: torch.empty_like(v) for k, v in t.items()} for t in fresh]
+    return spec, dims, fresh, sets
+
+
+def _silu(s):
+    x = s["input"].float()
+    d = x.shape[-1] // 2
+    s["out"].copy_((torch.nn.functional.silu(x[..., :d]) * x[..., d:]).to(s["out"].dtype))
+
+
+def test_refill_poisons_outputs_and_judge_accepts_an_honest_replay():
+    from astra_sglang.harness.graphcheck import judge_sets, refill, set_references
+
+    spec, dims, fresh, sets = _spec_and_sets()
+    refill(spec, sets, None, fresh, None)
+    assert all(torch.isnan(s["out"]).all() for s in sets)
+    refs = set_references(spec, fresh, dims, [1] * len(sets), None)
+    for s in sets:
+        _silu(s)
+    f, perr = judge_sets(spec, "production", sets, fresh, refs, "fp16", None, "t")
+    assert not f and perr["out"] < 1e-2
+    f, _ = judge_sets(spec, "candidate", sets, fresh, refs, "fp16", None, "t", perr)
+    assert not f
+
+
+def test_judge_names_the_set_a_lazy_replay_left_alone():
+    from astra_sglang.harness.graphcheck import judge_sets, refill, set_references
+
+    spec, dims, fresh, sets = _spec_and_sets()
+    refill(spec, sets, None, fresh, None)
+    refs = set_references(spec, fresh, dims, [1] * 3, None)
+    _silu(sets[0])
+    _silu(sets[2])  # set 2 of 3 never written (a graph that skips work during capture)
+    f, _ = judge_sets(spec, "candidate", sets, fresh, refs, "fp16", None, "timed graph", {"out": 1e-3})
+    assert f and "input set 2 of 3: candidate never wrote 192 of 192 elements of out (poison left)" in f[0]
+
+
+def test_judge_catches_stale_results_from_the_previous_inputs():
+    from astra_sglang.harness.graphcheck import fresh_inputs, judge_sets, refill, set_references
+
+    spec, dims, fresh, sets = _spec_and_sets()
+    old = fresh_inputs(spec, dims, "fp16", "normal", [10, 11, 12], device="cpu")
+    refill(spec, sets, None, old, None)
+    for s in sets:
+        _silu(s)
+    memo = [s["out"].clone() for s in sets]
+    refill(spec, sets, None, fresh, None)  # same pointers, fresh values
+    for s, m in zip(sets, memo):
+        s["out"].copy_(m)  # a kernel that memoized by pointer
+    refs = set_references(spec, fresh, dims, [1] * 3, None)
+    f, _ = judge_sets(spec, "candidate", sets, fresh, refs, "fp16", None, "timed graph", {"out": 1e-3})
+    assert f and "input set 1 of 3: candidate's out error" in f[0] and "> tolerance" in f[0]
+
+
+def test_in_place_reference_applies_the_op_as_often_as_the_graph_calls_it():
+    from astra_sglang.harness.graphcheck import calls_per_set
+    from astra_sglang.harness.oracle import references
+    from astra_sglang.registry import get_op
+
+    assert calls_per_set(10, 4) == [3, 3, 2, 2] and sum(calls_per_set(4096, 7)) == 4096
+    spec = get_op("fused_add_rmsnorm")
+    gen = torch.Generator().manual_seed(0)
+    dims = (2, 64)
+    t = spec.make_inputs(dims, "fp32", gen, "normal", device="cpu")
+    scalars = spec.scalars(dims)
+    once, _ = references(spec, t, dims, scalars, None, 1)
+    twice, _ = references(spec, t, dims, scalars, None, 2)
+    step = {k: v.to(torch.float64) for k, v in t.items()}
+    step.update(once)
+    again = spec.reference(step, dims, scalars)
+    for k in twice:
+        assert torch.allclose(twice[k], again[k])
