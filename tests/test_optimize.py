@@ -226,3 +226,72 @@ def test_single_agent_ablation(tmp_path):
     res = optimize("--executor", "cpu", "--baseline", str(CPU / "baseline.c"), "--model", f"scripted:{s}",
                    "--rounds", "2", "--resume", "--run-dir", str(run), *SMALL)
     assert res.returncode == 2 and "resume it with --single-agent" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def policies_run(tmp_path_factory):
+    """tests/optimize_fixtures/cpu/policies.json: --profile-from-round 2 --beam 2, a refused round."""
+    tmp = tmp_path_factory.mktemp("policies")
+    fx = tmp / "fx"
+    shutil.copytree(CPU, fx)
+    run = tmp / "run"
+    res = optimize("--executor", "cpu", "--baseline", str(fx / "baseline.c"), "--model",
+                   f"scripted:{fx / 'policies.json'}", "--rounds", "4", "--profile-from-round", "2", "--beam", "2",
+                   "--run-dir", str(run), *SMALL)
+    reqs = [json.loads(l) for l in (fx / "requests.jsonl").read_text().splitlines()]
+    return {"run": run, "res": res, "requests": reqs}
+
+
+def test_policies_refused_round_and_beam_parents(policies_run):
+    res, run = policies_run["res"], policies_run["run"]
+    assert res.returncode == 0, res.stderr[-4000:]
+    ev = events(run)
+    assert ev[0]["profile_from_round"] == 2 and ev[0]["beam"] == 2
+    rs = rounds(run)
+    assert {r: rs[r]["status"] for r in rs} == {0: "production", 1: "refused", 2: "correct", 3: "correct",
+                                                4: "no-candidate"}
+    assert rs[1]["refused"] and "bench refused the timing" in rs[1]["reason"]
+    assert any(w in rs[1]["refused"][0] for w in ("faster than copying its bytes", "under the launch floor"))
+    # beam 2: round 2 has only production to start from; round 3 the never-expanded round 2; round 4 round 3
+    assert [rs[r]["parent"] for r in (1, 2, 3, 4)] == [0, 0, 2, 3]
+    assert rs[3]["beam"] == [0, 2] and rs[4]["beam"] == [3, 0]
+    assert rs[3]["geomean"] > 1.0 and ev[-1]["best_round"] == 3
+    # each round logs the regimes its planner was shown and whether profiling was given
+    assert [rs[r]["profiling"] for r in range(5)] == [False, False, True, True, True]
+    for r in (1, 2, 3, 4):
+        assert sorted(w["shape"] for w in rs[r]["workload"]) == ["4x4096", "8x2048"]
+        assert all(w["regime"] in ("latency-bound", "in between", "bandwidth-bound") for w in rs[r]["workload"])
+    # the stand-in measured its references: launch floor, copy % per shape
+    assert rs[0]["bench_info"]["launch_floor_us"] > 0
+    assert all(t["baseline_pct_ceiling"] > 0 for t in rs[0]["timings"])
+
+
+def test_policies_prompts_per_round(policies_run):
+    reqs = policies_run["requests"]
+
+    def of(r, role):
+        return [q for q in reqs if q["round"] == r and q["role"] == role]
+
+    # Nsight Compute withheld before round 2: not offered, and the instructions say so
+    for r in (0, 1):
+        for q in reqs:
+            if q["round"] == r:
+                assert "ncu" not in q["tools"], (r, q["role"], q["tools"])
+    assert "Nsight Compute metrics are not given before round 2" in of(0, "profiling")[0]["instructions"]
+    assert "timings only: Nsight Compute metrics come from round 2 on" in of(1, "planning")[0]["input"]
+    # from round 2 on the profiler holds ncu, and production is profiled again with it
+    prof2 = of(2, "profiling")
+    assert prof2 and "ncu" in prof2[0]["tools"] and "Kernel under study: round 0" in prof2[0]["input"]
+    assert "timings only" not in of(2, "planning")[0]["input"]
+    # workload-aware: every timed shape with its regime, both times, the strategies per regime
+    for r in (1, 2, 3, 4):
+        plan = of(r, "planning")[0]
+        assert "Workload (each timed shape's regime, measured in this run)" in plan["input"]
+        for shape in ("| 4x4096 | fp32 |", "| 8x2048 | fp32 |"):
+            assert shape in plan["input"]
+        assert "in-context / chained" in plan["input"]
+        assert "Strategies by regime" in plan["instructions"] and "CuTe" in plan["instructions"]
+    # the planner after the refused round is told why it failed
+    assert "REFUSED" in of(2, "planning")[0]["input"] and "- round 1:" in of(2, "planning")[0]["input"]
+    assert "REFUSED" not in of(1, "planning")[0]["input"]
+    assert "With --beam 2 this round starts from round 2" in of(3, "planning")[0]["input"]

@@ -1,6 +1,8 @@
 """The real executor: candidates go through astra_sglang.check (static checks, nvcc build,
 fp64 + production oracle in a worker process), astra_sglang.bench (L2-cold CUDA-graph timing
-interleaved with production, re-check in the timed buffers) and astra_sglang.ncu.
+interleaved with production, chained and in context, re-check in the timed buffers, impossible
+numbers refused) and astra_sglang.ncu. Where flashinfer-python's CUTLASS/CuTe headers are found
+(cute.py), every build of the run has them on its include path.
 
 It needs the extracted workspace and, for check/bench/ncu, torch with a GPU; the orchestrator
 itself never touches CUDA (everything runs in check/bench's worker processes).
@@ -25,6 +27,26 @@ from .executor import (
 )
 
 
+def _field(row: Any, name: str) -> Any:
+    """A bench row field that may not exist yet (rows before in-context timing) or a dict key."""
+    return row.get(name) if isinstance(row, dict) else getattr(row, name, None)
+
+
+def timing_of(r: Any) -> Timing:
+    """A bench row as a Timing: the chained times always, the in-context ones where bench has them."""
+    return Timing(shape=tuple(int(x) for x in r.shape.split("x")), dtype=r.dtype, baseline_us=r.prod_us,
+                  candidate_us=r.cand_us, baseline_spread=r.prod_spread, candidate_spread=r.cand_spread or 0.0,
+                  pct_ceiling=r.cand_pct_of_ceiling, baseline_pct_ceiling=r.prod_pct_of_ceiling,
+                  context_base_us=_field(r, "context_base_us"), context_cand_us=_field(r, "context_cand_us"),
+                  context_spread_us=_field(r, "context_spread_us"),
+                  timing_basis=_field(r, "timing_basis") or "chained")
+
+
+def refusals(rows: Sequence[Any]) -> List[str]:
+    """'SHAPE DTYPE: reason' for every row bench refused as impossible."""
+    return [f"{_field(r, 'shape')} {_field(r, 'dtype')}: {_field(r, 'refused')}" for r in rows if _field(r, "refused")]
+
+
 def _gpu_name() -> str:
     return query_gpu("name") or "GPU (unknown)"
 
@@ -35,11 +57,13 @@ class GpuExecutor(Executor):
     bench_rechecks = True  # bench re-checks the candidate in the buffers it was timed on
 
     def __init__(self, spec, workspace, check_shapes: str = "check", final_shapes: str = "corpus+edge",
-                 replays: int = 30, timeout: float = 60.0, progress=None) -> None:
+                 replays: int = 30, timeout: float = 60.0, progress=None, cute: bool = True) -> None:
         super().__init__(spec)
         from ..check import select_shapes
+        from .cute import find_include, with_includes
 
-        self.ws = workspace
+        self.cute_include = find_include(workspace.manifest) if cute else None
+        self.ws = with_includes(workspace, [self.cute_include]) if self.cute_include else workspace
         self.replays = replays
         self.timeout = timeout
         self.progress = progress
@@ -57,9 +81,16 @@ class GpuExecutor(Executor):
             self._device = _gpu_name()
         return {"executor": self.name, "op": self.spec.name, "device": self._device, "workspace": str(self.ws.path),
                 "variant": self.ws.variant, "arch": self.ws.manifest.get("arch"),
-                "versions": self.ws.manifest.get("versions"),
+                "versions": self.ws.manifest.get("versions"), **self._cute_facts(),
                 "timer": "CUDA graph of back-to-back calls over rotating input sets > 4x L2 (every call L2-cold), "
                          f"production and candidate replayed interleaved, {self.replays} replays, median"}
+
+    def _cute_facts(self) -> Dict[str, Any]:
+        from .cute import cutlass_version
+
+        if not self.cute_include:
+            return {"cute_include": None}
+        return {"cute_include": str(self.cute_include), "cutlass_version": cutlass_version(self.cute_include)}
 
     def default_bench_dtypes(self) -> List[str]:
         from ..check import workspace_dtypes
@@ -88,8 +119,17 @@ class GpuExecutor(Executor):
             "torch/ATen, stream or event creation, host synchronization, synchronous memcpy/memset, allocation in "
             "the call, file/process/network calls. Launch only on the stream passed in and return the launch's "
             "cudaError_t (cudaGetLastError()). dtype 0 fp32, 1 fp16, 2 bf16: all must work, for every size "
-            "(hidden need not be a multiple of the vector width; one token)."
+            "(hidden need not be a multiple of the vector width; one token)." + self._cute_note()
         )
+
+    def _cute_note(self) -> str:
+        from .cute import COMPILE_NOTE, cutlass_version
+
+        if not self.cute_include:
+            return " CuTe/CUTLASS headers are not on the include path here (no flashinfer-python found)."
+        return (f" CuTe is available: CUTLASS {cutlass_version(self.cute_include)} headers are on the include path "
+                "(#include <cute/tensor.hpp>; namespace cute; read_source('cute/tensor.hpp') reads them); "
+                f"{COMPILE_NOTE}; a compile is bounded by the build timeout.")
 
     def read_include(self, rel: str) -> str:
         rel = rel.strip().lstrip("/")
@@ -102,8 +142,14 @@ class GpuExecutor(Executor):
             if p.is_file():
                 text = p.read_text(errors="replace")
                 return text
+        def shown(d: Path) -> str:
+            try:
+                return str(d.relative_to(self.ws.path))
+            except ValueError:  # the CuTe dir lies outside the workspace
+                return str(d)
+
         raise ExecutorError(f"no include {rel!r} in the workspace (include dirs: "
-                            f"{', '.join(str(d.relative_to(self.ws.path)) for d in self.ws.include_dirs)})")
+                            f"{', '.join(shown(d) for d in self.ws.include_dirs)})")
 
     # -- operations ----------------------------------------------------------------------------
     def compile(self, source: Path) -> CompileResult:
@@ -155,14 +201,14 @@ class GpuExecutor(Executor):
 
         rep = bench(self.spec.name, self.ws, Path(source), shapes=[Shape(tuple(d)) for d in shapes],
                     dtypes=list(dtypes), replays=self.replays, timeout=max(120.0, self.timeout), progress=self.progress)
-        timings = [Timing(shape=tuple(int(x) for x in r.shape.split("x")), dtype=r.dtype, baseline_us=r.prod_us,
-                          candidate_us=r.cand_us, baseline_spread=r.prod_spread, candidate_spread=r.cand_spread or 0.0,
-                          pct_ceiling=r.cand_pct_of_ceiling, baseline_pct_ceiling=r.prod_pct_of_ceiling)
-                   for r in rep.rows if r.cand_us]
+        timings = [timing_of(r) for r in rep.rows if r.cand_us]
         info = {"device": rep.device, "ceiling_gbps": rep.ceiling_gbps, "launch_floor_us": rep.launch_floor_us,
                 "replays": rep.replays, "recheck": (rep.recheck or {}).get("ok"), "software": rep.software}
         if rep.device:
             self._device = rep.device
+        refused = refusals(rep.rows)
+        if refused:  # impossible numbers: a failed candidate whatever else the report says
+            return BenchResult(False, "bench refused the timing: " + "; ".join(refused), timings, info, refused)
         if not rep.ok:
             return BenchResult(False, rep.reason, timings, info)
         if len(timings) < len(rep.rows) or not timings:

@@ -71,6 +71,8 @@ def _status(rec: Dict[str, Any]) -> str:
         return "no-candidate"
     if not comp.get("ok"):
         return "compile-error"
+    if rec.get("refused"):
+        return "refused"
     return "correct" if rec.get("correct") else "wrong"
 
 

@@ -44,6 +44,7 @@ def outcome_text(rec: Dict[str, Any], limit: int = 0) -> str:
         "no-candidate": "no candidate written",
         "compile-error": f"compile error: {(rec.get('compile') or {}).get('error', '')}",
         "wrong": f"wrong: {rec.get('reason', '')}",
+        "refused": f"refused by bench: {'; '.join(rec.get('refused') or [])}",
         "correct": f"correct, {rec.get('geomean') or 0:.3f}x",
     }.get(st, str(st))
     return text[:limit] if limit else text
@@ -112,7 +113,7 @@ def _plot(path: Path, records: List[Dict[str, Any]], timings: List[Dict[str, Any
         ok = r.get("status") in ("production", "correct")
         ys.append(r["geomean"] if ok else 0.0)
         colors.append("tab:green" if r["round"] == best else "tab:blue" if ok else
-                      "tab:red" if r.get("status") == "wrong" else "tab:gray")
+                      "tab:red" if r.get("status") in ("wrong", "refused") else "tab:gray")
     ax.bar(xs, ys, color=colors)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     for x, y, r in zip(xs, ys, records):

@@ -8,6 +8,11 @@ Timing runs in another subprocess (standin_worker.py), production and candidate 
 compile error, a crash, a hang or a wrong result is a failed candidate with its reason, never a
 crash of the loop.
 
+Like bench on the GPU, it measures references beside the timings (a launch floor: an empty function
+behind the ABI; per shape a same-bytes memcpy) and refuses impossible numbers: a candidate faster
+than the fastest empty call or the fastest copy of its bytes, by more than CPU_MARGIN, skipped
+work, and the round fails with that reason.
+
 What it is not: it says nothing about GPU speed. It exists to exercise the loop's logic with real
 compile errors, real wrong answers and real (CPU) timings.
 """
@@ -51,6 +56,12 @@ typedef void* cudaStream_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 """
 
+COPY_C = """#include <string.h>
+int astra_standin_copy(void* dst, const void* src, size_t n) { memcpy(dst, src, n); return 0; }
+"""
+# CPU timings jitter more than a CUDA graph's: how far under a reference a time must be to be refused.
+CPU_MARGIN = 0.10
+
 # Shapes the CPU checks and times in milliseconds each.
 CHECK_MAX_ELEMS = 1 << 18
 FULL_MAX_ELEMS = 1 << 20
@@ -88,6 +99,7 @@ class StandinExecutor(Executor):
         self._check_shapes = [s.dims for s in select_shapes(spec, check_shapes) if numel(s.dims) <= CHECK_MAX_ELEMS]
         self._final_shapes = [s.dims for s in select_shapes(spec, final_shapes) if numel(s.dims) <= FULL_MAX_ELEMS]
         self._baseline_lib: Optional[Path] = None
+        self._helpers: Optional[Dict[str, str]] = None
 
     # -- facts -------------------------------------------------------------------------------
     def baseline_source(self) -> str:
@@ -172,6 +184,21 @@ class StandinExecutor(Executor):
                 raise AstraError(f"the stand-in baseline {self.baseline} does not compile: {e.first}")
         return self._baseline_lib
 
+    def _helper_libs(self) -> Dict[str, str]:
+        """The empty ABI function (launch floor) and memcpy (copy reference), built once."""
+        if self._helpers is None:
+            libs: Dict[str, str] = {}
+            for name, text in (("empty", f"{self.signature()} {{ return cudaSuccess; }}\n"), ("copy", COPY_C)):
+                src = self.build_dir / f"astra_standin_{name}.c"
+                if not src.exists() or src.read_text() != text:
+                    src.write_text(text)
+                try:
+                    libs[name] = str(self._compile_lib(src))
+                except _CompileFailed as e:
+                    raise AstraError(f"the stand-in's {name} helper does not compile: {e.first}")
+            self._helpers = libs
+        return self._helpers
+
     # -- check / bench -------------------------------------------------------------------------------
     def _impl(self, lib: Path) -> str:
         """A `py:` implementation reference for the project's check worker that calls `lib` with
@@ -220,14 +247,25 @@ class StandinExecutor(Executor):
         except _CompileFailed as e:
             return BenchResult(False, f"does not compile: {e.first}")
         job = {"op": self.spec.name, "lib": str(lib), "baseline": str(self._baseline()),
-               "shapes": [list(s) for s in shapes], "reps": self.reps}
+               "shapes": [list(s) for s in shapes], "reps": self.reps, **self._helper_libs()}
         out = self._bench_worker(job, self.timeout * 2)
         if not out.get("ok"):
             return BenchResult(False, out.get("reason", "bench failed"))
+
+        def pct(copy_us: Optional[float], us: float) -> Optional[float]:
+            return None if not copy_us or us <= 0 else round(100.0 * copy_us / us, 2)
+
         timings = [Timing(shape=tuple(t["shape"]), dtype="fp32", baseline_us=t["baseline_us"],
                           candidate_us=t["candidate_us"], baseline_spread=t["baseline_spread"],
-                          candidate_spread=t["candidate_spread"]) for t in out["timings"]]
-        return BenchResult(True, "", timings, {"device": "CPU (stand-in)", "timer": "perf_counter, interleaved"})
+                          candidate_spread=t["candidate_spread"], pct_ceiling=pct(t.get("copy_us"), t["candidate_us"]),
+                          baseline_pct_ceiling=pct(t.get("copy_us"), t["baseline_us"])) for t in out["timings"]]
+        floor = out.get("launch_floor_us")
+        info = {"device": "CPU (stand-in)", "timer": "perf_counter, interleaved", "launch_floor_us": floor,
+                "ceiling": "memcpy of each shape's bytes moved, per shape"}
+        refused = impossible(out["timings"], out.get("launch_floor_min_us"))
+        if refused:
+            return BenchResult(False, "bench refused the timing: " + "; ".join(refused), timings, info, refused)
+        return BenchResult(True, "", timings, info)
 
     def _bench_worker(self, job: Dict[str, Any], timeout: float) -> Dict[str, Any]:
         job_file = self.build_dir / f"bench-{os.getpid()}.json"
@@ -253,6 +291,24 @@ class StandinExecutor(Executor):
 
     def ncu(self, source: Path, shape: Dims, dtype: str) -> Dict[str, Any]:
         raise ExecutorError("Nsight Compute is not available in the CPU stand-in executor")
+
+
+def impossible(rows: Sequence[Dict[str, Any]], floor_min_us: Optional[float]) -> List[str]:
+    """'SHAPE fp32: why' for every row whose candidate's median beat the fastest empty call (the
+    launch floor) or the fastest copy of its bytes seen in the run by more than CPU_MARGIN: it
+    cannot have done the op's work. The fastest, not the median, reference: load only adds time,
+    and the candidate's own spread is no excuse (a kernel that skips work after its first calls is
+    the one that jitters)."""
+    out = []
+    for t in rows:
+        us, key = t["candidate_us"], f"{shape_key(t['shape'])} fp32"
+        copy = t.get("copy_min_us")
+        if floor_min_us and us < floor_min_us * (1 - CPU_MARGIN):
+            out.append(f"{key}: {us:.3f} µs per call is under the launch floor ({floor_min_us:.3f} µs)")
+        elif copy and us < copy * (1 - CPU_MARGIN):
+            out.append(f"{key}: {us:.3f} µs per call is faster than copying its bytes ({copy:.3f} µs at best): "
+                       "it skipped work")
+    return out
 
 
 class _CompileFailed(Exception):
