@@ -23,10 +23,15 @@ from typing import Any, Iterable, List, Optional
 ENV = "ASTRA_CUTLASS_INCLUDE"
 MARKER = Path("cute") / "tensor.hpp"
 
-# Measured with nvcc 13.0, -arch sm_90a and the workspace's JIT flags on a 2-core CPU machine
-# (2026-11-23): tests/optimize_fixtures/cute/silu_cute.cu, 12 kernel instantiations.
-COMPILE_NOTE = ("a small CuTe kernel costs about 16 s of compiler CPU time cold against about 3 s without CuTe "
-                "(nvcc 13.0, sm_90a): keep template instantiations few")
+# Measured 2026-11-23 on this project's 2-core CPU machine, nvcc 13.0, -arch sm_90a, the JIT flags
+# (-std=c++20 -O3 --expt-relaxed-constexpr), compiler CPU time (user): the CuTe fixture
+# (tests/optimize_fixtures/cute/silu_cute.cu, 12 kernel instantiations) 15.4-19.4 s, of which
+# including <cute/tensor.hpp> alone is 14.4 s (<cute/tensor_impl.hpp> alone 9.5 s, an empty .cu
+# 1.5 s); a plain CUDA candidate of the same size 2.7-3.3 s. Over the 10 s goal: the header parse
+# is the cost, not the kernel.
+COMPILE_NOTE = ("a CuTe candidate costs about 16 s of compiler CPU time cold against about 3 s for plain CUDA "
+                "(nvcc 13.0, sm_90a; including <cute/tensor.hpp> alone is 14 s), so use it where its layouts "
+                "pay and keep template instantiations few")
 
 
 def _is_include(d: Path) -> bool:
