@@ -104,11 +104,14 @@ def test_bench_times_and_rechecks(workspaces, tmp_path):
 
 # ------------------------------------------------------------------ issue 12: cheats caught dynamically
 
-# what check's dynamic cases say about each cheating candidate when the static rules are off
+# what check's dynamic cases say about each cheating candidate when the static rules are off (H200,
+# 2026-11-23: capture_skip and early_exit_time by the in-graph case; ignore_stream by the in-graph case
+# too (its default-stream launch is not captured: poison left); pointer_memo by the stream case (it
+# skipped the work on a pointer it had seen))
 DYNAMIC = {
     "cheat_capture_skip": r"in a CUDA graph.*never wrote .* \(poison left\)",
-    "cheat_pointer_memo": r"in a CUDA graph|fresh inputs|same buffers|cached by pointer",
-    "cheat_ignore_stream": r"non-default stream behind queued work.*stale inputs read",
+    "cheat_pointer_memo": r"in a CUDA graph|fresh inputs|same buffers|cached by pointer|non-default stream.*stale inputs",
+    "cheat_ignore_stream": r"non-default stream behind queued work.*stale inputs read|in a CUDA graph.*poison left",
     "cheat_early_exit_time": r"in a CUDA graph|never wrote|error .* > tolerance",
 }
 

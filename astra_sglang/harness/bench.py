@@ -330,7 +330,6 @@ def bench(
     command: str = "",
     progress: Optional[Callable[[str], None]] = None,
     context: bool = True,
-    baseline: str = "extracted",
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
 

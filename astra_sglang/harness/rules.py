@@ -5,8 +5,11 @@
   time (back-to-back calls, L2-cold). Chained calls of one kernel let a kernel overlap its *own*
   previous call (PDL), which a model's graph never does: serving sees the in-context number.
 - Impossible: achieved bytes/s above the measured copy ceiling by more than the measured spread
-  (of the row and of the ceiling), or a chained per-call time under the graph launch floor by more
-  than the spread. Either fails the implementation with that reason. Only L2-cold chained times
+  (of the row and of the ceiling) plus COPY_CEILING_MARGIN, or a chained per-call time under the
+  graph launch floor by more than the spread. The margin is measured, not a guess: the SM copy
+  kernel moves bytes 1:1 read:write, and on the H200 (2026-11-23) the shipped silu_and_mul, 2:1
+  read:write, reached 4237 GB/s against a 4115 GB/s copy ceiling (103%) at 1024x14336 with a 0.5%
+  spread; a kernel skipping work while captured showed 316%. Either fails the implementation with that reason. Only L2-cold chained times
   are judged (in context the inputs come L2-hot from the producer, and L2-warm runs beat DRAM).
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 DECODE_MAX_TOKENS = 256
+COPY_CEILING_MARGIN = 0.10  # how far above the 1:1 copy ceiling a kernel of another read:write mix may go
 IN_CONTEXT = "in-context"
 CHAINED = "chained"
 
@@ -33,9 +37,10 @@ def impossible(who: str, us: float, spread: float, bytes_moved: int, ceiling_gbp
         return f"{who}: non-positive time per call ({us})"
     bw = achieved_gbps(bytes_moved, us)
     slack = max(spread or 0.0, ceiling_spread or 0.0)
-    if bw and ceiling_gbps and bw > ceiling_gbps * (1.0 + slack):
+    if bw and ceiling_gbps and bw > ceiling_gbps * (1.0 + COPY_CEILING_MARGIN + slack):
         return (f"{who}: impossible number: {bw:.0f} GB/s achieved ({bytes_moved} bytes in {us:.3f} µs) is above the "
-                f"measured copy ceiling {ceiling_gbps:.0f} GB/s by more than the measured spread ({100 * slack:.1f}%)")
+                f"measured copy ceiling {ceiling_gbps:.0f} GB/s by more than the measured spread ({100 * slack:.1f}%) "
+                f"and the {100 * COPY_CEILING_MARGIN:.0f}% read:write-mix margin")
     fslack = max(spread or 0.0, floor_spread or 0.0)
     if floor_us and us < floor_us * (1.0 - fslack):
         return (f"{who}: impossible number: {us:.3f} µs per call is under the graph launch floor "
