@@ -169,3 +169,55 @@ def test_in_place_reference_applies_the_op_as_often_as_the_graph_calls_it():
     again = spec.reference(step, dims, scalars)
     for k in twice:
         assert torch.allclose(twice[k], again[k])
+
+
+# ------------------------------------------------------------------ --baseline installed (CPU parts)
+
+
+def test_installed_callable_is_called_through_the_adapter(tmp_path, monkeypatch):
+    import sys
+
+    from astra_sglang.harness.impl import Impl
+    from astra_sglang.registry import get_op
+
+    (tmp_path / "fake_sgl_ops.py").write_text(
+        "import torch\n"
+        "calls = []\n"
+        "def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):\n"
+        "    calls.append(eps)\n"
+        "    residual += input\n"
+        "    r = residual.float()\n"
+        "    input.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(input.dtype))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = get_op("fused_add_rmsnorm")
+    impl = Impl("installed:fake_sgl_ops:fused_add_rmsnorm", spec)
+    dims = (4, 64)
+    t = spec.make_inputs(dims, "fp32", torch.Generator().manual_seed(1), "normal", device="cpu")
+    ref = spec.reference({k: v.to(torch.float64) for k, v in t.items()}, dims, spec.scalars(dims))
+    assert impl(t, dims, "fp32", spec.scalars(dims)) == 0
+    assert sys.modules["fake_sgl_ops"].calls == [spec.scalars(dims)["eps"]]
+    for k in ref:
+        assert torch.allclose(t[k].double(), ref[k], rtol=1e-4, atol=1e-4)
+
+
+def test_installed_baseline_needs_an_installed_sglang(monkeypatch):
+    from astra_sglang.errors import AstraError
+    from astra_sglang.harness.installed import resolve_installed
+    from astra_sglang.registry import get_op
+
+    spec = get_op("silu_and_mul")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(AstraError, match="--baseline installed: none of sgl_kernel"):
+        resolve_installed(spec)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name.startswith("sglang.srt") else None)
+    assert resolve_installed(spec) == "sglang.srt.layers.activation:silu_and_mul"
+
+
+def test_report_shows_the_installed_baseline_and_its_bits():
+    r = _row()
+    r.set_installed([2.1, 2.0, 2.2], {"out": 0})
+    rep = BenchReport(op="silu_and_mul", rows=[r], installed="sgl_kernel:silu_and_mul")
+    t = rep.table()
+    assert "inst µs" in t and "equal" in t and "installed baseline: sgl_kernel:silu_and_mul" in t
+    r.set_installed([2.1], {"out": 3})
+    assert r.installed_bitwise_equal is False and "3 differ" in rep.table()

@@ -33,6 +33,7 @@ from ..spec import Shape
 from .cases import case_seed, production_skips, select_shapes, workspace_dtypes
 from .guards import GuardedSet
 from .impl import Impl
+from .installed import bitwise_mismatches, resolve_installed
 from .inputs import make_case_inputs, to_prod_abi
 from .oracle import FatalCaseError, run_case
 from .results import BenchReport, BenchRow
@@ -73,6 +74,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
     gbps = float(ceiling["gbps"])
     prod = Impl(job["prod"], spec)
     cand = Impl(job["cand"], spec) if job.get("cand") else None
+    inst = Impl(f"installed:{job['installed']}", spec) if job.get("installed") else None
     replays = int(job.get("replays", DEFAULT_REPLAYS))
     l2 = job.get("l2", "cold")
     seed = int(job.get("seed", 0))
@@ -110,7 +112,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             bm = int(spec.bytes_moved(dims, dtype))
             est = max(floor_us, bm / (gbps * 1e3)) if gbps else floor_us
             n_calls = plan_calls(est, n_sets)
-            impls = [("production", prod)] + ([("candidate", cand)] if cand else [])
+            impls = ([("production", prod)] + ([("candidate", cand)] if cand else [])
+                     + ([("installed", inst)] if inst else []))
             graphs = []
             row_note = cap_note
             failed, who_failed = "", ""
@@ -125,6 +128,10 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     failed = f"{skey} {dtype}: {who} could not be captured/run: {str(e).splitlines()[0]}"
                     who_failed = who
                     break
+            if who_failed == "installed":  # SGLang's own callable: say so, time the rest
+                notes.append(failed)
+                impls = impls[:len(graphs)]
+                failed = ""
             if failed:
                 if who_failed == "production":
                     notes.append(failed)
@@ -142,10 +149,13 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                             ps[n].copy_(to_prod_abi(spec, {**s}, prod_attrs)[n])
 
             ms = time_graphs(graphs, replays, restore if inout else None)
-            per_call = [[m * 1e3 / n_calls for m in series] for series in ms]
-            row = BenchRow.make(skey, dtype, per_call[0], per_call[1] if cand else None, bm, gbps,
+            per_call = {who: [m * 1e3 / n_calls for m in series] for (who, _), series in zip(impls, ms)}
+            row = BenchRow.make(skey, dtype, per_call["production"], per_call.get("candidate"), bm, gbps,
                                 calls_per_replay=n_calls, input_sets=n_sets, replays=replays,
                                 tags=list(shape.get("tags", [])), note=row_note)
+            if "installed" in per_call:
+                row.set_installed(per_call["installed"], bitwise_mismatches(
+                    spec, prod, inst, dims, dtype, dist, case_seed(seed, dims, dtype, "bits"), prod_attrs))
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
@@ -230,9 +240,11 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
             return f"in-context timing not measured: {who} could not be captured/run: {str(e).splitlines()[0]}"
     ms = time_graphs(graphs, replays, before)
     per = [[m * 1e3 / n for m in series] for series in ms]
-    base = marginal(per[1], per[0])
-    cand = marginal(per[2], per[0]) if len(per) > 2 else None
-    row.set_context(base, cand, sorted(per[0])[len(per[0]) // 2], timing_basis(dims, True))
+    marg = {who: marginal(p, per[0]) for (who, _), p in zip(impls, per[1:])}
+    row.set_context(marg["production"], marg.get("candidate"), sorted(per[0])[len(per[0]) // 2],
+                    timing_basis(dims, True))
+    if "installed" in marg:
+        row.context_installed_us = marg["installed"]["median"]
     del graphs, nb
     torch.cuda.synchronize()
     return ""
@@ -281,6 +293,7 @@ def refuse_impossible(row: BenchRow, gbps: float, ceiling_spread: float, floor_u
 
     out = []
     for who, us, sp in (("production", row.prod_us, row.prod_spread), ("candidate", row.cand_us, row.cand_spread)):
+        # (the installed callable is SGLang's: measured and shown, not judged)
         if us is None:
             continue
         why = impossible(who, us, sp, row.bytes_moved, gbps, ceiling_spread, floor_us, floor_spread)
@@ -330,8 +343,12 @@ def bench(
     command: str = "",
     progress: Optional[Callable[[str], None]] = None,
     context: bool = True,
+    baseline: str = "extracted",
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
+
+    baseline="installed" also times the installed SGLang callable the patch replaces (installed.py)
+    beside the extracted production kernel, and counts the elements where the two differ in bits.
 
     Never raises for anything the candidate does: a failure leaves report.ok False with the reason.
     Raises AstraError for usage errors."""
@@ -345,6 +362,9 @@ def bench(
     if l2 not in ("cold", "warm"):
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
     spec = get_op(op)
+    if baseline not in ("extracted", "installed"):
+        raise AstraError(f"--baseline must be extracted or installed, not {baseline!r}")
+    installed = resolve_installed(spec) if baseline == "installed" else ""
     ws = open_workspace(op, workspace)
     shape_list = select_shapes(spec, shapes)
     have = workspace_dtypes(spec, ws.manifest)
@@ -354,6 +374,7 @@ def bench(
                          f"(it has: {', '.join(have)})")
     seed = int(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     rep = BenchReport(op=op, variant=ws.variant, candidate=str(candidate) if candidate else None, l2=l2, replays=replays,
+                      installed=installed,
                       date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), command=command)
 
     def fail(reason: str) -> BenchReport:
@@ -388,7 +409,8 @@ def bench(
         "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
         "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
-        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "skip": production_skips(spec, ws.variant, shape_list, dts),
+        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context,
+        "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
     wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]

@@ -8,7 +8,8 @@ from ..spec import OpSpec
 
 
 class Impl:
-    """A callable kernel: a built library (lib:/path.so) or a Python stand-in (py:/file.py:function).
+    """A callable kernel: a built library (lib:/path.so), a Python stand-in (py:/file.py:function) or the
+    installed SGLang callable (installed:module:function, installed.py).
 
     Python stand-ins take (tensors: dict, dims, dtype: str, scalars: dict) and return an int
     error code; they let the whole harness run on the CPU in tests."""
@@ -32,6 +33,11 @@ class Impl:
             mspec.loader.exec_module(mod)
             self._py = getattr(mod, fn)
             self._lib = None
+        elif kind == "installed":  # installed:module:function, SGLang's callable through its adapter
+            from .installed import InstalledImpl
+
+            self._lib = InstalledImpl(rest, spec)
+            self._py = None
         else:
             raise AstraError(f"unknown implementation reference {ref!r}")
 

@@ -102,6 +102,12 @@ class BenchRow:
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
     timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
     failed: str = ""  # why this row's implementation was refused ("" = accepted)
+    # --baseline installed: SGLang's installed callable, same harness
+    installed_us: Optional[float] = None
+    installed_spread: Optional[float] = None
+    context_installed_us: Optional[float] = None
+    installed_bitwise_equal: Optional[bool] = None  # extracted production == installed, bit for bit
+    installed_mismatches: Dict[str, int] = field(default_factory=dict)  # per output: elements that differ
 
     @property
     def pct_of_ceiling(self) -> Optional[float]:
@@ -143,6 +149,11 @@ class BenchRow:
             self.speedup = self.context_speedup
             self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
 
+    def set_installed(self, samples: Sequence[float], mismatches: Dict[str, int]) -> None:
+        self.installed_us, self.installed_spread = median(samples), spread(samples)
+        self.installed_mismatches = dict(mismatches)
+        self.installed_bitwise_equal = not any(mismatches.values())
+
     @property
     def basis_us(self) -> Tuple[float, Optional[float]]:
         """(production, candidate) µs on the row's basis."""
@@ -167,6 +178,7 @@ class BenchReport:
     launch_floor_us: float = 0.0
     l2_bytes: int = 0
     sm_count: int = 0
+    installed: str = ""  # --baseline installed: the SGLang callable timed beside the extracted baseline
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -222,6 +234,9 @@ class BenchReport:
             head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
         if has_c:
             head += ["speedup", "basis", ""]
+        has_i = any(r.installed_us is not None for r in self.rows)
+        if has_i:
+            head += ["inst µs", "ctx inst µs", "bits"]
         head += ["% ceil" + (" (cand)" if has_c else "")]
         lines: List[List[str]] = [head]
         for r in self.rows:
@@ -244,6 +259,11 @@ class BenchReport:
                 else:
                     row += [f"{r.speedup:.3f}x" if r.speedup else "—", r.timing_basis,
                             "FAILED" if r.failed else ("noise" if r.noise else "")]
+            if has_i:
+                row += [f"{r.installed_us:.2f}" if r.installed_us is not None else "—",
+                        f"{r.context_installed_us:.2f}" if r.context_installed_us is not None else "—",
+                        "—" if r.installed_bitwise_equal is None else
+                        ("equal" if r.installed_bitwise_equal else f"{sum(r.installed_mismatches.values())} differ")]
             pct = r.pct_of_ceiling
             row += [f"{pct:.1f}" if pct is not None else "—"]
             lines.append(row)
@@ -269,6 +289,9 @@ class BenchReport:
         if has_ctx:
             foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM reading "
                         "its outputs (cuBLAS via torch), one CUDA graph; marginal µs = with op - neighbours alone")
+        if has_i:
+            foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
+                        f"bits: extracted production vs installed on the same inputs")
         foot.append(f"max spread {100 * self.max_spread:.1f}%")
         for r in self.rows:
             if r.failed:

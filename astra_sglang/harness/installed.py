@@ -1,0 +1,89 @@
+"""`bench --baseline installed`: the SGLang callable the patch replaces, timed through torch in the same
+graph harness beside the extracted baseline, so what SGLang really runs (FlashInfer's CuTe-DSL norm on
+Hopper, Triton kernels, version drift) is measured, and extracted == installed is shown in bits.
+
+Which callable: the first of the spec's `replaces` (module:function) whose module the installed
+environment has; the op's patch adapter (kernels/<op>/adapter.py) maps the ABI's tensors and scalars
+onto the callable's parameters, as patch does in a live server.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from ..errors import AstraError
+
+
+def resolve_installed(spec) -> str:
+    """'module:function' of the first replaced callable whose module is installed (no import of it here)."""
+    tried = []
+    for target in spec.replaces:
+        mod = target.split(":")[0]
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            return target
+        tried.append(mod)
+    if not spec.replaces:
+        raise AstraError(f"--baseline installed: {spec.name} names no SGLang callable it replaces (spec.replaces)")
+    raise AstraError(f"--baseline installed: none of {', '.join(tried)} is installed here (SGLang's callable for "
+                     f"{spec.name} is what it times)")
+
+
+class InstalledImpl:
+    """The installed callable behind the harness's call: (tensors, dims, dtype, scalars) -> 0."""
+
+    def __init__(self, target: str, spec):
+        from astra_sglang.patch.adapters import Binder, get_adapter
+
+        mod, _, name = target.partition(":")
+        try:
+            fn = getattr(importlib.import_module(mod), name)
+        except (ImportError, AttributeError) as e:
+            raise AstraError(f"cannot load the installed {target}: {e}") from e
+        self.target = target
+        self.fn = getattr(fn, "__astra_original__", fn)  # SGLang's own, even in a patched process
+        self.binder = Binder(self.fn, get_adapter(spec.name), spec)
+        if not self.binder.ok:
+            raise AstraError(f"the installed {target} does not map onto {spec.name}'s ABI: {self.binder.problem}")
+
+    def kwargs(self, tensors: Mapping[str, Any], scalars: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+        scalars = dict(scalars or {})
+        out: Dict[str, Any] = {}
+        for param, canon in self.binder.canon_of.items():
+            if canon in tensors:
+                out[param] = tensors[canon]
+            elif canon in scalars:
+                out[param] = scalars[canon]
+        return out
+
+    def __call__(self, tensors, dims: Sequence[int], dtype: str, scalars, stream=None) -> int:
+        self.fn(**self.kwargs(tensors, scalars))  # torch's current stream, like SGLang's call
+        return 0
+
+
+def bitwise_mismatches(spec, prod, inst, dims, dtype: str, dist: str, seed: int, prod_attrs) -> Dict[str, int]:
+    """Elements that differ bit for bit between the extracted production kernel and the installed callable
+    on the same fresh inputs, per output (in-place side effects included)."""
+    import torch
+
+    from .inputs import from_prod_abi, make_case_inputs, to_prod_abi
+    from .numerics import bitwise_changed
+
+    t = make_case_inputs(spec, dims, dtype, dist, seed, "cuda")
+    a = {n: v.clone() for n, v in to_prod_abi(spec, t, prod_attrs).items()}
+    b = {n: v.clone() for n, v in t.items()}
+    names = [x.name for x in spec.abi if x.ctype == "ptr" and x.role in ("out", "inout")]
+    for n in names:
+        if n not in t or any(x.name == n and x.role == "out" for x in spec.abi):
+            a[n].zero_()
+            b[n].zero_()
+    scalars = spec.scalars(tuple(dims))
+    prod(a, dims, dtype, scalars)
+    inst(b, dims, dtype, scalars)
+    torch.cuda.synchronize()
+    pa = from_prod_abi(spec, a, prod_attrs)
+    return {n: bitwise_changed(pa[n], b[n]) for n in names}
