@@ -55,9 +55,9 @@ def main() -> int:
 
     import torch
 
-    from astra_sglang.bench import _graph_of, _time_graphs, plan_calls, plan_sets
+    from astra_sglang.harness.stats import geomean, median, spread
+    from astra_sglang.harness.timer import graph_of as _graph_of, plan_calls, plan_sets, time_graphs as _time_graphs
     from astra_sglang.errors import AstraError
-    from astra_sglang.report import geomean, median, spread
     from astra_sglang.workspace import Workspace
     from kernels.fused_add_rmsnorm.spec import SPEC
 
