@@ -240,17 +240,23 @@ J.activation_module(torch.float32).run_activation(x, xo, "silu")
 c = counters({str(tmp_path)!r})
 summary = p.summary()
 revert_astra_kernels()
+from sglang.srt.plugins.hook_registry import HookRegistry
+ours_left = [t for t, hs in HookRegistry._hooks.items() if any(s and s.plugin_name == "astra_sglang" for _, _, s in hs)]
 restored = A._sgl_silu_and_mul is orig["A._sgl"] and L.fused_add_rmsnorm is orig["L.rms"] and \\
     M.merge_state_v2 is orig["M.v2"] and J.activation_module is orig["J.factory"] and A.silu_and_mul is orig["A.silu"]
 print(json.dumps(dict(patched=patched, counters=c, restored=restored, sk_calls=sk.calls,
     silu_ok=bool(torch.allclose(y, ref, atol=1e-5)), rms_ok=bool(torch.allclose(ho, href, atol=1e-4))
     and bool(torch.allclose(ro, s)), merge_ok=bool(torch.allclose(lse, torch.logaddexp(sa, sb), atol=1e-5)),
-    jit_ok=bool(torch.allclose(xo, ref, atol=1e-5)),
+    jit_ok=bool(torch.allclose(xo, ref, atol=1e-5)), ours_left=ours_left,
+    via={{t: s["via"] for op in summary.values() for t, s in op["targets"].items() if s["state"] == "patched"}},
     rebound=summary["silu_and_mul"]["targets"]["sgl_kernel:silu_and_mul"]["rebound"])))
 """)
     assert set(res["patched"].values()) >= {"silu_and_mul", "fused_add_rmsnorm", "merge_state"}
     assert all(v is not None for v in res["patched"].values()), res["patched"]
     assert "sglang.srt.layers.activation:_sgl_silu_and_mul" in res["rebound"]
+    # SGLang's own HookRegistry replaced every target (and rebound the `from X import Y` copies)
+    assert res["via"] and set(res["via"].values()) == {"sglang HookRegistry"}, res["via"]
+    assert res["ours_left"] == []  # revert withdrew our hooks
     assert res["silu_ok"] and res["rms_ok"] and res["merge_ok"] and res["jit_ok"]
     c = res["counters"]
     # SiluAndMul once + the JIT module once; each first use self-checked against the original
@@ -305,10 +311,12 @@ n = L.RMSNorm(32)
 n.forward_cuda(torch.randn(3, 32), torch.randn(3, 32))
 M.merge_state(torch.randn(2, 2, 8), torch.randn(2, 2), torch.randn(2, 2, 8), torch.randn(2, 2))
 print(json.dumps(dict(rms=getattr(L.fused_add_rmsnorm, "__astra_op__", None),
+                      via=getattr(L.fused_add_rmsnorm, "__astra_via__", None),
                       v2=getattr(M.merge_state_v2, "__astra_op__", None), counters=counters({str(tmp_path)!r}),
                       sk=sys.modules["sgl_kernel"].calls)))
 """)
     assert res["rms"] == "fused_add_rmsnorm" and res["v2"] == "merge_state"
+    assert res["via"] == "sglang HookRegistry"  # handed to SGLang's API when its module was imported
     assert res["counters"]["fused_add_rmsnorm"]["calls"] == 1 and res["counters"]["merge_state"]["calls"] == 1
     assert res["sk"]["fused_add_rmsnorm"] == 0 and res["sk"]["merge_state_v2"] == 0  # self_check off: no original ran
 
@@ -360,6 +368,47 @@ print(json.dumps(dict(reached=reached_original, ok=ok, counters=counters({str(tm
     c = res["counters"]["silu_and_mul"]
     assert res["reached"] == [True, True, True] and res["ok"]
     assert c["calls"] == 1 and c["fallbacks"] == 3
+
+
+def test_own_rebinding_only_where_hook_registry_cannot_reach(sglang_root, tmp_path):
+    """SGLang's HookRegistry replaces the callables; astra's own identity rebinding does only what that
+    API cannot: (1) undo (it has no revert: the originals come back everywhere and our hooks are
+    withdrawn, so patching again in the same process applies again), (2) processes without it (no
+    SGLang loaded, or an SGLang without the plugin API): setattr plus the same rebinding."""
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang.srt.layers.activation as A
+orig, sk = [A._sgl_silu_and_mul], sys.modules["sgl_kernel"]  # in a list: module globals get rebound
+def state():
+    return dict(op=getattr(A._sgl_silu_and_mul, "__astra_op__", None), via=getattr(sk.silu_and_mul, "__astra_via__", None),
+                same=A._sgl_silu_and_mul is orig[0] and sk.silu_and_mul is orig[0],
+                hooked="sgl_kernel.silu_and_mul" in HookRegistry._patched)
+kw = dict(backends=E.astra_standins(), counter_dir={str(tmp_path)!r}, propagate=False, plan=False, self_check="off")
+apply_astra_kernels(["silu_and_mul"], **kw)
+first = state()
+revert_astra_kernels()
+reverted = state()
+apply_astra_kernels(["silu_and_mul"], **kw)
+print(json.dumps(dict(first=first, reverted=reverted, again=state())))
+""")
+    patched = {"op": "silu_and_mul", "via": "sglang HookRegistry", "same": False, "hooked": True}
+    assert res["first"] == patched and res["again"] == patched
+    assert res["reverted"] == {"op": None, "via": None, "same": True, "hooked": False}
+    res, _ = run_child(f"""
+import json, sys, torch
+import sglang_cpu_env as E
+fake = E.fake_production("fake_sk")
+orig = [fake.silu_and_mul]  # in a list: module globals get rebound
+user = type(sys)("fake_sk_user"); user.act = orig[0]; sys.modules["fake_sk_user"] = user  # `from fake_sk import ...`
+from astra_sglang.patch import apply_astra_kernels, revert_astra_kernels
+apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), targets={{"silu_and_mul": ["fake_sk:silu_and_mul"]}},
+                    counter_dir={str(tmp_path)!r}, propagate=False, plan=False)
+via, user_op = fake.silu_and_mul.__astra_via__, getattr(user.act, "__astra_op__", None)
+revert_astra_kernels()
+print(json.dumps(dict(sglang="sglang" in sys.modules, via=via, user_op=user_op,
+                      restored=fake.silu_and_mul is orig[0] and user.act is orig[0])))
+""")
+    assert res == {"sglang": False, "via": "astra", "user_op": "silu_and_mul", "restored": True}
 
 
 # ---------------------------------------------------------------------- activation paths
