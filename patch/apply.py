@@ -1,18 +1,17 @@
 """Putting the astra ops into a running Python process that uses SGLang.
 
 For every op, each SGLang callable in the spec's `replaces` list is resolved on its
-module (now, or when that module is imported later) and replaced there by a wrapper
-that maps the call onto the op's ABI (adapters.py) and runs the astra kernel
-(ops.OpState), or SGLang's original for anything the adapter does not cover.
+module (now, or when that module is imported later: an exec_module hook on the loaders of
+sglang / sgl_kernel / flashinfer modules) and replaced there by a wrapper that maps the call
+onto the op's ABI (adapters.py) and runs the astra kernel (ops.OpState), or SGLang's original
+for anything the adapter does not cover. JIT module factories found by discovery (functions
+that JIT-build the op's production .cuh) are wrapped so the modules they return route the
+op's methods to the astra op.
 
-Import-time bindings (`from sgl_kernel import silu_and_mul [as x]`, in any module, under
-any alias, imported before or after activation) are found by identity: every module in
-sys.modules whose globals hold an original is rebound to its replacement, and modules
-imported later are rebound as they finish executing (an exec_module hook on the
-loaders of sglang / sgl_kernel / flashinfer modules). Call-time lookups (`X.f`, imports
-inside functions) see the replaced attribute. JIT module factories found by discovery
-(functions that JIT-build the op's production .cuh) are wrapped so the modules they
-return route the op's methods to the astra op.
+The replacing itself goes through SGLang's own HookRegistry (install.py): a REPLACE hook,
+which also rebinds import-time bindings (`from sgl_kernel import silu_and_mul [as x]`, in
+any module, under any alias); modules imported later bind the replaced attribute, and
+call-time lookups (`X.f`, imports inside functions) see it too.
 
 Everything is undone by `Patcher.revert()`.
 """
@@ -31,6 +30,7 @@ from astra_sglang.errors import AstraError
 
 from ._posthook import spec_with_post_exec
 from .adapters import Binder, JitRoute
+from .install import Installed, install, uninstall
 from .ops import OpState, bypassing, is_tracing
 
 log = logging.getLogger("astra_sglang.patch")
@@ -39,18 +39,11 @@ WATCH_PREFIXES = ("sglang", "sgl_kernel", "flashinfer")
 
 
 @dataclass
-class Replacement:
-    op: str
-    target: str
-    original: Any
-    wrapper: Any
-
-
-@dataclass
 class TargetStatus:
     target: str
     state: str  # "patched" | "absent" (module not imported/installed yet) | "unsupported: ..."
     rebound: List[str] = field(default_factory=list)  # "module:name" rebound to the wrapper
+    via: str = ""  # who replaced it: install.VIA_SGLANG or install.VIA_ASTRA
 
 
 class Patcher:
@@ -60,9 +53,9 @@ class Patcher:
         """factories: (op, module, function, cuda_file) from discovery's jit_factory sites."""
         self.states = dict(states)
         self.factories = list(factories)
-        self.by_original: Dict[int, Replacement] = {}
+        self.originals: Set[int] = set()
         self.wrappers: Set[int] = set()
-        self.saved: List[Tuple[Dict[str, Any], str, Any]] = []  # (namespace, name, old value)
+        self.installed: List[Installed] = []
         self.status: Dict[str, Dict[str, TargetStatus]] = {
             op: {t: TargetStatus(t, "absent") for t in st.targets} for op, st in self.states.items()}
         self.wrapped_factories: Dict[Tuple[str, str], Any] = {}
@@ -88,10 +81,10 @@ class Patcher:
             if self._hook is not None and self._hook in sys.meta_path:
                 sys.meta_path.remove(self._hook)
             self._hook = None
-            for ns, name, old in reversed(self.saved):
-                ns[name] = old
-            self.saved.clear()
-            self.by_original.clear()
+            for inst in reversed(self.installed):
+                uninstall(inst)
+            self.installed.clear()
+            self.originals.clear()
             self.wrappers.clear()
             self.wrapped_factories.clear()
             self.active = False
@@ -107,7 +100,6 @@ class Patcher:
                 mod_name = t.split(":")[0]
                 if mod_name in sys.modules:
                     self._register(op, t, sys.modules[mod_name])
-        self._scan_all()
         for op, mod_name, fn, cfile in self.factories:
             if mod_name in sys.modules:
                 self._wrap_factory(op, sys.modules[mod_name], fn, cfile)
@@ -132,11 +124,8 @@ class Patcher:
         if obj is None:
             self.status[op][target].state = "absent"
             return False
-        if id(obj) in self.wrappers:
-            self.status[op][target].state = "patched"
-            return False
-        if id(obj) in self.by_original:
-            self.status[op][target].state = "patched"
+        if id(obj) in self.wrappers or id(obj) in self.originals:  # bound to a replacement already
+            self.status[op][target] = TargetStatus(target, "patched", via=getattr(obj, "__astra_via__", ""))
             return False
         if not callable(obj):
             self.status[op][target].state = f"unsupported: {type(obj).__name__} is not callable"
@@ -145,37 +134,18 @@ class Patcher:
         if not binder.ok:
             self.status[op][target].state = f"unsupported: {binder.problem}"
             return False
-        wrapper = make_replacement(st, binder, obj, target)
-        self.by_original[id(obj)] = Replacement(op, target, obj, wrapper)
-        self.wrappers.add(id(wrapper))
-        self.status[op][target].state = "patched"
+        inst = self._install(module, name, obj, make_replacement(st, binder, obj, target))
+        self.originals.add(id(obj))
+        self.status[op][target] = TargetStatus(target, "patched", inst.rebound, inst.via)
         if st.default_original is None:
             st.default_original = _canonical_caller(binder, obj)
         return True
 
-    def _rebind(self, module) -> None:
-        try:
-            ns = vars(module)
-        except TypeError:
-            return
-        if not isinstance(ns, dict):
-            return
-        mname = getattr(module, "__name__", "?")
-        if mname.startswith("astra_sglang.patch"):
-            return
-        for k, v in list(ns.items()):
-            rep = self.by_original.get(id(v))
-            if rep is not None and v is rep.original:
-                self.saved.append((ns, k, v))
-                ns[k] = rep.wrapper
-                self.status[rep.op][rep.target].rebound.append(f"{mname}:{k}")
-
-    def _scan_all(self) -> None:
-        if not self.by_original:
-            return
-        for m in list(sys.modules.values()):
-            if m is not None:
-                self._rebind(m)
+    def _install(self, module, name: str, original, replacement) -> Installed:
+        inst = install(module, name, original, replacement)
+        self.installed.append(inst)
+        self.wrappers.update((id(replacement), id(inst.bound)))
+        return inst
 
     def on_module_executed(self, module) -> None:
         """Called right after a watched module finished executing (the import hook)."""
@@ -188,10 +158,6 @@ class Patcher:
                 for t in st.targets:
                     if t.split(":")[0] == name:
                         new |= self._register(op, t, module)
-            if new:
-                self._scan_all()
-            else:
-                self._rebind(module)
             wrapped = len(self.wrapped_factories)
             for op, mod_name, fn, cfile in self.factories:
                 if mod_name == name:
@@ -213,10 +179,7 @@ class Patcher:
         orig = ns.get(fn)
         if orig is None or not callable(orig):
             return
-        wrapper = make_factory_wrapper(st, orig, routes)
-        self.saved.append((ns, fn, orig))
-        ns[fn] = wrapper
-        self.wrapped_factories[key] = wrapper
+        self.wrapped_factories[key] = self._install(module, fn, orig, make_factory_wrapper(st, orig, routes)).bound
 
     # ------------------------------------------------------------------ report
     def summary(self) -> Dict[str, Any]:
@@ -226,7 +189,8 @@ class Patcher:
             out[op] = {
                 "backend": st.backend.name,
                 "disabled": st.disabled,
-                "targets": {t: {"state": s.state, "rebound": list(s.rebound)} for t, s in targets.items()},
+                "targets": {t: {"state": s.state, "rebound": list(s.rebound), "via": s.via}
+                            for t, s in targets.items()},
                 "jit_factories": self._factories_of(op),
             }
         return out
