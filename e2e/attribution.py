@@ -45,7 +45,9 @@ KNOWN: Tuple[Rule, ...] = (
     Rule("moe_routing", "op", r"topk_?gating|moe_?fused_?gate|topk_?softmax|moetopk|fused_?topk|grouped_?topk|"
                               r"biased_?topk|topk_sigmoid|router"),
     Rule("moe_align", "op", r"moe_?align|count_and_sort_expert|align_block_size|sort_expert"),
-    Rule("moe_combine", "op", r"moe_?sum|moefinalize|fused_sum|sum_reduce"),
+    # the combine: sgl_kernel moe_sum_reduce above 32 tokens, a torch.compile'd weighted sum below
+    # (SGLang 0.5.17 on the H200: triton_per_fused_copy__mul_sum_0)
+    Rule("moe_combine", "op", r"moe_?sum|moefinalize|fused_sum|sum_reduce|triton_(per|red)_fused\w*mul_sum"),
     Rule("gelu_and_mul", "op", r"gelu.*and_?mul|act_and_mul.*gelu"),
     Rule("silu_and_mul", "op", r"silu.*and_?mul|act_and_mul.*silu|swiglu"),
     Rule("act_and_mul", "op", r"act_and_mul"),

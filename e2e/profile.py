@@ -133,6 +133,9 @@ def analyze_dir(directory: Path, speedups: Optional[SpeedupTable] = None) -> dic
     out = {"meta": {k: v for k, v in meta.items() if k not in ("captures", "config")}, "captures": []}
     for c in meta.get("captures", []):
         cap = Capture.from_dict(c)
+        if not (directory / cap.trace).is_file():
+            out["meta"].setdefault("missing traces", []).append(cap.trace)   # pruned records: skip
+            continue
         tr = load_trace(directory / cap.trace)
         shape_k = load_trace(directory / cap.shapes_trace).kernels if cap.shapes_trace and \
             (directory / cap.shapes_trace).is_file() else tr.kernels   # an eager trace carries its own shapes

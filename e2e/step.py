@@ -209,8 +209,12 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
             if not any(a == o for a, _ in dec):
                 continue
             ops = (patched or {}).get(o, "all")
-            saved = sum(r["saved_us"] for r in c["ops"] if ops == "all" or r["op"] in ops)
-            p = {"saved_us": saved, "base_kernel_us": c["kernel_us_per_step"]}
+            mine = [r for r in c["ops"] if r["covered"] and (ops == "all" or r["op"] in ops)]
+            measured = [r for r in mine if r["speedup"]]
+            # None (shown as —) when no patched op has a bench speedup on these shapes
+            p = {"saved_us": sum(r["saved_us"] for r in measured) if measured else None,
+                 "unmeasured_ops": sorted({r["op"] for r in mine if not r["speedup"]}),
+                 "base_kernel_us": c["kernel_us_per_step"]}
             oc = dec.get((o, bs))
             if oc is not None:
                 # the covered ops' own kernel time, base minus patched: GEMM time differs between
@@ -344,6 +348,14 @@ def _dump(out: Path, meta: dict, records: List[dict]) -> None:
     tmp.replace(out / "results.json")
 
 
+def arms_from_meta(text: str) -> Dict[str, object]:
+    """'A: ops none, B: ops silu_and_mul,fused_add_rmsnorm' (results.json meta) -> {arm: ops}."""
+    import re
+
+    return {m.group(1): (m.group(2) if m.group(2) in ("all", "none") else m.group(2).split(","))
+            for m in re.finditer(r"(\w+): ops (\w+(?:,\w+)*)", text or "")}
+
+
 def analyze_only(results: Path, out: Path) -> str:
     """Rebuild summary/report from an earlier results.json (and profile/ beside it)."""
     from . import step_stats as ss
@@ -358,8 +370,10 @@ def analyze_only(results: Path, out: Path) -> str:
     predicted = None
     if (pdir / "profile-meta.json").is_file():
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
-        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs])
+        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs],
+                                           arms_from_meta(data.get("meta", {}).get("arms", "")))
     summary = ss.summarize(records, pairs, predicted)
+    summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     md = ss.report_markdown(summary, data.get("meta"))

@@ -1,0 +1,297 @@
+"""CPU tests of `astra-sglang profile`: kernel attribution, trace parsing and PDL clipping, shapes,
+speedup lookup, the per-op table, and the shape telemetry files (profile corpus, patch counters,
+load_shapes_file)."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from astra_sglang.e2e import attribution as at
+from astra_sglang.e2e.profile import Capture, analyze_capture, analyze_dir, shapes_corpus, write_outputs
+from astra_sglang.e2e.speedups import SpeedupTable
+from astra_sglang.e2e.trace import KernelEvent, exclusive_times, parse_chrome_trace
+from astra_sglang.errors import AstraError
+from astra_sglang.registry import get_op
+from astra_sglang.spec import load_shapes_file
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import step_fake_worker as fake  # noqa: E402
+
+LLAMA = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json").read_text())
+
+
+# ----------------------------------------------------------------------------- attribution
+
+# names as SGLang 0.5.17 shows them on the H200 (torch profiler, 2026-11-23)
+@pytest.mark.parametrize("name,op,cat,covered,astra", [
+    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)", "fused_add_rmsnorm", "op", True, False),
+    ("void astra_farn::(anonymous namespace)::fused_add_rmsnorm_kernel<1>(...)", "fused_add_rmsnorm", "op", True, True),
+    ("void (anonymous namespace)::act_and_mul_kernel<__nv_bfloat16, true>(ActivationParams)", "silu_and_mul", "op",
+     True, False),
+    ("void astra_silu::(anonymous namespace)::silu_and_mul_kernel<2>(...)", "silu_and_mul", "op", True, True),
+    ("void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)", "rmsnorm", "op", None, False),
+    ("void (anonymous namespace)::fused_qknorm_warp<128>(...)", "qknorm", "op", None, False),
+    ("void (anonymous namespace)::fused_rope_store_kernel<true>(...)", "rope+kv_store", "op", None, False),
+    ("void store_kvcache<128>(...)", "kv_store", "op", None, False),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "gemm", "gemm", False, False),
+    ("void cublasLt::splitKreduce_kernel<32, 16>(...)", "gemm", "gemm", False, False),
+    ("fused_moe_kernel", "moe_gemm", "gemm", False, False),
+    ("_fwd_grouped_kernel_stage1", "attention", "attention", False, False),
+    ("_router_triton_kernel", "moe_routing", "op", False, False),
+    ("void moe_align_block_size_kernel<int>(...)", "moe_align", "op", False, False),
+    ("triton_per_fused_copy__mul_sum_0", "moe_combine", "op", False, False),
+    ("GemmaFusedAddRMSNormKernel", "gemma_fused_add_rmsnorm", "op", None, False),
+    ("void at::native::vectorized_elementwise_kernel<4>(...)", "torch elementwise/copy", "other", False, False),
+])
+def test_classify_real_kernel_names(name, op, cat, covered, astra):
+    m = at.classify(name)
+    assert (m.category, m.astra) == (cat, astra)
+    if covered is None:
+        # ops astra is starting to cover: a registered op's kernel_symbols may claim the name first
+        from astra_sglang.registry import op_names
+
+        assert m.op == op or m.op in op_names()
+    else:
+        assert m.op == op and m.covered == covered
+
+
+def test_unknown_kernel_is_other_with_its_short_name():
+    m = at.classify("void mystery::frob_kernel<float, 3>(float*, int)")
+    assert m.category == "other" and m.op == "other: mystery::frob_kernel"
+
+
+def test_generic_act_and_mul_follows_the_models_activation():
+    assert at.classify("act_and_mul_kernel<bf16>", hidden_act="gelu_pytorch_tanh", rules=()).op == "gelu_tanh_and_mul"
+
+
+def test_specs_declare_kernel_symbols():
+    for op in ("silu_and_mul", "fused_add_rmsnorm", "merge_state"):
+        assert get_op(op).kernel_symbols
+    assert at.classify("MergeStateKernel<bf16>").op == "merge_state"
+
+
+def test_shape_hints_from_config():
+    h = at.shape_hints(LLAMA, 8)
+    assert h["fused_add_rmsnorm"] == "8x4096" and h["silu_and_mul"] == "8x14336"
+    moe = {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+           "intermediate_size": 6144, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+    assert at.shape_hints(moe, 4)["silu_and_mul"] == "32x768"
+    assert at.covered_dims("silu_and_mul", "32x768") == (32, 768)
+    assert at.covered_dims("rope", "q 1x32x128, k 1x8x128") is None
+
+
+# ----------------------------------------------------------------------------- traces
+
+def _k(name, ts, dur, stream=7):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, "device": 0}}
+
+
+def test_pdl_overlap_is_clipped_and_charged_to_the_producer():
+    # the norm launched with PDL starts 3 µs before the GEMM ends and waits inside
+    tr = parse_chrome_trace({"traceEvents": [_k("nvjet_gemm", 0, 10), _k("FusedAddRMSNormKernel", 7, 5),
+                                             _k("other_stream", 2, 4, stream=9)]})
+    busy = exclusive_times(tr.kernels)
+    ex = {k.name: k.excl for k in tr.kernels}
+    assert ex == {"nvjet_gemm": 10, "FusedAddRMSNormKernel": 2, "other_stream": 4}
+    assert busy == 16
+
+
+def test_nested_overlap_never_goes_negative():
+    evs = [KernelEvent("a", 0, 10), KernelEvent("b", 1, 3), KernelEvent("c", 5, 10)]
+    exclusive_times(evs)
+    assert [e.excl for e in evs] == [10, 0, 5]
+
+
+def test_shapes_come_from_the_launching_torch_op():
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100, "tid": 1,
+           "args": {"Input Dims": [[8, 4096], [4096, 14336]]}},
+          {"ph": "X", "cat": "cpu_op", "name": "sgl_kernel::fused_add_rmsnorm", "ts": 200, "dur": 50, "tid": 1,
+           "args": {"Input Dims": [[8, 4096], [8, 4096], [4096], []]}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 210, "dur": 5, "tid": 1,
+           "args": {"correlation": 42}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 400, "dur": 5, "tid": 1,
+           "args": {"correlation": 43}},
+          {**_k("FusedAddRMSNormKernel", 1000, 3), "args": {"stream": 7, "correlation": 42}},
+          {**_k("orphan", 1010, 3), "args": {"stream": 7, "correlation": 43}}]
+    tr = parse_chrome_trace({"traceEvents": ev})
+    k = {x.name: x for x in tr.kernels}
+    assert k["FusedAddRMSNormKernel"].torch_op == "sgl_kernel::fused_add_rmsnorm"
+    assert k["FusedAddRMSNormKernel"].shapes[0] == [8, 4096]
+    assert k["orphan"].shapes is None          # launched outside any recorded op
+
+
+# ----------------------------------------------------------------------------- speedups
+
+def _bench(path: Path, date: str, rows):
+    path.write_text(json.dumps({"op": "fused_add_rmsnorm", "date": date, "rows": rows}))
+
+
+def test_speedup_lookup_newest_exact_then_nearest(tmp_path):
+    _bench(tmp_path / "old.json", "2026-11-20T00:00", [{"shape": "8x4096", "dtype": "bf16", "speedup": 1.1}])
+    _bench(tmp_path / "new.json", "2026-11-22T00:00", [{"shape": "8x4096", "dtype": "bf16", "speedup": 1.5},
+                                                      {"shape": "64x4096", "dtype": "bf16", "speedup": 1.2}])
+    (tmp_path / "junk.json").write_text("not json")
+    t = SpeedupTable.from_dirs([tmp_path])
+    s = t.lookup("fused_add_rmsnorm", (8, 4096))
+    assert s.value == 1.5 and s.exact and s.label() == "1.50x"
+    n = t.lookup("fused_add_rmsnorm", (48, 4096))
+    assert n.value == 1.2 and not n.exact and n.label() == "~1.20x (64x4096)"
+    assert t.lookup("fused_add_rmsnorm", (8, 2048)) is None
+    assert t.lookup("silu_and_mul", (8, 4096)) is None
+
+
+# ----------------------------------------------------------------------------- per-op table
+
+def _capture_dir(tmp_path: Path, patched=False, bs=8, steps=4) -> Path:
+    d = tmp_path / "cap"
+    d.mkdir(exist_ok=True)
+    arm = "B" if patched else "A"
+    with gzip.open(d / f"{arm}-dec.json.gz", "wt") as f:
+        json.dump(fake.trace(bs, steps, patched, False), f)
+    with gzip.open(d / f"{arm}-eager.json.gz", "wt") as f:
+        json.dump(fake.trace(bs, 1, patched, True), f)
+    meta_p = d / "profile-meta.json"
+    meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"model": "llama3-8b", "config": LLAMA, "captures": []}
+    meta["captures"].append({"stage": "decode", "batch_size": bs, "tokens": bs, "steps": steps,
+                             "trace": f"{arm}-dec.json.gz", "shapes_trace": f"{arm}-eager.json.gz", "arm": arm})
+    meta_p.write_text(json.dumps(meta))
+    return d
+
+
+def test_analyze_capture_shares_calls_speedup_and_amdahl(tmp_path):
+    d = _capture_dir(tmp_path)
+    bench = tmp_path / "bench.json"
+    _bench(bench, "2026-11-22", [{"shape": "8x4096", "dtype": "bf16", "speedup": 2.0}])
+    a = analyze_dir(d, SpeedupTable.from_dirs([bench]))
+    c = a["captures"][0]
+    step = sum(d for _, d in fake.kernels(8, False))
+    assert c["kernel_us_per_step"] == pytest.approx(step)
+    rows = {r["op"]: r for r in c["ops"]}
+    farn = rows["fused_add_rmsnorm"]
+    assert farn["calls_per_step"] == 2 * fake.LAYERS and farn["us_per_call"] == pytest.approx(50.0)
+    assert farn["raw_us_per_step"] == pytest.approx(51.0 * 2 * fake.LAYERS)     # the PDL wait is in the raw time
+    assert farn["speedup"] == 2.0 and farn["saved_us"] == pytest.approx(farn["us_per_step"] / 2)
+    assert c["predicted_gain"] == pytest.approx(farn["saved_us"] / step)
+    assert "8x4096" in farn["shapes"][0] and farn["shape_source"] == "profiler"
+    assert rows["silu_and_mul"]["speedup_label"] == "unmeasured"
+    assert rows["gemm"]["category"] == "gemm" and not rows["gemm"]["covered"]
+    assert sum(r["share"] for r in c["ops"]) == pytest.approx(1.0)
+
+
+def test_patched_capture_says_astra_ran_and_predicts_nothing(tmp_path):
+    d = _capture_dir(tmp_path, patched=True)
+    c = analyze_dir(d, SpeedupTable([]))["captures"][0]
+    farn = next(r for r in c["ops"] if r["op"] == "fused_add_rmsnorm")
+    assert farn["astra_kernel"] and farn["predicted_gain"] == 0.0
+
+
+def test_outputs_table_plot_and_shapes_corpus(tmp_path):
+    d = _capture_dir(tmp_path)
+    _capture_dir(tmp_path, bs=32)
+    a = analyze_dir(d, SpeedupTable([]))
+    out = tmp_path / "out"
+    md = write_outputs(a, out, LLAMA, "llama3-8b")
+    assert "| fused_add_rmsnorm |" in md and "PDL" in md or "programmatic dependent launch" in md
+    assert (out / "profile.json").is_file() and (out / "profile-decode.png").is_file()
+    corpus = json.loads((out / "shapes.json").read_text())
+    farn = {tuple(e["dims"]): e for e in corpus["ops"]["fused_add_rmsnorm"]}
+    assert set(farn) == {(8, 4096), (32, 4096)} and farn[(8, 4096)]["count"] == 2 * fake.LAYERS * 4
+    shapes = load_shapes_file(out / "shapes.json", get_op("fused_add_rmsnorm"))
+    assert {s.dims for s in shapes} == {(8, 4096), (32, 4096)} and "file" in shapes[0].tags
+    assert corpus == shapes_corpus(a, LLAMA, "llama3-8b")
+
+
+# ----------------------------------------------------------------------------- shapes files
+
+def test_load_shapes_file_merges_orders_and_rejects_bad_input(tmp_path):
+    spec = get_op("silu_and_mul")
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"format": "astra-shapes/1", "ops": {"silu_and_mul": [
+        {"dims": [1, 14336], "count": 5}, {"dims": [64, 14336], "count": 50, "tags": ["decode"]},
+        {"dims": [1, 14336], "count": 7, "tags": ["live"]}]}}))
+    got = load_shapes_file(p, spec)
+    assert [s.dims for s in got] == [(64, 14336), (1, 14336)]
+    assert "count 12" in got[1].source and "live" in got[1].tags
+    with pytest.raises(AstraError, match="no shapes for fused_add_rmsnorm"):
+        load_shapes_file(p, get_op("fused_add_rmsnorm"))
+    for bad, msg in ((json.dumps({"format": "astra-shapes/1", "ops": {"silu_and_mul": [{"dims": [1, 2, 3]}]}}),
+                      "2 positive integers"),
+                     (json.dumps({"format": "astra-shapes/1", "ops": {"silu_and_mul": [{"dims": [0, 8]}]}}),
+                      "positive integers"),
+                     (json.dumps({"ops": {}}), "not a shapes corpus"), ("{", "not JSON")):
+        p.write_text(bad)
+        with pytest.raises(AstraError, match=msg):
+            load_shapes_file(p, spec)
+    with pytest.raises(AstraError, match="cannot read"):
+        load_shapes_file(tmp_path / "missing.json", spec)
+
+
+def test_counter_shape_histogram_across_processes(tmp_path):
+    from astra_sglang.patch.counters import CounterFile, read_shapes_file, shape_totals, shapes_corpus
+
+    c = CounterFile(tmp_path, ["silu_and_mul", "fused_add_rmsnorm"])
+    for _ in range(3):
+        c.record_shape("silu_and_mul", (8, 14336), "bf16")
+    c.record_shape("silu_and_mul", (64, 14336), "bf16", captured=True)
+    c.record_shape("fused_add_rmsnorm", (8, 4096), "bf16")
+    slots = read_shapes_file(c.shp_path)
+    assert {(s["op"], tuple(s["dims"]), s["count"], s["captured"]) for s in slots} == {
+        ("silu_and_mul", (8, 14336), 3, 0), ("silu_and_mul", (64, 14336), 1, 1), ("fused_add_rmsnorm", (8, 4096), 1, 0)}
+    # a second process (here: a child) adds to the same directory
+    code = ("import sys; from astra_sglang.patch.counters import CounterFile; "
+            f"c = CounterFile(r'{tmp_path}', ['silu_and_mul']); c.record_shape('silu_and_mul', (8, 14336), 'bf16')")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    tot = shape_totals(tmp_path)
+    assert tot["silu_and_mul"][0] == {"dims": [8, 14336], "dtype": "bf16", "count": 4, "captured": 0}
+    corpus = shapes_corpus(tmp_path)
+    f = tmp_path / "corpus.json"
+    f.write_text(json.dumps(corpus))
+    assert [s.dims for s in load_shapes_file(f, get_op("silu_and_mul"))] == [(8, 14336), (64, 14336)]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "astra_sglang.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or "/")
+
+
+def test_profile_cli_analyze_and_errors(tmp_path):
+    d = _capture_dir(tmp_path)
+    r = _cli("profile", "--analyze", str(d), "--out", str(tmp_path / "o"), "--results", str(tmp_path / "cap"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "profile.md").is_file() and "fused_add_rmsnorm" in r.stdout
+    for args, msg in ((["--model-path", "nope-model"], "no such directory or shipped config"),
+                      (["--model-path", "llama3-8b", "--tp", "2"], "--tp 2"),
+                      (["--model-path", "llama3-8b", "--batch-size", "1,x"], "--batch-size"),
+                      (["--analyze", str(tmp_path)], "no profile-meta.json"),
+                      (["--from-counters", str(tmp_path)], "no shape telemetry"),
+                      ([], "give --model-path, --url or --analyze")):
+        r = _cli("profile", "--out", str(tmp_path / "e"), *args)
+        assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("error:") and msg in r.stderr, \
+            (args, r.stderr)
+
+
+def test_profile_cli_model_path_with_stand_in_worker(tmp_path):
+    r = _cli("profile", "--model-path", "llama3-8b", "--batch-size", "1,8", "--steps", "3", "--out",
+             str(tmp_path / "p"), "--worker-module", str(HERE / "step_fake_worker.py"))
+    assert r.returncode == 0, r.stderr
+    a = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert [(c["stage"], c["batch_size"]) for c in a["captures"]] == [("prefill", 1), ("decode", 1),
+                                                                        ("prefill", 8), ("decode", 8)]
+    assert (tmp_path / "p" / "model" / "tokenizer.json").is_file()
+
+
+def test_profile_cli_from_counters(tmp_path):
+    from astra_sglang.patch.counters import CounterFile
+
+    CounterFile(tmp_path / "cnt", ["silu_and_mul"]).record_shape("silu_and_mul", (4, 14336), "bf16")
+    r = _cli("profile", "--from-counters", str(tmp_path / "cnt"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "o" / "shapes.json").read_text())["ops"]["silu_and_mul"][0]["dims"] == [4, 14336]
