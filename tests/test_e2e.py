@@ -197,7 +197,8 @@ def test_client_streams_tokens_and_times(incremental):
         assert r.ok, r.error
         assert r.output_ids == [(3003 + 7 * i) % 50000 for i in range(12)]
         assert r.chunk_tokens == list(range(1, 13))
-        assert r.tpot == pytest.approx(0.002, rel=0.5)
+        # the stand-in sleeps 2 ms per token; a loaded CI host only adds to it
+        assert 0.0015 <= r.tpot <= 0.02
         w = Workload("t", num_prompts=6, input_len=8, output_len=5, concurrency=3, seed=4)
         prompts = make_prompts(w, 32000)
         run = run_workload("127.0.0.1", port, w, prompts, "A", 0)
