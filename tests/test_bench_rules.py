@@ -221,3 +221,42 @@ def test_report_shows_the_installed_baseline_and_its_bits():
     assert "inst µs" in t and "equal" in t and "installed baseline: sgl_kernel:silu_and_mul" in t
     r.set_installed([2.1], {"out": 3})
     assert r.installed_bitwise_equal is False and "3 differ" in rep.table()
+
+
+class _FakeGraph:
+    """Stands in for a captured in-context graph: replay() runs the producer and the op on set 0."""
+
+    def __init__(self, fn):
+        self.replay = fn
+
+
+@pytest.mark.parametrize("stale,expect", [(False, ""), (True, "candidate's out error")])
+def test_in_context_graph_outputs_are_checked_against_the_producers_values(monkeypatch, stale, expect):
+    from astra_sglang.harness.bench import verify_context_graphs
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    spec, dims, fresh, sets = _spec_and_sets(n=1)
+    s = sets[0]
+    s["input"].copy_(fresh[0]["input"])
+    # the producer alternates two activations (timer.Neighbours): the last call's input differs from the one before
+    prev, last = (torch.randn(s["input"].shape, generator=torch.Generator().manual_seed(k)).to(s["input"].dtype)
+                  for k in (5, 6))
+
+    def honest():
+        s["input"].copy_(prev)
+        _silu(s)
+        s["input"].copy_(last)
+        _silu(s)
+
+    def early_read():  # reads its input before the producer's write lands (PDL prefetch before the wait)
+        s["input"].copy_(prev)
+        _silu(s)
+        _silu(s)
+        s["input"].copy_(last)
+
+    graphs = [_FakeGraph(honest), _FakeGraph(early_read if stale else honest)]
+    why = verify_context_graphs(spec, graphs, [("production", None), ("candidate", None)], sets, sets, None,
+                                dims, "fp16", 4)
+    assert (expect in why) if expect else why == ""
+    if expect:
+        assert "timed in-context graph" in why

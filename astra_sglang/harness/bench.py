@@ -167,6 +167,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 emit("stage", msg=f"{skey} {dtype}: the timed graphs replayed on fresh inputs in the same buffers")
                 refused += verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype, dist, seed,
                                                n_calls, prod_attrs)
+            if row.context_failed:
+                refused.append(f"{skey} {dtype}: {row.context_failed}")
             if l2 == "cold":
                 refused += refuse_impossible(row, gbps, float(ceiling.get("spread") or 0.0), floor_us, floor_spread)
             if refused:
@@ -220,7 +222,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
 
     def alone(i: int) -> None:
-        nb.produce(sets[0])
+        nb.produce(sets[0], i)
         nb.consume(sets[0])
 
     graphs = [graph_of(alone, n)]
@@ -228,7 +230,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         t = prod_sets[0] if who == "production" else sets[0]
 
         def triple(i: int, impl=impl, t=t, who=who) -> None:
-            nb.produce(t)
+            nb.produce(t, i)
             rc = impl(t, dims, dtype, scalars)
             if rc:
                 raise RuntimeError(f"{who} returned cudaError {rc}")
@@ -245,8 +247,45 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
                     timing_basis(dims, True))
     if "installed" in marg:
         row.context_installed_us = marg["installed"]["median"]
+    row.context_failed = verify_context_graphs(spec, graphs[1:], impls, sets, prod_sets, nb, dims, dtype, n)
     del graphs, nb
     torch.cuda.synchronize()
+    return ""
+
+
+def verify_context_graphs(spec, graphs, impls, sets, prod_sets, nb, dims, dtype: str, n: int) -> str:
+    """What was timed in context is checked too, where the op leaves its producer's output in place (out-of-
+    place ops, no in-place tensor, production in the op's own convention): replay each timed graph once
+    with poisoned outputs, then compare the outputs with the reference of the inputs the producer GEMM
+    wrote. A kernel that reads its input before waiting for the producer (PDL) fails here. '' when it
+    passes or does not apply, else the first failure."""
+    import torch
+
+    from .graphcheck import judge_sets, set_references
+    from .numerics import poison_
+
+    roles = {a.name: a.role for a in spec.abi if a.ctype == "ptr"}
+    if "inout" in roles.values() or any(prod_sets[0][k] is not sets[0][k] for k in roles):
+        return ""
+    prod_errs = None
+    label = f"{'x'.join(map(str, dims))} {dtype} timed in-context graph (producer GEMM -> op -> consumer GEMM)"
+    for (who, _impl), g in zip(impls, graphs):
+        t = sets[0]
+        for k, r in roles.items():
+            if r == "out":
+                poison_(t[k])
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        fresh = [{k: v.clone() for k, v in t.items()}]
+        refs = set_references(spec, fresh, dims, [1], None)
+        f, errs = judge_sets(spec, who, [t], fresh, refs, dtype, None, label, prod_errs)
+        if who == "production":
+            if f:
+                return ""  # no tolerance to judge by (production's own trouble shows in the chained check)
+            prod_errs = errs
+        elif f:
+            return f[0].replace(", input set 1 of 1", "")
     return ""
 
 

@@ -102,6 +102,7 @@ class BenchRow:
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
     timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
     failed: str = ""  # why this row's implementation was refused ("" = accepted)
+    context_failed: str = ""  # the in-context graph's outputs did not match (a failure of its own)
     # --baseline installed: SGLang's installed callable, same harness
     installed_us: Optional[float] = None
     installed_spread: Optional[float] = None

@@ -278,18 +278,20 @@ class Neighbours:
         self.width_in = src.numel() // rows
         self.width_out = dst.numel() // dst.shape[0]
         g = torch.Generator(device=src.device).manual_seed(seed)
-        self.a = torch.randn(rows, k, generator=g, device=src.device, dtype=src.dtype)
+        # two activations, alternated: consecutive calls get different inputs, so an op that reads its input
+        # before the producer's write has landed (PDL prefetch before the wait) reads the previous values
+        self.a = [torch.randn(rows, k, generator=g, device=src.device, dtype=src.dtype) for _ in range(2)]
         self.b = (torch.randn(k, self.width_in, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(src.dtype)
         self.c = (torch.randn(self.width_out, k, generator=g, device=src.device, dtype=torch.float32)
                   / self.width_out ** 0.5).to(dst.dtype)
         self.y = torch.empty(dst.shape[0], k, device=dst.device, dtype=dst.dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
 
-    def produce(self, tensors: Dict[str, Any]) -> None:
+    def produce(self, tensors: Dict[str, Any], i: int = 0) -> None:
         import torch
 
         t = tensors[self.src_name]
-        torch.matmul(self.a, self.b, out=t.view(t.shape[0], self.width_in))
+        torch.matmul(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
