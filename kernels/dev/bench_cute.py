@@ -12,8 +12,9 @@ rotating input sets > 4x L2, interleaved replays, median; astra_sglang.bench's h
   cuda  the extracted FlashInfer norm.cuh baseline (the workspace, what RESULTS.md calls production)
   ours  kernels/fused_add_rmsnorm/kernel.cu
 
-and checks, on each shape, that cute and ours agree with an fp64 reference (same error bound as
-`check`'s: ours' error may not exceed 2x cute's + a floor).  Needs flashinfer-python and
+and checks, on each shape, that cute and ours agree with the spec's fp64 reference on the spec's
+inputs, by `check`'s rule (astra_sglang.harness.numerics: ours' error may not exceed
+max(k x cute's error, the dtype floor)).  Needs flashinfer-python and
 nvidia-cutlass-dsl importable (SITE, a directory whose .pth files are honoured, may add them):
 
   python3 kernels/dev/bench_cute.py --workspace .gpu_ws/flashinfer/fused_add_rmsnorm \
@@ -22,16 +23,12 @@ nvidia-cutlass-dsl importable (SITE, a directory whose .pth files are honoured, 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import site
 import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # astra_sglang and kernels.* from this checkout
 
 
 def main() -> int:
@@ -55,11 +52,16 @@ def main() -> int:
 
     import torch
 
+    from astra_sglang.build.loader import KernelLib
+    from astra_sglang.errors import AstraError
+    from astra_sglang.harness.inputs import make_case_inputs
+    from astra_sglang.harness.numerics import rel_err, tolerance
     from astra_sglang.harness.stats import geomean, median, spread
     from astra_sglang.harness.timer import graph_of as _graph_of, plan_calls, plan_sets, time_graphs as _time_graphs
-    from astra_sglang.errors import AstraError
+    from astra_sglang.registry import get_op, shipped_kernel
     from astra_sglang.workspace import Workspace
-    from kernels.fused_add_rmsnorm.spec import SPEC
+
+    SPEC = get_op("fused_add_rmsnorm")
 
     try:
         import flashinfer.norm as fnorm
@@ -78,7 +80,7 @@ def main() -> int:
         print(e)
         return 2
     libs = {}
-    kernel = ROOT / "kernels/fused_add_rmsnorm/kernel.cu"
+    kernel = shipped_kernel(SPEC.name)
     builds = [("cuda", None), ("ours", kernel)]
     for spec in a.variant:  # compile-time variants of ours, e.g. kt1=-DASTRA_RMS_KT=1
         name, flags = spec.split("=", 1)
@@ -92,17 +94,9 @@ def main() -> int:
         if not b.ok:
             print(f"{name}: build failed\n{b.log[-2000:]}")
             return 1
-        lib = ctypes.CDLL(str(b.library), mode=ctypes.RTLD_LOCAL)
-        fn = lib.astra_fused_add_rmsnorm
-        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int,
-                                               ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        libs[name] = (lib, fn)
-    codes = {"fp32": 0, "fp16": 1, "bf16": 2}
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+        libs[name] = KernelLib(b.library, SPEC)
     props = torch.cuda.get_device_properties(0)
     l2 = int(props.L2_cache_size)
-    eps = 1e-6
     pdl = fnorm.device_support_pdl(torch.device("cuda"))
     if "x" in a.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
@@ -110,14 +104,12 @@ def main() -> int:
         shapes = [s.dims for s in SPEC.shapes(a.shapes)]
 
     def run_lib(name, s):
-        stream = torch.cuda.current_stream().cuda_stream
-        t, d = s["input"].shape
-        rc = libs[name][1](s["input"].data_ptr(), s["residual"].data_ptr(), s["weight"].data_ptr(), t, d, eps,
-                           codes[s["dt"]], stream)
+        rc = libs[name](s, tuple(s["input"].shape), s["dt"], SPEC.scalars(tuple(s["input"].shape)))
         if rc:
             raise RuntimeError(f"{name} returned cudaError {rc}")
 
     def run_cute(s):
+        eps = SPEC.scalars(tuple(s["input"].shape))["eps"]
         fnorm.fused_add_rmsnorm(s["input"], s["residual"], s["weight"], eps, enable_pdl=pdl)
 
     impls = {"cute": run_cute, **{n: (lambda s, n=n: run_lib(n, s)) for n in libs}}
@@ -125,25 +117,21 @@ def main() -> int:
     for dims in shapes:
         t, d = dims
         for dt in a.dtypes.split(","):
-            g = torch.Generator(device="cuda").manual_seed(1234 + t * 7 + d)
+            seeds = iter(range(1234 + t * 7 + d, 1 << 62))
 
             def make():
-                return {"input": torch.randn(t, d, device="cuda", dtype=tdt[dt], generator=g),
-                        "residual": torch.randn(t, d, device="cuda", dtype=tdt[dt], generator=g),
-                        "weight": torch.rand(d, device="cuda", dtype=tdt[dt], generator=g) + 0.5, "dt": dt}
+                return {**make_case_inputs(SPEC, dims, dt, "normal", next(seeds), "cuda"), "dt": dt}
 
-            # correctness on fresh inputs: both in-place outputs vs fp64
+            # correctness on fresh inputs: both in-place outputs vs the spec's fp64 reference, check's rule
             ref_in = make()
-            x = ref_in["input"].double() + ref_in["residual"].double()
-            want = {"residual": x, "input": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ref_in["weight"].double()}
+            want = SPEC.reference(ref_in, dims, SPEC.scalars(dims))
             err = {}
             for name in ["cute"] + [n for n in libs if n.startswith("ours")]:
                 s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in ref_in.items()}
                 impls[name](s)
                 torch.cuda.synchronize()
-                err[name] = max(float((s[k].double() - want[k]).norm() / want[k].norm()) for k in want)
-            floor = {"fp16": 1e-3, "bf16": 8e-3}[dt]
-            ok = all(e <= max(2 * err["cute"], floor) for n, e in err.items() if n.startswith("ours"))
+                err[name] = max(rel_err(s[k], want[k])["err"] for k in want)
+            ok = all(e <= tolerance(SPEC, dt, err["cute"]) for n, e in err.items() if n.startswith("ours"))
             first = make()
             set_bytes = sum(first[k].numel() * first[k].element_size() for k in ("input", "residual", "weight"))
             n_sets, _ = plan_sets(set_bytes, l2)

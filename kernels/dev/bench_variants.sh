@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Compile-time variants of a shipped kernel through `astra-sglang bench` (the harness RESULTS.md uses;
-# kernels/dev/bench_dev.py is the faster in-process sweep).  From the repository root, on a GPU machine
-# with the op's workspace (see kernels/gpu_run.sh):
+# Compile-time variants of a shipped kernel through `astra-sglang bench` (the harness RESULTS.md uses:
+# its timer, the spec's inputs and references).  From the repository root, on a GPU machine with the
+# op's workspace (see kernels/gpu_run.sh):
 #
 #   bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME="-DFLAG=V ..." [NAME="..."] ...
 #   bash kernels/dev/bench_variants.sh silu_and_mul .gpu_ws/jit/silu_and_mul 256x7168 bf16 default= pf0="-DASTRA_PF_MAX=0u"
 #
+# NAME=@FILE.cu times another source instead (e.g. old=@.kwork/old/silu_and_mul.cu, the last committed kernel).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call.
 set -uo pipefail
@@ -18,8 +19,13 @@ source kernels/astra_env.sh
 for spec in "$@"; do
   name=${spec%%=*} flags=${spec#*=}
   f=$src/$name.cu
-  for d in $flags; do d=${d#-D}; echo "#define ${d%%=*} ${d#*=}"; done >"$f"
-  cat "kernels/$op/kernel.cu" >>"$f"
+  if [ "${flags:0:1}" = "@" ]; then
+    [ -f "${flags:1}" ] || { echo "error: $name: no such file ${flags:1}" >&2; exit 2; }
+    cp "${flags:1}" "$f"
+  else
+    for d in $flags; do d=${d#-D}; echo "#define ${d%%=*} ${d#*=}"; done >"$f"
+    cat "kernels/$op/kernel.cu" >>"$f"
+  fi
   timeout 300 $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
     --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
