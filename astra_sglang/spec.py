@@ -164,7 +164,11 @@ class OpSpec:
 
     def shapes(self, selector: str = "corpus") -> List[Shape]:
         """Select shapes by tag: 'corpus' (all), 'paper', 'edge', 'decode', 'prefill',
-        or explicit 'AxB,CxD'."""
+        explicit 'AxB,CxD', or a shapes corpus file (FILE.json: load_shapes_file)."""
+        import os
+
+        if selector.endswith(".json") or os.path.isfile(selector):
+            return load_shapes_file(selector, self)
         if selector == "corpus":
             return list(self.corpus)
         if selector == "edge":

@@ -232,6 +232,18 @@ def test_load_shapes_file_merges_orders_and_rejects_bad_input(tmp_path):
         load_shapes_file(tmp_path / "missing.json", spec)
 
 
+def test_spec_shapes_and_check_selection_take_a_file(tmp_path):
+    p = tmp_path / "live-2026.json"
+    p.write_text(json.dumps({"format": "astra-shapes/1", "ops": {"silu_and_mul": [{"dims": [3, 14336], "count": 2}]}}))
+    spec = get_op("silu_and_mul")
+    assert [s.dims for s in spec.shapes(str(p))] == [(3, 14336)]
+    try:
+        from astra_sglang.harness.cases import select_shapes
+    except ImportError:
+        return
+    assert [s.dims for s in select_shapes(spec, str(p))] == [(3, 14336)]
+
+
 def test_counter_shape_histogram_across_processes(tmp_path):
     from astra_sglang.patch.counters import CounterFile, read_shapes_file, shape_totals, shapes_corpus
 
