@@ -86,13 +86,27 @@ class OpQuery:
 
 
 def query_for_spec(spec) -> OpQuery:
+    routed = _routed_jit_files(spec.name)
     jit = []
     for v in spec.variants:
         for s in v.sources:
             if s.root == "sglang_jit":
                 p = s.path[len("csrc/"):] if s.path.startswith("csrc/") else s.path
-                jit.append(p)
+                if routed is None or p in routed:
+                    jit.append(p)
     return OpQuery(spec.name, tuple(spec.replaces), tuple(dict.fromkeys(jit)))
+
+
+def _routed_jit_files(op: str) -> Optional[Set[str]]:
+    """The JIT sources whose modules the op's adapter routes (None: no adapter to ask). Several ops
+    extract from one JIT source (activation.cuh: silu, gelu, gelu_tanh); a factory goes to one op, so
+    only an op that routes a method of it may claim it."""
+    try:
+        from .adapters import get_adapter
+
+        return set(get_adapter(op).jit_routes)
+    except AstraError:
+        return None
 
 
 # ---------------------------------------------------------------------- locating sources

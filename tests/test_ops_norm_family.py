@@ -340,3 +340,21 @@ def test_adapter_binds_the_real_signatures(op):
         nc = dict(canon, input=torch.randn(2, 64, 3).transpose(1, 2))  # same shape, strided
         assert "not contiguous" in ad.normalize(nc)
         assert "weight shape" in ad.normalize(dict(canon, weight=torch.randn(63)))
+
+
+@pytest.mark.wheels
+def test_the_shared_jit_activation_factory_stays_silus(wheel_sources):
+    """gelu_and_mul and gelu_tanh_and_mul extract from the JIT activation.cuh silu_and_mul routes, but declare no
+    JIT route (patch wraps a factory for one op): discovery must give activation_module to silu_and_mul in
+    any op order (before patch/discover.py asked the adapters, the last op listed took it and silu's route
+    was lost)."""
+    from astra_sglang.patch.discover import discover_for_specs, query_for_spec
+
+    for op in ACTS:
+        assert query_for_spec(get_op(op)).jit_files == ()
+    assert query_for_spec(get_op("silu_and_mul")).jit_files == ("elementwise/activation.cuh",)
+    root = Path(wheel_sources["sglang"]) / "sglang"
+    for order in (["silu_and_mul", *ACTS], [*ACTS, "silu_and_mul"]):
+        disc = discover_for_specs([get_op(o) for o in order], roots={"sglang": root})
+        owners = {s.op for s in disc.sites if s.kind == "jit_factory" and s.target == "elementwise/activation.cuh"}
+        assert owners == {"silu_and_mul"}, (order, owners)

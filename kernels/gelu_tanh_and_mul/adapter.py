@@ -1,8 +1,14 @@
 """The patch adapter: how SGLang's gelu_tanh_and_mul callables (sgl_kernel, the JIT activation module) map onto
-this op's kernel ABI. patch/adapters.py holds the machinery and says what each field means."""
+this op's kernel ABI. patch/adapters.py holds the machinery and says what each field means.
+
+No JIT route: SGLang's JIT activation_module(dtype).run_activation(input, out, "gelu_tanh") is the factory
+silu_and_mul already routes, and patch wraps a factory for one op only (a second op's wrapper replaces the
+first: silu's route was lost when this op declared one, 2026-11-23). GeluAndMul's calls still reach this
+op through the Python callables in the spec's `replaces`; direct users of the JIT module (fused_moe's
+gelu activations, GGUF) stay SGLang's until patch chains several ops' routes on one factory."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import JitRoute, OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 
 def _act_normalize(c):
@@ -29,17 +35,4 @@ ADAPTER = OpAdapter(
     alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape[:-1]) + (c["input"].shape[-1] // 2,))},
     normalize=_act_normalize,
     returns=lambda c: c["out"],
-    jit_routes={
-        # sglang.kernels.ops.activation.activation.activation_module(dtype, *, fast_math=True)
-        # .run_activation(input_2d, out_2d, op_name); the precise-math build (fast_math=False, the
-        # rounding variants) is a different contract: not routed.
-        "elementwise/activation.cuh": (
-            JitRoute(
-                "run_activation",
-                ("input", "out", "=op_name"),
-                match=lambda a: len(a) >= 3 and a[2] == "gelu_tanh",
-                factory_ok=lambda f: bool(f.get("fast_math", True)),
-            ),
-        ),
-    },
 )
