@@ -180,7 +180,9 @@ def test_dry_run_report(sglang_root):
     assert "sglang.srt.layers.activation:62" in out and "_sgl_silu_and_mul <- sgl_kernel:silu_and_mul" in out
     assert "sglang.srt.layers.layernorm" in out
     assert "activation_module() [elementwise/activation.cuh]" in out and "routes run_activation" in out
-    assert "ASTRA_SGLANG_OPS=fused_add_rmsnorm,merge_state,silu_and_mul" in out
+    from astra_sglang.patch import patchable_ops
+
+    assert f"ASTRA_SGLANG_OPS={','.join(patchable_ops())}" in out  # every op with an adapter
     assert "-m sglang.launch_server --model-path /m --port 1" in out
     assert "nothing built, nothing started" in out
     pj = subprocess.run(cmd[:5] + ["--json", "--ops", "merge_state"], capture_output=True, text=True, env=env,
