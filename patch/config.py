@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional
 
 from astra_sglang.errors import AstraError
 
@@ -28,8 +28,6 @@ ENV_LIBS = "ASTRA_SGLANG_LIBS"
 ENV_COUNTER_DIR = "ASTRA_SGLANG_COUNTER_DIR"
 # Self-check policy: "first" (once per op, dtype and shape class; default), "always", "off".
 ENV_SELF_CHECK = "ASTRA_SGLANG_SELF_CHECK"
-# Build cache for kernels/<op>/kernel.cu and candidates.
-ENV_CACHE = "ASTRA_SGLANG_CACHE"
 # Target arch for builds when nvidia-smi is not usable (e.g. "sm_90").
 ENV_ARCH = "ASTRA_SGLANG_ARCH"
 # Discovery plan (JSON written by the CLI): JIT factories to wrap, sites to expect.
@@ -106,8 +104,3 @@ class PatchConfig:
             counter_dir=Path(cdir) if cdir else None,
             plan=Path(plan) if plan else None,
         )
-
-
-def env_names() -> Tuple[str, ...]:
-    return (ENV_DISABLE, ENV_OPS, ENV_CANDIDATES, ENV_LIBS, ENV_COUNTER_DIR, ENV_SELF_CHECK, ENV_CACHE, ENV_ARCH,
-            ENV_PLAN)
