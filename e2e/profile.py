@@ -51,7 +51,7 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
     total = exclusive_times(kernels)
     steps = max(cap.steps, 1)
-    hints = shape_hints(cfg, cap.tokens, tp) if cfg else {}
+    hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
     seen_shapes: Dict[str, set] = defaultdict(set)
     for k in shape_kernels:
         if k.shapes:
@@ -150,7 +150,7 @@ def shapes_corpus(analysis: dict, cfg: dict, model: str) -> dict:
     dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
     ops: Dict[str, Dict[tuple, dict]] = defaultdict(dict)
     for c in analysis["captures"]:
-        hints = shape_hints(cfg, c["tokens"], int(analysis["meta"].get("tp", 1))) if cfg else {}
+        hints = shape_hints(cfg, c["tokens"], int(analysis["meta"].get("tp", 1))) if cfg and c["tokens"] else {}
         for r in c["ops"]:
             if not r["covered"]:
                 continue

@@ -307,3 +307,39 @@ def test_profile_cli_from_counters(tmp_path):
     r = _cli("profile", "--from-counters", str(tmp_path / "cnt"), "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "o" / "shapes.json").read_text())["ops"]["silu_and_mul"][0]["dims"] == [4, 14336]
+
+
+def test_profile_cli_url_against_a_stand_in_server(tmp_path):
+    import http.server
+    import threading
+
+    got = {}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got.update(body, path=self.path)
+            d = Path(body["output_dir"])
+            d.mkdir(parents=True, exist_ok=True)
+            with gzip.open(d / "1700000000-TP-0.trace.json.gz", "wt") as f:   # as SGLang names them
+                json.dump(fake.trace(8, body["num_steps"], False, False), f)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = _cli("profile", "--url", f"http://127.0.0.1:{srv.server_address[1]}", "--steps", "4",
+                 "--model-path", "llama3-8b", "--out", str(tmp_path / "u"))
+    finally:
+        srv.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert got["path"] == "/start_profile" and got["activities"] == ["GPU"] and got["num_steps"] == 4
+    c = json.loads((tmp_path / "u" / "profile.json").read_text())["captures"][0]
+    assert c["stage"] == "server" and c["kernel_us_per_step"] == pytest.approx(sum(d for _, d in fake.kernels(8, False)))
+    r = _cli("profile", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "v"))
+    assert r.returncode != 0 and "POST /start_profile failed" in r.stderr
