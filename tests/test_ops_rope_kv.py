@@ -1,4 +1,4 @@
-"""qknorm, rope, kv_store (kernels/<op>/): extraction from the real sglang 0.5.17 and 0.5.23 wheels builds
+"""qknorm, rope, kv_store, rope_store (kernels/<op>/): extraction from the real sglang 0.5.17 and 0.5.23 wheels builds
 with nvcc for sm_90; the shipped kernels build; the fp64 / exact references agree with independent CPU
 formulations and drive the check harness on CPU; the patch adapters bind SGLang's real call signatures
 (read from the wheels' source, not imported) and map SGLang's strided views onto the ABI.
@@ -18,11 +18,11 @@ import torch
 
 from astra_sglang.registry import get_op, op_part, shipped_kernel
 
-OPS = ("qknorm", "rope", "kv_store")
+OPS = ("qknorm", "rope", "kv_store", "rope_store")
 # (op, sglang version): the serving version for all three; 0.5.23 where its kernel source differs
 # (qknorm gained a half-warp kernel, the KV store a new kernel generation). rope.cuh only changed namespace.
-BUILDS = [("qknorm", "0.5.17"), ("rope", "0.5.17"), ("kv_store", "0.5.17"), ("qknorm", "0.5.23"),
-          ("kv_store", "0.5.23")]
+BUILDS = [("qknorm", "0.5.17"), ("rope", "0.5.17"), ("kv_store", "0.5.17"), ("rope_store", "0.5.17"),
+          ("qknorm", "0.5.23"), ("kv_store", "0.5.23")]
 
 
 def _has_nvcc() -> bool:
@@ -151,6 +151,23 @@ def test_kv_store_reference_skips_the_padding_slot_and_keeps_other_rows():
     touched = set(idx.tolist())
     others = [i for i in range(kc.shape[0]) if i not in touched][:50]
     assert torch.equal(kc[others], inp["k_cache"].double()[others])
+
+
+def test_rope_store_reference_is_rope_plus_the_store():
+    """rope_store = rope of q and k, then k (rotated) and v written at each token's slot."""
+    rs, rope = get_op("rope_store"), get_op("rope")
+    dims = (4, 4, 2, 64, 512, 512, 512)
+    inp = rs.make_inputs(dims, "fp16", torch.Generator().manual_seed(3), device="cpu")
+    d64 = {n: v.double() for n, v in inp.items()}
+    ref = rs.reference(d64, dims, {"is_neox": 1})
+    alone = rope.reference({"q": d64["q"], "k": d64["k"], "cos_sin_cache": d64["cos_sin_cache"],
+                            "positions": d64["positions"]}, (4, 4, 2, 64, 64, 512, 512), {"is_neox": 1})
+    assert torch.allclose(ref["q"], alone["q"]) and torch.allclose(ref["k"], alone["k"])
+    loc = inp["out_loc"]
+    assert torch.equal(ref["k_cache"][loc], alone["k"][:, :128])
+    assert torch.equal(ref["v_cache"][loc], d64["v"][:, :128])
+    others = [i for i in range(ref["v_cache"].shape[0]) if i not in set(loc.tolist())][:20]
+    assert torch.equal(ref["v_cache"][others], d64["v_cache"][others])
 
 
 def _standin(op):
@@ -284,6 +301,21 @@ def test_kv_store_binds_set_kv_buffer_s_call(sglang_src):
     ad.normalize(canon)
     assert canon["size_limit"] == 64  # store_cache's default: the cache's rows
     assert isinstance(ad.normalize({**canon, "indices": idx.int()}), str)
+
+
+def test_rope_store_binds_the_fused_call(sglang_src):
+    fn = _real_function(sglang_src, "sglang.kernels.ops.attention.rope", "apply_rope_inplace_with_kvcache")
+    b, ad = _binder("rope_store", fn)
+    qkv = torch.randn(3, (8 + 2 * 2) * 128, dtype=torch.bfloat16)
+    q, k, v = qkv[:, :1024].view(3, -1, 128), qkv[:, 1024:1280].view(3, -1, 128), qkv[:, 1280:]
+    kc, vc = torch.zeros(40, 256, dtype=torch.bfloat16), torch.zeros(40, 256, dtype=torch.bfloat16)
+    cache, pos, loc = torch.randn(16, 128), torch.tensor([1, 2, 3]), torch.tensor([7, 8, 39])
+    # apply_rope_with_cos_sin_cache_inplace's call with fused_args unpacked
+    canon, _ = b.bind((q, k, v, kc, vc, cache, pos, loc), dict(is_neox=True, rope_dim=0))
+    assert canon is not None, _
+    views, dims = ad.normalize(canon)
+    assert dims == (3, 8, 2, 128, 1536, 1536, 1536)
+    assert isinstance(ad.normalize({**canon, "out_loc": loc.int()}), str)
 
 
 @pytest.mark.parametrize("op", OPS)
