@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The numbers in kernels/{qknorm,rope,kv_store}/RESULTS.md: `astra-sglang check` and `astra-sglang bench` of the
-# three shipped kernels against SGLang's JIT kernels, one GPU, one run, inside a time budget. From the repo root:
+# The numbers in kernels/{qknorm,rope,kv_store,rope_store}/RESULTS.md: `astra-sglang check` and `astra-sglang bench` of the
+# four shipped kernels against SGLang's JIT kernels, one GPU, one run, inside a time budget. From the repo root:
 #
 #   WS=/tmp/e2ws DEADLINE=140 bash kernels/rope/gpu_run.sh
 #
@@ -22,11 +22,11 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
   git rev-parse --short HEAD 2>/dev/null; } | tee "$RES/env.txt"
 status=0
 old=$WS/sglang_0_5_17 new=$WS/sglang
-for op in qknorm rope kv_store; do
+for op in qknorm rope kv_store rope_store; do
   [ -f "$old/$op/manifest.json" ] || { echo "no workspace $old/$op"; status=1; }
 done
 # 1. correctness: each op against fp64 and SGLang 0.5.17's kernel (fp16 + bf16, edge + corpus sample)
-for op in qknorm rope kv_store; do
+for op in qknorm rope kv_store rope_store; do
   ( timeout 100 $AS check $op --workspace "$old/$op" --candidate "kernels/$op/kernel.cu" \
       --json "$RES/check_$op.json" > "$RES/check_$op.log" 2>&1; echo "rc=$?" >> "$RES/check_$op.log" ) &
 done
@@ -46,12 +46,14 @@ bench() {
 bench qknorm_decode_bf16_0517 "$old" qknorm decode bf16
 bench rope_decode_bf16_0517 "$old" rope decode bf16
 bench kv_store_decode_bf16_0517 "$old" kv_store decode bf16
+bench rope_store_decode_bf16_0517 "$old" rope_store decode bf16
 bench qknorm_decode_bf16_0523 "$new" qknorm decode bf16
 bench kv_store_decode_bf16_0523 "$new" kv_store decode bf16
 bench qknorm_decode_fp16_0517 "$old" qknorm decode fp16
 bench rope_decode_fp16_0517 "$old" rope decode fp16
 bench qknorm_prefill_bf16_0517 "$old" qknorm 1024x32x8x128x6144x6144,4096x32x8x128x6144x6144 bf16
 bench rope_prefill_bf16_0517 "$old" rope 1024x32x8x128x128x6144x6144,4096x32x8x128x128x6144x6144 bf16
+bench rope_store_prefill_bf16_0517 "$old" rope_store 1024x32x4x128x5120x5120x5120,4096x32x4x128x5120x5120x5120 bf16
 bench kv_store_prefill_bf16_0517 "$old" kv_store 1024x1024x1024x6144x6144,4096x1024x1024x6144x6144 bf16
 echo "[$(el)s] done, status $status"
 exit $status
