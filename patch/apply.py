@@ -95,15 +95,22 @@ class Patcher:
 
     # ------------------------------------------------------------------ resolution
     def _resolve_all(self) -> None:
-        for op, st in self.states.items():
-            for t in st.targets:
-                mod_name = t.split(":")[0]
-                if mod_name in sys.modules:
-                    self._register(op, t, sys.modules[mod_name])
-        for op, mod_name, fn, cfile in self.factories:
-            if mod_name in sys.modules:
-                self._wrap_factory(op, sys.modules[mod_name], fn, cfile)
+        names = {t.split(":")[0] for st in self.states.values() for t in st.targets}
+        for name in sorted(names | {m for _, m, _, _ in self.factories}):
+            if name in sys.modules:
+                self._module_loaded(sys.modules[name])
         self._publish()
+
+    def _module_loaded(self, module) -> bool:
+        """Replace the targets and wrap the JIT factories `module` holds; True if anything was new."""
+        name = module.__name__
+        new = [self._register(op, t, module) for op, st in self.states.items() for t in st.targets
+               if t.split(":")[0] == name]
+        wrapped = len(self.wrapped_factories)
+        for op, mod_name, fn, cfile in self.factories:
+            if mod_name == name:
+                self._wrap_factory(op, module, fn, cfile)
+        return any(new) or len(self.wrapped_factories) != wrapped
 
     def _publish(self) -> None:
         """Record in each op's <pid>.json which callables are patched here, and where."""
@@ -152,17 +159,7 @@ class Patcher:
         if not self.active:
             return
         with self._lock:
-            name = module.__name__
-            new = False
-            for op, st in self.states.items():
-                for t in st.targets:
-                    if t.split(":")[0] == name:
-                        new |= self._register(op, t, module)
-            wrapped = len(self.wrapped_factories)
-            for op, mod_name, fn, cfile in self.factories:
-                if mod_name == name:
-                    self._wrap_factory(op, module, fn, cfile)
-            if new or len(self.wrapped_factories) != wrapped:
+            if self._module_loaded(module):
                 self._publish()
 
     def watches(self, fullname: str) -> bool:
