@@ -82,20 +82,17 @@ def test_launchers_pick_the_kernel_generation_of_each_version(built):
     assert "#define ASTRA_KV_store_kvcache 1" in text("kv_store", "0.5.17")
 
 
-@pytest.mark.nvcc
 @pytest.mark.parametrize("op", OPS)
-def test_shipped_kernel_builds_and_exports_its_entry_point(op, tmp_path):
-    if not _has_nvcc():
-        pytest.skip("needs nvcc")
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    lib = tmp_path / f"{op}.so"
-    proc = subprocess.run([nvcc, "-std=c++17", "-O3", "-arch=sm_90", "-Xcompiler", "-fPIC", "-shared",
-                           str(shipped_kernel(op)), "-o", str(lib)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
-    exported = {ln.split()[-1] for ln in syms.splitlines() if " T " in ln and not ln.split()[-1].startswith("_")}
-    assert exported == {get_op(op).symbol}, exported
-    assert get_op(op).c_signature().split("(")[0] in shipped_kernel(op).read_text()
+def test_shipped_kernel_passes_the_static_checks_and_declares_the_abi(op):
+    """(Its build and exported symbols: tests/test_kernels_linkage.py, which covers every op folder.)"""
+    from astra_sglang.static_checks import scan_file
+
+    src = shipped_kernel(op)
+    assert scan_file(src) == []
+    text = src.read_text()
+    assert "namespace {" in text and "torch" not in text.lower().replace("pytorch", "")
+    sig = get_op(op).c_signature()
+    assert sig.split("(")[0] in text  # extern "C" cudaError_t astra_<op>
 
 
 # ------------------------------------------------------------------------------------------ references
