@@ -5,8 +5,12 @@
 #   WS=/tmp/e2ws DEADLINE=140 bash kernels/rope/gpu_run.sh
 #
 # Workspaces (extracted on any machine with nvcc, `--arch sm_90`), one per SGLang version, at $WS/<tag>/<op>:
-#   astra-sglang extract <op> --sglang-src <unpacked sglang-0.5.17 wheel> --arch sm_90 --out $WS/sglang_0_5_17
-#   astra-sglang extract <op> --sglang-src <unpacked sglang-0.5.23 wheel> --arch sm_90 --out $WS/sglang
+#   C=~/.cache/astra-sglang-tests   # the unpacked wheels tests/conftest.py downloads
+#   for op in qknorm rope kv_store rope_store; do astra-sglang extract $op --sglang-src $C/sglang_0_5_17 \
+#     --flashinfer-src $C/flashinfer --tvm-ffi-src $C/tvm --arch sm_90 --out /tmp/e2ws/sglang_0_5_17; done
+#   for op in qknorm kv_store; do astra-sglang extract $op --sglang-src $C/sglang ... --out /tmp/e2ws/sglang; done
+#   cp -a /tmp/e2ws astra-work/e2ws     # git-ignored; name it in the device call's carry
+# and on the GPU machine: mkdir -p /tmp/e2ws && cp -a astra-work/e2ws/. /tmp/e2ws/ before this script.
 # (0.5.17 is the serving version on the GPU machines; 0.5.23's q/k norm gained a half-warp kernel and its KV
 # store a new kernel, so those two ops are timed against both.) Builds are cached inside each workspace: a
 # workspace copied to the same absolute path with the same nvcc reuses them.
