@@ -203,6 +203,25 @@ def test_extracted_workspace_builds_for_sm90(op, wheel_roots, tmp_path):
 
 
 @pytest.mark.wheels
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", ACTS)
+def test_activation_launchers_build_from_sglang_0_5_17(op, wheel_sources, sglang_0_5_17_source, tmp_path):
+    """0.5.17 (what the GPU machines serve) keeps activation.cuh in an anonymous namespace, 0.5.23 in
+    namespace sglang: the launcher names the kernel unqualified and builds against both."""
+    from astra_sglang.build import Arch
+    from astra_sglang.extract import discover, extract
+    from astra_sglang.workspace import Workspace
+
+    roots = discover(sglang_0_5_17_source, wheel_sources["flashinfer"], wheel_sources["tvm"])
+    dest = tmp_path / op
+    extract(get_op(op), roots, dest, Arch(9, 0))
+    ws = Workspace.open(op, path=dest)
+    assert ws.manifest["sources"]["sglang_jit"]["version"].startswith("0.5.17")
+    res = ws.build()
+    assert res.ok, res.log[-3000:]
+
+
+@pytest.mark.wheels
 @pytest.mark.parametrize("op", FAMILY)
 def test_source_facts_hold_in_0_5_23_and_0_5_17(op, wheel_sources, sglang_0_5_17_source):
     """The launcher's facts (signatures, block size, the activation formulas, the gemma weight bias) match
