@@ -38,6 +38,7 @@ def _rope_normalize(c):
     ks = k.stride(0) if t > 1 else hk * hs
     if qs < hq * hs or ks < hk * hs:
         return "token stride shorter than the heads it holds"
+    c["is_neox"] = int(bool(c["is_neox"]))  # SGLang passes a bool; the ABI and the custom op take an int
     return {"q": q, "k": k, "cos_sin_cache": cache, "positions": pos}, (t, hq, hk, hs, r, qs, ks)
 
 

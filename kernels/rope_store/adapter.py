@@ -45,6 +45,7 @@ def _rope_store_normalize(c):
     qs = q.stride(0) if t > 1 else hq * d
     ks = k.stride(0) if t > 1 else hk * d
     vs = v.stride(0) if t > 1 else hk * d
+    c["is_neox"] = int(bool(c["is_neox"]))  # SGLang passes a bool; the ABI and the custom op take an int
     views = {"q": q, "k": k, "v": v, "k_cache": kc, "v_cache": vc, "cos_sin_cache": cache, "positions": pos,
              "out_loc": loc}
     return views, (t, hq, hk, d, qs, ks, vs)
