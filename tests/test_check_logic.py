@@ -190,9 +190,9 @@ def test_bad_stand_ins_are_rejected_with_the_right_reason(cand, expect):
 
 
 def test_hang_and_segfault_fail_with_a_reason():
-    ok, reason, failures, *_ , wr = _run("silu_and_mul", "good", "hang", SILU_SHAPES, ["fp16"], timeout=8)
+    ok, reason, failures, *_ , wr = _run("silu_and_mul", "good", "hang", SILU_SHAPES, ["fp16"], timeout=20)
     assert not ok and wr.status == "timeout"
-    assert "no progress for 8s" in reason and "candidate on 3x64 fp16 normal" in reason
+    assert "no progress for 20s" in reason and "candidate on 3x64 fp16 normal" in reason
     ok, reason, failures, *_ , wr = _run("silu_and_mul", "good", "segfault", SILU_SHAPES, ["fp16"])
     assert not ok and wr.status == "crashed" and "SIGSEGV" in reason and "candidate on 3x64 fp16" in reason
 
@@ -256,3 +256,11 @@ def test_check_candidate_static_rejection_needs_no_gpu(tmp_path):
     assert "stream-create: creates a CUDA stream" in res.reason
     assert res.static and any(f["rule"] == "stream-create" for f in res.static)
     assert "FAIL silu_and_mul" in res.summary()
+
+
+def test_run_check_returns_a_checkrun_that_still_unpacks_as_the_old_tuple():
+    run = _run("silu_and_mul", "good", "half_written", SILU_SHAPES[:1], ["fp16"])
+    assert not run.ok and "poison left" in run.reason and run.failures[0] == run.reason
+    assert run.details == [] or all("shape" in d for d in run.details)
+    ok, reason, failures, details, notes, device, wr = run
+    assert (ok, reason, wr) == (run.ok, run.reason, run.worker) and device == run.device == "cpu"
