@@ -140,6 +140,12 @@ def test_in_context_times_are_the_basis_when_bench_has_them():
     assert "| 16x4096 | fp16 | latency-bound" in table and "| 2.89 / 1.65 | 2.80 / 1.20 | 1.032x (in-context) |" in table
     assert "| 512x14336 | fp16 | bandwidth-bound: 93% of the copy ceiling | — / 11.50 |" in table
     assert "Regimes: 1 latency-bound, 1 bandwidth-bound." in table
+    from astra_sglang.agents.report import timing_table
+
+    tt = timing_table([ctx, _t((512, 14336), 11.5, 11.4, 93.0)])
+    assert "in-context production / candidate µs" in tt and "| 2.89 / 2.80 | 1.032x (in-context) |" in tt
+    assert "| — | 1.009x (chained) (noise) |" in tt
+    assert "in-context" not in timing_table([chained])  # a bench without in-context rows: the old table
     only_chained = workload_table(regimes([_t((16, 4096), 1.65, 1.2, 5.8)], {"launch_floor_us": 0.5}))
     assert "In-context times were not measured by this bench: the chained times are the basis." in only_chained
     for regime in ("latency-bound", "bandwidth-bound", "in between", "CuTe"):
@@ -160,6 +166,8 @@ def test_gpu_rows_map_context_fields_and_refusals():
     assert refusals([old, new, bad]) == ["64x8192 fp16: 3.1 TB/s above the 2.9 TB/s copy ceiling"]
     assert refusals([{"shape": "1x8", "dtype": "bf16", "refused": "under the launch floor"}]) == [
         "1x8 bf16: under the launch floor"]
+    assert refusals([{"shape": "1x8", "dtype": "bf16", "failed": "timed graph re-check: out differs"}]) == [
+        "1x8 bf16: timed graph re-check: out differs"]
 
 
 def test_standin_refuses_impossible_timings():

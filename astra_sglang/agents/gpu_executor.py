@@ -43,8 +43,14 @@ def timing_of(r: Any) -> Timing:
 
 
 def refusals(rows: Sequence[Any]) -> List[str]:
-    """'SHAPE DTYPE: reason' for every row bench refused as impossible."""
-    return [f"{_field(r, 'shape')} {_field(r, 'dtype')}: {_field(r, 'refused')}" for r in rows if _field(r, "refused")]
+    """'SHAPE DTYPE: reason' for every row bench refused: impossible numbers or a failed re-check of
+    the timed graph (the row's `refused`, or `failed` as harness/results.py names it)."""
+    out = []
+    for r in rows:
+        why = _field(r, "refused") or _field(r, "failed")
+        if why:
+            out.append(f"{_field(r, 'shape')} {_field(r, 'dtype')}: {why}")
+    return out
 
 
 def _gpu_name() -> str:

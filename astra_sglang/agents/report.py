@@ -13,14 +13,21 @@ def _pct(x: Optional[float]) -> str:
 
 
 def timing_table(timings: Sequence[Any]) -> str:
+    """Chained times always; in-context times (and the basis each speedup used) where bench has them."""
     rows = [t if isinstance(t, Timing) else Timing.from_json(t) for t in timings]
-    lines = ["| shape | dtype | production µs | candidate µs | speedup | % of copy ceiling |",
-             "|---|---|---|---|---|---|"]
+    ctx = any(t.context_base_us is not None for t in rows)
+    lines = ["| shape | dtype | production µs | candidate µs | "
+             + ("in-context production / candidate µs | " if ctx else "") + "speedup | % of copy ceiling |",
+             "|---|---|---|---|" + ("---|" if ctx else "") + "---|---|"]
     for t in rows:
+        inctx = ""
+        if ctx:
+            inctx = (f"{t.context_base_us:.2f} / {t.context_cand_us:.2f} | " if t.context_base_us is not None
+                     and t.context_cand_us is not None else "— | ")
         lines.append(
             f"| {'x'.join(map(str, t.shape))} | {t.dtype} | {t.baseline_us:.2f} ±{100 * t.baseline_spread:.1f}% | "
-            f"{t.candidate_us:.2f} ±{100 * t.candidate_spread:.1f}% | {t.speedup:.3f}x{' (noise)' if t.noise else ''} | "
-            f"{_pct(t.pct_ceiling)} |")
+            f"{t.candidate_us:.2f} ±{100 * t.candidate_spread:.1f}% | {inctx}{t.speedup:.3f}x"
+            f"{' (' + t.basis + ')' if ctx else ''}{' (noise)' if t.noise else ''} | {_pct(t.pct_ceiling)} |")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Timing worker of the CPU stand-in executor: `python -m astra_sglang.agents.standin_worker JOB.json`
 prints one line, MARK + JSON. Production and candidate are called interleaved (P C, C P, ...) on the
-same inputs; per-call time is the wall time of a batch over the calls in it. Runs in its own
+same inputs; per-call time is the wall time of a batch over the calls in it, and a kernel's time
+the fastest of its batches. Runs in its own
 process, so a candidate that crashes or hangs takes only this process down.
 
 Beside them, the CPU's counterparts of bench's references: the launch floor (an empty function
@@ -26,9 +27,11 @@ def _time(fn, args, n: int) -> float:
 
 
 def _stats(xs: List[float]):
+    """(time, relative spread): the fastest sample, since on a shared CPU other work only adds time
+    (a median flips slower/faster under load), and the interquartile range over the median."""
     med = statistics.median(xs)
     q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
-    return med, ((q[2] - q[0]) / med if med > 0 else 0.0)
+    return min(xs), ((q[2] - q[0]) / med if med > 0 else 0.0)
 
 
 def bench(job: Dict[str, Any]) -> Dict[str, Any]:
