@@ -89,7 +89,9 @@ class GpuExecutor(Executor):
                 "variant": self.ws.variant, "arch": self.ws.manifest.get("arch"),
                 "versions": self.ws.manifest.get("versions"), **self._cute_facts(),
                 "timer": "CUDA graph of back-to-back calls over rotating input sets > 4x L2 (every call L2-cold), "
-                         f"production and candidate replayed interleaved, {self.replays} replays, median"}
+                         f"production and candidate replayed interleaved, {self.replays} replays, median; where bench "
+                         "also times a shape in context (between a producer and a consumer GEMM, decode shapes) its "
+                         "speedup uses that time"}
 
     def _cute_facts(self) -> Dict[str, Any]:
         from .cute import cutlass_version
