@@ -104,7 +104,7 @@ def validate(
 
     revert_astra_kernels()
     cases = build_cases(ops, dtypes, shapes)
-    inputs = [make_case_inputs(c, seed + i, device) for i, c in enumerate(cases)]
+    inputs = [case_inputs(c, seed + i, device) for i, c in enumerate(cases)]
     progress(f"{len(cases)} case(s); running SGLang's layers unpatched")
     if real_layers and device == "cuda" and isolate:
         baseline = _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress)
@@ -189,13 +189,12 @@ def build_cases(ops: Sequence[str], dtypes: Sequence[str], shapes: str) -> List[
     return cases
 
 
-def make_case_inputs(c: Case, seed: int, device: str) -> Dict[str, Any]:
-    import torch
-
+def case_inputs(c: Case, seed: int, device: str) -> Dict[str, Any]:
+    """The spec's inputs for a case, as check makes them (never all zeros)."""
+    from astra_sglang.harness.inputs import make_case_inputs
     from astra_sglang.registry import get_op
 
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return get_op(c.op).make_inputs(c.dims, c.dtype, gen, c.dist, device=device)
+    return make_case_inputs(get_op(c.op), c.dims, c.dtype, c.dist, seed, device)
 
 
 def _unpatched_one(layers, c: Case, inp) -> Dict[str, Any]:
@@ -288,7 +287,7 @@ def _child(argv: Sequence[str]) -> None:
         c = cases[i]
         with open(os.path.join(a["dir"], "current"), "w") as f:
             f.write(str(i))
-        got = _unpatched_one(layers, c, make_case_inputs(c, a["seed"] + i, a["device"]))
+        got = _unpatched_one(layers, c, case_inputs(c, a["seed"] + i, a["device"]))
         if a["device"] == "cuda":
             torch.cuda.synchronize()
         rec = {"refused": c.detail} if c.status == "n/a" else {"outputs": {k: v.cpu() for k, v in got.items()}}

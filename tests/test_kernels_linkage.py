@@ -24,7 +24,7 @@ OPS = [op for op in op_names() if shipped_kernel(op).is_file()]
 def test_shipped_kernel_exports_only_its_entry_point(op, tmp_path, monkeypatch):
     if not shutil.which("nm"):
         pytest.skip("needs binutils nm")
-    monkeypatch.setenv("ASTRA_SGLANG_CACHE", str(tmp_path))
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
     from astra_sglang.patch.apply import build_kernel
 
     lib = build_kernel(op, arch="sm_90")

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -171,7 +170,7 @@ def test_sglang_has_the_plugin_entry_point(which, request):
 
 
 def test_dry_run_report(sglang_root):
-    env = _env({"ASTRA_SGLANG_CACHE": str(sglang_root.parent / "patch-cache")}, [sglang_root])
+    env = _env({"ASTRA_CACHE_DIR": str(sglang_root.parent / "patch-cache")}, [sglang_root])
     cmd = [sys.executable, "-m", "astra_sglang.cli", "patch", "--dry-run", "--", "--model-path", "/m", "--port", "1"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -437,13 +436,14 @@ def silu_lib(tmp_path_factory):
         find_nvcc()
     except Exception:
         pytest.skip("needs nvcc")
-    os.environ["ASTRA_SGLANG_CACHE"] = str(tmp_path_factory.mktemp("patch-cache"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ASTRA_CACHE_DIR", str(tmp_path_factory.mktemp("patch-cache")))
     try:
         from astra_sglang.patch.apply import build_kernel
 
         return build_kernel("silu_and_mul", arch="sm_90")
     finally:
-        os.environ.pop("ASTRA_SGLANG_CACHE", None)
+        mp.undo()
 
 
 @pytest.mark.nvcc
@@ -733,11 +733,11 @@ def test_serve_plumbing_and_never_ran(silu_lib, tmp_path):
     `--ops none` runs the same server unpatched."""
     pkg = _synthetic_sglang(tmp_path / "pkg")
     cache = tmp_path / "cache"
-    (cache / "silu_and_mul").mkdir(parents=True)
+    (cache / "patch" / "silu_and_mul").mkdir(parents=True)
     import shutil
 
-    shutil.copy(silu_lib, cache / "silu_and_mul" / Path(silu_lib).name)
-    env = {"PYTHONPATH": os.pathsep.join([str(pkg), str(TESTS)]), "ASTRA_SGLANG_CACHE": str(cache)}
+    shutil.copy(silu_lib, cache / "patch" / "silu_and_mul" / Path(silu_lib).name)
+    env = {"PYTHONPATH": os.pathsep.join([str(pkg), str(TESTS)]), "ASTRA_CACHE_DIR": str(cache)}
     cdir = tmp_path / "cnt"
     p = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", "silu_and_mul",
                         "--arch", "sm_90", "--sglang-src", str(pkg), "--counter-dir", str(cdir), "--", "--port", "1"],
