@@ -32,6 +32,7 @@ def op_rows() -> List[Dict[str, Any]]:
             ad = op_part(name, "adapter").ADAPTER
             jit = [f"{f}:{r.method}" for f, rs in ad.jit_routes.items() for r in rs]
             row["patch"] = list(spec.replaces) + jit
+            row["default_off"] = getattr(op_part(name, "adapter"), "DEFAULT_OFF", "")
         row["missing"] = [what for what, ok in (
             ("extract", bool(row["extract"]) and not row["extract_missing_launchers"]),
             ("kernel", row["kernel"]), ("patch", bool(row["patch"])), ("validate", row["validate"])) if not ok]
@@ -47,9 +48,11 @@ def ops_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'op':20s} {'extract':22s} {'kernel':6s} {'validate':8s} patches")
+    click.echo(f"{'op':24s} {'extract':22s} {'kernel':6s} {'validate':8s} patches")
     for r in rows:
-        click.echo(f"{r['op']:20s} {','.join(r['extract']) or '-':22s} {'yes' if r['kernel'] else 'no':6s} "
+        click.echo(f"{r['op']:24s} {','.join(r['extract']) or '-':22s} {'yes' if r['kernel'] else 'no':6s} "
                    f"{'yes' if r['validate'] else 'no':8s} {', '.join(r['patch']) or '-'}")
+        if r.get("default_off"):
+            click.echo(f"{'':24s} not in --ops all: {r['default_off']}")
         if r["missing"]:
-            click.echo(f"{'':20s} missing: {', '.join(r['missing'])}")
+            click.echo(f"{'':24s} missing: {', '.join(r['missing'])}")

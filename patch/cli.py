@@ -25,7 +25,8 @@ def _progress(msg: str) -> None:
 def _ops(text: Optional[str]) -> List[str]:
     from . import patchable_ops
 
-    return cfg.parse_ops(text if text is not None else "all", patchable_ops())
+    known = patchable_ops()
+    return cfg.parse_ops(text if text is not None else "all", known, cfg.default_ops(known))
 
 
 def _candidates(items: Sequence[str]) -> Dict[str, Path]:

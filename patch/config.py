@@ -41,15 +41,25 @@ def disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return v.strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def parse_ops(text: Optional[str], known: List[str]) -> List[str]:
-    """'a,b' / 'all' / 'none' -> list of op names (validated against `known`)."""
+def default_ops(known: List[str]) -> List[str]:
+    """What 'all' patches: every patchable op whose adapter does not say why it stays off by default
+    (DEFAULT_OFF in kernels/<op>/adapter.py: slower in context, or not yet measured there). Such an
+    op is still patched when named."""
+    from astra_sglang.registry import op_part
+
+    return [o for o in known if not getattr(op_part(o, "adapter"), "DEFAULT_OFF", "")]
+
+
+def parse_ops(text: Optional[str], known: List[str], default: Optional[List[str]] = None) -> List[str]:
+    """'a,b' / 'all' / 'none' -> list of op names (validated against `known`). 'all' is `default`
+    (the ops patched unless named: see patch.default_ops) when given, else every known op."""
     if text is None:
         return []
     t = text.strip()
     if t.lower() in ("", "none"):
         return []
     if t.lower() == "all":
-        return list(known)
+        return list(known if default is None else default)
     ops = [p.strip() for p in t.split(",") if p.strip()]
     bad = [o for o in ops if o not in known]
     if bad:
@@ -97,7 +107,7 @@ class PatchConfig:
         cdir = env.get(ENV_COUNTER_DIR)
         plan = env.get(ENV_PLAN)
         return cls(
-            ops=parse_ops(env.get(ENV_OPS), known),
+            ops=parse_ops(env.get(ENV_OPS), known, default_ops(known)),
             candidates=parse_pairs(env.get(ENV_CANDIDATES), "candidate"),
             libs=parse_pairs(env.get(ENV_LIBS), "library"),
             self_check=mode,

@@ -42,6 +42,9 @@ def _rope_normalize(c):
     return {"q": q, "k": k, "cos_sin_cache": cache, "positions": pos}, (t, hq, hk, hs, r, qs, ks)
 
 
+# `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
+DEFAULT_OFF = "not yet timed in context (the 2026-11-23 H200 bench refused its rows on a harness drift, since fixed)"
+
 ADAPTER = OpAdapter(
     op="rope",
     data="q",

@@ -51,6 +51,9 @@ def _rope_store_normalize(c):
     return views, (t, hq, hk, d, qs, ks, vs)
 
 
+# `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
+DEFAULT_OFF = "not yet timed in context (the 2026-11-23 H200 bench refused its rows on a harness drift, since fixed)"
+
 ADAPTER = OpAdapter(
     op="rope_store",
     data="q",

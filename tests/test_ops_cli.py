@@ -1,0 +1,28 @@
+"""`astra-sglang ops` and what `--ops all` patches (CPU)."""
+import json
+
+from astra_sglang.cli import main
+
+
+def test_ops_json_lists_every_registered_op_with_its_parts(capsys):
+    from astra_sglang.registry import op_names
+
+    main(["ops", "--json"])
+    rows = {r["op"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(op_names())
+    for r in rows.values():
+        assert r["missing"] == [], (r["op"], r["missing"])
+        assert r["extract"] and r["kernel"] and r["patch"] and r["validate"]
+
+
+def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them():
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.config import default_ops, parse_ops
+    from astra_sglang.registry import op_part
+
+    known = patchable_ops()
+    off = [o for o in known if getattr(op_part(o, "adapter"), "DEFAULT_OFF", "")]
+    assert "kv_store" in off  # 0.93x in context on the H200: not patched unless named
+    everything = parse_ops("all", known, default_ops(known))
+    assert not set(off) & set(everything) and "fused_add_rmsnorm" in everything
+    assert parse_ops("kv_store", known, default_ops(known)) == ["kv_store"]
