@@ -27,6 +27,7 @@ import ctypes
 import json
 import mmap
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -134,6 +135,7 @@ class CounterFile:
     def _write_meta(self) -> None:
         meta = {
             "pid": self.pid,
+            "rank": process_rank(),
             "ppid": os.getppid(),
             "argv": sys.argv[:8],
             "started": time.time(),
@@ -167,6 +169,28 @@ class ProcessCounters:
     counts: Dict[str, Dict[str, int]]
     status: Dict[str, Dict[str, object]] = field(default_factory=dict)
     argv: List[str] = field(default_factory=list)
+    rank: Optional[str] = None
+
+
+def process_rank() -> Optional[str]:
+    """This process's tensor-parallel rank as SGLang names it ("TP1", "TP0 EP0"), or None.
+
+    SGLang titles each scheduler process `sglang::scheduler_TP<r>...` (setproctitle rewrites
+    /proc/self/cmdline); torch.distributed's rank is the fallback once it is initialized."""
+    try:
+        title = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        title = ""
+    m = re.search(r"((?:[TPDE]P\d+[ _]?)+)", title.rsplit("::", 1)[-1]) if "sglang::" in title else None
+    if m:
+        return m.group(1).replace("_", " ").strip()
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return f"rank{dist.get_rank()}"
+    except Exception:
+        pass
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -217,7 +241,8 @@ def read_counters(directory: Optional[Path] = None) -> List[ProcessCounters]:
                 meta = json.loads(meta_p.read_text())
             except (OSError, ValueError):
                 meta = {}
-        procs.append(ProcessCounters(pid, _alive(pid), counts, meta.get("status", {}), meta.get("argv", [])))
+        procs.append(ProcessCounters(pid, _alive(pid), counts, meta.get("status", {}), meta.get("argv", []),
+                                     meta.get("rank")))
     return procs
 
 
@@ -282,14 +307,15 @@ def totals(directory: Optional[Path] = None) -> Dict[str, Dict[str, int]]:
 
 
 def format_table(procs: List[ProcessCounters]) -> str:
-    rows = [("pid", "op", *FIELDS, "state")]
+    rows = [("pid", "rank", "op", *FIELDS, "state")]
     for p in procs:
         for op, c in p.counts.items():
             st = p.status.get(op, {})
             state = str(st.get("state", ""))
             if st.get("reason"):
                 state += f" ({st['reason']})"
-            rows.append((f"{p.pid}{'' if p.alive else '†'}", op, *(str(c.get(f, 0)) for f in FIELDS), state))
+            rows.append((f"{p.pid}{'' if p.alive else '†'}", p.rank or "-", op, *(str(c.get(f, 0)) for f in FIELDS),
+                         state))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
     return "\n".join(lines)

@@ -26,3 +26,23 @@ def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them(
     everything = parse_ops("all", known, default_ops(known))
     assert not set(off) & set(everything) and "fused_add_rmsnorm" in everything
     assert parse_ops("kv_store", known, default_ops(known)) == ["kv_store"]
+
+
+def test_counters_name_the_tp_rank_sglang_gives_a_worker(tmp_path):
+    """patch --counters shows each process's TP rank (SGLang titles a worker sglang::scheduler_TP<r>;
+    setproctitle rewrites /proc/self/cmdline, which a child started under that name shows too)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib; c = importlib.import_module('astra_sglang.patch.counters'); "
+            "f = c.CounterFile(__import__('pathlib').Path(%r), ['silu_and_mul']); f.bump('silu_and_mul', 'calls'); "
+            "f.set_status('silu_and_mul', state='active'); print(c.process_rank())" % str(tmp_path))
+    out = subprocess.run(["bash", "-c", f'exec -a "sglang::scheduler_TP1" {sys.executable} -c "$0"', code],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "TP1"
+    from astra_sglang.patch.counters import format_table, read_counters
+
+    procs = read_counters(tmp_path)
+    assert [p.rank for p in procs] == ["TP1"]
+    assert "TP1" in format_table(procs)
