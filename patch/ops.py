@@ -287,6 +287,7 @@ class OpState:
                 original(views)
             return
         self.counters.bump(self.name, "calls")
+        self.counters.record_shape(self.name, dims, dt, capturing)  # shape telemetry: --shapes FILE
         if capturing:
             self.counters.bump(self.name, "captured")
 
@@ -326,6 +327,7 @@ class OpState:
                 original(views)
             return
         self.counters.bump(self.name, "calls")
+        self.counters.record_shape(self.name, dims, dt, False)
         got = {n: (views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
                    else views[n]) for n in self.layout.mutated}
         sdims = (len(idx),) + tuple(dims[1:]) if idx is not None else tuple(dims)
