@@ -116,6 +116,9 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
     if serve and not server_args and not dry_run:
         raise AstraError("no server arguments: give them after `--`, e.g. "
                          "`astra-sglang patch --serve -- --model-path DIR --port 30000`")
+    if serve and not dry_run and python_exe == sys.executable:  # the server runs in this Python
+        from astra_sglang.preconditions import require
+        require("sglang")
     if counter_dir:
         cdir = Path(counter_dir)
     elif dry_run:
@@ -257,6 +260,8 @@ def validate_cmd(ops_text, candidate_items, dtypes, shapes, seed, json_out):
     ops = _ops(ops_text)
     if not ops:
         raise AstraError("--ops none: nothing to validate")
+    from astra_sglang.preconditions import require
+    require("sglang", "gpu", "cuda_torch")
     results = validate(ops, candidates=_candidates(candidate_items), dtypes=[d.strip() for d in dtypes.split(",")],
                        shapes=shapes, seed=seed, progress=_progress)
     click.echo(format_results(results))

@@ -386,3 +386,42 @@ def test_bad_input_via_the_console_script(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip() == "error: --sglang '0.5.x' is not a version (give it as 0.5.23)"
     assert not any(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------- the other commands' preconditions
+
+
+@pytest.fixture
+def bare_machine(monkeypatch):
+    """No GPU, a CPU-only torch, no SGLang: the answers of a fresh CPU machine, on any machine."""
+    monkeypatch.setitem(pre.CHECKS, "gpu", lambda: "no NVIDIA GPU found (stand-in)")
+    monkeypatch.setitem(pre.CHECKS, "cuda_torch", lambda: "torch is a CPU-only build (stand-in)")
+    monkeypatch.setitem(pre.CHECKS, "sglang", lambda: "SGLang is not installed (stand-in)")
+
+
+def test_e2e_without_sglang_is_named_up_front_and_leaves_no_out_dir(bare_machine, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(["e2e", "--model-path", "llama3-8b", "--ops", "silu_and_mul"], capsys)
+    assert code == 2
+    assert _errors(err)[0] == "error: SGLang is not installed (stand-in)"
+    assert list(tmp_path.iterdir()) == []  # no e2e-out/
+
+
+def test_patch_serve_without_sglang_is_one_line(bare_machine, capsys, tmp_path):
+    code, _, err = _run(["patch", "--serve", "--ops", "none", "--", "--model-path", str(tmp_path)], capsys)
+    assert code == 2
+    _one_error(err, "SGLang is not installed (stand-in)")
+
+
+def test_validate_names_every_missing_piece(bare_machine, capsys):
+    code, _, err = _run(["validate", "--ops", "silu_and_mul"], capsys)
+    assert code == 2
+    assert _errors(err) == ["error: SGLang is not installed (stand-in)", "error: no NVIDIA GPU found (stand-in)",
+                            "error: torch is a CPU-only build (stand-in)"]
+
+
+def test_optimize_names_an_unknown_op_before_the_api_key(capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, _, err = _run(["optimize", "no_such_op", "--rounds", "1", "--model", "o4-mini"], capsys)
+    assert code == 2
+    _one_error(err, "unknown op 'no_such_op'")

@@ -109,6 +109,7 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
     try:
         from . import sdk
 
+        get_op(op)  # an unknown op is named before the SDK or the API key
         agents_sdk = sdk.require()
         pspec = resolve(model, base_url, api_key, strict_schema, redactor)
         spec = get_op(op)
@@ -125,6 +126,8 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
             from .gpu_executor import GpuExecutor
 
             ws = Workspace.open(op, path=ws_path) if ws_path else Workspace.open(op, root=root)
+            from ..preconditions import require
+            require("gpu", "cuda_torch")
             run_dir = run_dir or ws.path / ("optimize" + ("-single" if single_agent else ""))
             ex = GpuExecutor(spec, ws, check_shapes=check_shapes, final_shapes=final_shapes, replays=replays)
         bench_shapes = [s.dims for s in spec.shapes(shapes)] if shapes else ex.default_bench_shapes()
