@@ -69,6 +69,57 @@ def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]
     return None
 
 
+# ---------------------------------------------------------------------- shapes of op families
+# Normalizers shared by ops of one shape (each op's adapter.py picks one): rows of a gated
+# activation, and rows normalized with a per-channel weight.
+def gated_rows(c: Dict[str, Any]):
+    """input [..., 2d] -> out [..., d] (silu/gelu/gelu_tanh _and_mul): 2-D views and (tokens, d)."""
+    x, out = c["input"], c["out"]
+    if x.dim() < 1 or x.shape[-1] % 2:
+        return f"input's last dimension {tuple(x.shape)[-1:]} is not even"
+    d = x.shape[-1] // 2
+    if tuple(out.shape) != tuple(x.shape[:-1]) + (d,):
+        return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
+    bad = contiguity_problem(c, ("input", "out"))
+    if bad:
+        return bad
+    if x.dim() == 2:
+        return {"input": x, "out": out}, (x.shape[0], d)
+    t = x.numel() // (2 * d) if d else 0
+    return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
+
+
+def gated_out(c: Dict[str, Any]):
+    """The `out` a gated activation allocates when the caller passes none."""
+    x = c["input"]
+    return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // 2,))
+
+
+def weighted_rows(rows: Tuple[str, ...]):
+    """A normalizer for ops over rows of width h with a weight [h] (rmsnorm family): `rows` are the
+    tensors shaped like `input` (input, out / residual). Extra dimensions flatten into rows
+    (flashinfer's 3-D per-head form is the same math per row)."""
+
+    def normalize(c: Dict[str, Any]):
+        x, w = c["input"], c["weight"]
+        if x.dim() < 1:
+            return "input is 0-d"
+        h = x.shape[-1]
+        for n in rows:
+            if tuple(c[n].shape) != tuple(x.shape):
+                return f"{n} shape {tuple(c[n].shape)} != input shape {tuple(x.shape)}"
+        if tuple(w.shape) != (h,):
+            return f"weight shape {tuple(w.shape)} != ({h},)"
+        bad = contiguity_problem(c, tuple(rows) + ("weight",))
+        if bad:
+            return bad
+        t = x.numel() // h if h else 0
+        views = {n: (c[n] if x.dim() == 2 else c[n].view(t, h)) for n in rows}
+        return {**views, "weight": w}, ((x.shape[0] if x.dim() == 2 else t), h)
+
+    return normalize
+
+
 def get_adapter(op: str) -> OpAdapter:
     """kernels/<op>/adapter.py's ADAPTER; an op without one is an error naming the file."""
     from astra_sglang.registry import op_part

@@ -2,25 +2,7 @@
 this op's kernel ABI. patch/adapters.py holds the machinery and says what each field means."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import JitRoute, OpAdapter, contiguity_problem
-
-
-def _rms_normalize(c):
-    x, r, w = c["input"], c["residual"], c["weight"]
-    if x.dim() < 1:
-        return "input is 0-d"
-    h = x.shape[-1]
-    if tuple(r.shape) != tuple(x.shape):
-        return f"residual shape {tuple(r.shape)} != input shape {tuple(x.shape)}"
-    if tuple(w.shape) != (h,):
-        return f"weight shape {tuple(w.shape)} != ({h},)"
-    bad = contiguity_problem(c, ("input", "residual", "weight"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"input": x, "residual": r, "weight": w}, (x.shape[0], h)
-    t = x.numel() // h if h else 0
-    return {"input": x.view(t, h), "residual": r.view(t, h), "weight": w}, (t, h)
+from astra_sglang.patch.adapters import JitRoute, OpAdapter, weighted_rows
 
 
 ADAPTER = OpAdapter(
@@ -29,7 +11,7 @@ ADAPTER = OpAdapter(
     same_dtype=("input", "residual", "weight"),
     rowwise=("input", "residual"),
     ignorable=frozenset({"enable_pdl"}),
-    normalize=_rms_normalize,
+    normalize=weighted_rows(("input", "residual")),
     returns=lambda c: None,
     jit_routes={
         # sglang.kernels.ops.layernorm.norm._jit_fused_add_rmsnorm_module(dtype, cast_x_before_out_mul)

@@ -8,23 +8,7 @@ op through the Python callables in the spec's `replaces`; direct users of the JI
 gelu activations, GGUF) stay SGLang's until patch chains several ops' routes on one factory."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
-
-
-def _act_normalize(c):
-    x, out = c["input"], c["out"]
-    if x.dim() < 1 or x.shape[-1] % 2:
-        return f"input's last dimension {tuple(x.shape)[-1:]} is not even"
-    d = x.shape[-1] // 2
-    if tuple(out.shape) != tuple(x.shape[:-1]) + (d,):
-        return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
-    bad = contiguity_problem(c, ("input", "out"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"input": x, "out": out}, (x.shape[0], d)
-    t = x.numel() // (2 * d) if d else 0
-    return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
+from astra_sglang.patch.adapters import OpAdapter, gated_out, gated_rows
 
 
 ADAPTER = OpAdapter(
@@ -32,7 +16,7 @@ ADAPTER = OpAdapter(
     data="input",
     same_dtype=("input", "out"),
     rowwise=("input", "out"),
-    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape[:-1]) + (c["input"].shape[-1] // 2,))},
-    normalize=_act_normalize,
+    alloc={"out": gated_out},
+    normalize=gated_rows,
     returns=lambda c: c["out"],
 )

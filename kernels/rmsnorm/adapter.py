@@ -5,26 +5,7 @@ Not routed: sglang.kernels.ops.layernorm.norm.rmsnorm (the JIT rmsnorm.cuh, used
 own hidden-size list) and the HF-parity rmsnorm_hf (cast before the weight multiply: a different rounding)."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
-
-
-def _rms_normalize(c):
-    x, w, out = c["input"], c["weight"], c["out"]
-    if x.dim() < 1:
-        return "input is 0-d"
-    h = x.shape[-1]
-    if tuple(out.shape) != tuple(x.shape):
-        return f"out shape {tuple(out.shape)} != input shape {tuple(x.shape)}"
-    if tuple(w.shape) != (h,):
-        return f"weight shape {tuple(w.shape)} != ({h},)"
-    bad = contiguity_problem(c, ("input", "weight", "out"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"out": out, "input": x, "weight": w}, (x.shape[0], h)
-    # flashinfer's 3-D form ([tokens, heads, head_dim], per-head norm) is the same math per row
-    t = x.numel() // h if h else 0
-    return {"out": out.view(t, h), "input": x.view(t, h), "weight": w}, (t, h)
+from astra_sglang.patch.adapters import OpAdapter, weighted_rows
 
 
 ADAPTER = OpAdapter(
@@ -34,6 +15,6 @@ ADAPTER = OpAdapter(
     rowwise=("input", "out"),
     ignorable=frozenset({"enable_pdl"}),
     alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape))},
-    normalize=_rms_normalize,
+    normalize=weighted_rows(("input", "out")),
     returns=lambda c: c["out"],
 )

@@ -2,23 +2,7 @@
 this op's kernel ABI. patch/adapters.py holds the machinery and says what each field means."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import JitRoute, OpAdapter, contiguity_problem
-
-
-def _silu_normalize(c):
-    x, out = c["input"], c["out"]
-    if x.dim() < 1 or x.shape[-1] % 2:
-        return f"input's last dimension {tuple(x.shape)[-1:]} is not even"
-    d = x.shape[-1] // 2
-    if tuple(out.shape) != tuple(x.shape[:-1]) + (d,):
-        return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
-    bad = contiguity_problem(c, ("input", "out"))
-    if bad:
-        return bad
-    if x.dim() == 2:
-        return {"input": x, "out": out}, (x.shape[0], d)
-    t = x.numel() // (2 * d) if d else 0
-    return {"input": x.view(t, 2 * d), "out": out.view(t, d)}, (t, d)
+from astra_sglang.patch.adapters import JitRoute, OpAdapter, gated_out, gated_rows
 
 
 ADAPTER = OpAdapter(
@@ -26,8 +10,8 @@ ADAPTER = OpAdapter(
     data="input",
     same_dtype=("input", "out"),
     rowwise=("input", "out"),
-    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape[:-1]) + (c["input"].shape[-1] // 2,))},
-    normalize=_silu_normalize,
+    alloc={"out": gated_out},
+    normalize=gated_rows,
     returns=lambda c: c["out"],
     jit_routes={
         # sglang.kernels.ops.activation.activation.activation_module(dtype, *, fast_math=True)
