@@ -166,7 +166,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     from .model_configs import resolve_model_path, shipped_configs
     from .stats import ab_schedule
 
-    if not analyze_path and python_exe == sys.executable:  # the servers run in this Python: name what it lacks first
+    stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
+    if not analyze_path and not stand_in and python_exe == sys.executable:  # SGLang runs in this Python: what it lacks, first
         from astra_sglang.preconditions import require
         require("sglang", "gpu", "cuda_torch")
     out_dir.mkdir(parents=True, exist_ok=True)
