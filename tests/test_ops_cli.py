@@ -46,3 +46,32 @@ def test_counters_name_the_tp_rank_sglang_gives_a_worker(tmp_path):
     procs = read_counters(tmp_path)
     assert [p.rank for p in procs] == ["TP1"]
     assert "TP1" in format_table(procs)
+
+
+def test_check_and_bench_name_an_unknown_op_and_a_missing_gpu_before_any_work(tmp_path, monkeypatch, capsys, request):
+    """On a machine without a GPU: unknown op first; then every missing GPU piece, exit 2, no bench JSON."""
+    import pytest
+
+    from astra_sglang.preconditions import missing
+
+    monkeypatch.chdir(tmp_path)
+    for cmd in (["check", "no_such_op"], ["bench", "no_such_op"]):
+        with pytest.raises(SystemExit) as e:
+            main(cmd)
+        assert e.value.code == 2
+        assert "unknown op 'no_such_op'" in capsys.readouterr().err
+    if not missing("gpu", "cuda_torch"):
+        pytest.skip("this machine has a GPU")
+    from astra_sglang.build import Arch
+    from astra_sglang.extract import discover, extract
+    from astra_sglang.registry import get_op
+
+    src = request.getfixturevalue("wheel_sources")
+    extract(get_op("silu_and_mul"), discover(src["sglang"], src["flashinfer"], src["tvm"]),
+            tmp_path / "astra-work" / "silu_and_mul", Arch(9, 0))
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "silu_and_mul", "--out", str(tmp_path / "out" / "b.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") >= 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -398,6 +398,8 @@ def bench(
 
     t0 = time.monotonic()
     say = progress or (lambda s: None)
+    if replays < 1:
+        raise AstraError(f"--replays must be at least 1, not {replays}")
     if l2 not in ("cold", "warm"):
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
     spec = get_op(op)
@@ -432,6 +434,10 @@ def bench(
             s = summarize(scan_file(cand_path, ws.include_dirs))
             if s:
                 return fail(s)
+    # arguments and the static scan above need no GPU; everything below does (one error: line each, exit 2)
+    from ..preconditions import require
+
+    require("gpu", "cuda_torch")
     say("building the production baseline")
     pb = ws.build()
     if not pb.ok:

@@ -95,6 +95,10 @@ def check_candidate(
             res.reason = summarize(findings) or "static check failed"
             res.failures = [f"static check: {f.one_line()}" for f in static_errors(findings)]
             return done("static")
+    # arguments and the static scan above need no GPU; everything below does (one error: line each, exit 2)
+    from ..preconditions import require
+
+    require("gpu", "cuda_torch")
     say("building the production baseline")
     pb = ws.build()
     if not pb.ok:

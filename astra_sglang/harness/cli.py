@@ -26,7 +26,9 @@ def _dtypes(values: Sequence[str]) -> Optional[Tuple[str, ...]]:
 
 def _workspace(op: str, ws_path: Optional[Path], root: Path):
     from ..build.workspace import Workspace
+    from ..registry import get_op
 
+    get_op(op)  # an unknown op is named as such, before any workspace is looked for
     return Workspace.open(op, path=ws_path) if ws_path else Workspace.open(op, root=root)
 
 
