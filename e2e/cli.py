@@ -167,6 +167,22 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     from .stats import ab_schedule
 
     stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
+    # the arguments first, then what is missing, then the first write
+    if not analyze_path:
+        if not model_path:
+            raise AstraError("--model-path is required (a dir with config.json, or a shipped config: "
+                             f"{', '.join(shipped_configs())})")
+        if step:
+            from .step import parse_sizes
+
+            if load_format != "dummy":
+                raise AstraError("--step runs dummy weights only (--load-format dummy)")
+            if input_len < 1:
+                raise AstraError("--input-len must be >= 1")
+            sizes = parse_sizes(batch_sizes, "--batch-size")
+        elif ops.strip() == "none":
+            raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
+        model_path = str(resolve_model_path(model_path))
     if not analyze_path and not stand_in and python_exe == sys.executable:  # SGLang runs in this Python: what it lacks, first
         from astra_sglang.preconditions import require
         require("sglang", "gpu", "cuda_torch")
@@ -179,17 +195,9 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     if analyze_path:
         click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
         return
-    if not model_path:
-        raise AstraError("--model-path is required (a dir with config.json, or a shipped config: "
-                         f"{', '.join(shipped_configs())})")
     if step:
-        from .step import parse_sizes, run_step
+        from .step import run_step
 
-        if load_format != "dummy":
-            raise AstraError("--step runs dummy weights only (--load-format dummy)")
-        if input_len < 1:
-            raise AstraError("--input-len must be >= 1")
-        sizes = parse_sizes(batch_sizes, "--batch-size")
         md = run_step(model_path, ops, sizes, input_len, output_len, rounds, out_dir, aa=aa, calibrate=calibrate,
                       python=python_exe, module=worker_module, profile_steps=profile_steps, profile=not no_profile,
                       port=port, mem_fraction=mem_fraction if mem_fraction != 0.85 else 0.9,
@@ -197,9 +205,6 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       self_check=self_check, tokenizer_path=tokenizer_path)
         click.echo(md)
         return
-    if ops.strip() == "none":
-        raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
-    model_path = str(resolve_model_path(model_path))
     out_dir = out_dir.resolve()
     cfg_path = Path(model_path) / "config.json"
     if vocab_size is None:
