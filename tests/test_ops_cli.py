@@ -75,3 +75,20 @@ def test_check_and_bench_name_an_unknown_op_and_a_missing_gpu_before_any_work(tm
     err = capsys.readouterr().err
     assert err.count("error:") >= 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.nvcc
+@pytest.mark.wheels
+def test_the_first_check_after_extract_reuses_extracts_build(tmp_path, wheel_sources):
+    """extract builds in a temporary folder and moves the workspace into place; the build cache key counts
+    include dirs inside the workspace relative to it, so the moved workspace's build is found again."""
+    from astra_sglang.build.workspace import Workspace
+
+    w = wheel_sources
+    main(["extract", "silu_and_mul", "--sglang-src", str(w["sglang"]), "--flashinfer-src", str(w["flashinfer"]),
+          "--tvm-ffi-src", str(w["tvm"]), "--arch", "sm_90", "--out", str(tmp_path)])
+    res = Workspace.open("silu_and_mul", path=tmp_path / "silu_and_mul").build()
+    assert res.ok and res.cached

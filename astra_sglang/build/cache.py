@@ -67,6 +67,13 @@ def ninja_text(nvcc: str, flags: Sequence[str], includes: Sequence[str], out: st
     )
 
 
+def _key_path(p: Path, base: Path) -> str:
+    try:
+        return "./" + str(p.relative_to(base))
+    except ValueError:
+        return str(p)
+
+
 def build_shared(
     source: Path,
     include_dirs: Sequence[Path],
@@ -84,7 +91,9 @@ def build_shared(
     source = Path(source).resolve()
     key_src = "\n".join(
         [source.read_text(errors="replace"), closure_hash, " ".join(flags), nvcc_version(nvcc)]
-        + [str(Path(i).resolve()) for i in include_dirs]
+        # include dirs inside the source's folder count relative to it: a workspace built in extract's
+        # temporary folder and moved into place keeps its key (the closure hash covers their contents)
+        + [_key_path(Path(i).resolve(), source.parent) for i in include_dirs]
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     cache_dir.mkdir(parents=True, exist_ok=True)
