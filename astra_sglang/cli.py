@@ -150,7 +150,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
 
     def build_in(tmp: Path) -> None:
         from .build import first_error_line
-        from .workspace import Workspace
+        from astra_sglang.build.workspace import Workspace
         from astra_sglang.extract.progress import ticker
 
         _progress("building the baseline with nvcc (a cold build takes seconds to a minute)")

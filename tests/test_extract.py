@@ -22,7 +22,7 @@ from astra_sglang.extract import extractor as extractor_mod
 from astra_sglang.extract import sources as sources_mod
 from astra_sglang.extract.extractor import validate_dtype
 from astra_sglang.registry import get_op, op_names
-from astra_sglang.workspace import Workspace
+from astra_sglang.build.workspace import Workspace
 
 # Every variant extractable from the wheels alone (merge_state's sgl_kernel needs a checkout).
 WHEEL_VARIANTS: List[Tuple[str, str]] = [

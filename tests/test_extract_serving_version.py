@@ -13,7 +13,7 @@ JIT_ACTIVATIONS = [op for op in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_
 def test_jit_activation_builds_from_sglang_0_5_17(op, wheel_sources, sglang_0_5_17_source, tmp_path):
     from astra_sglang.build import Arch
     from astra_sglang.extract import discover, extract
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     try:
         spec = get_op(op)

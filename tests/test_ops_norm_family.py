@@ -178,7 +178,7 @@ def test_default_variants_extractable_from_the_wheels(wheel_roots):
 def test_extracted_workspace_builds_for_sm90(op, wheel_roots, tmp_path):
     from astra_sglang.build import Arch
     from astra_sglang.extract import extract
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     spec = get_op(op)
     dest = tmp_path / op
@@ -210,7 +210,7 @@ def test_activation_launchers_build_from_sglang_0_5_17(op, wheel_sources, sglang
     namespace sglang: the launcher names the kernel unqualified and builds against both."""
     from astra_sglang.build import Arch
     from astra_sglang.extract import discover, extract
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     roots = discover(sglang_0_5_17_source, wheel_sources["flashinfer"], wheel_sources["tvm"])
     dest = tmp_path / op

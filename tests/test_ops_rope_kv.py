@@ -43,7 +43,7 @@ def built(request, tmp_path_factory):
         pytest.skip("needs nvcc")
     from astra_sglang.build import Arch
     from astra_sglang.extract import discover, extract
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     ws_src = request.getfixturevalue("wheel_sources")
     root = tmp_path_factory.mktemp("ropekv")
@@ -184,7 +184,8 @@ def _standin(op):
 @pytest.mark.parametrize("op", OPS)
 def test_harness_runs_every_edge_shape_and_distribution_on_cpu(op, monkeypatch):
     """make_inputs, the guard regions, in-place roles, scalars and the tolerance rule fit together."""
-    from astra_sglang.check import GuardedSet, run_case
+    from astra_sglang.harness.guards import GuardedSet
+    from astra_sglang.harness.oracle import run_case
 
     # CPU-sized tables: a short cos/sin cache and KV pool (the GPU runs use the spec's)
     mod = op_part(op, "spec")

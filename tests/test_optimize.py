@@ -1,6 +1,6 @@
 """`astra-sglang optimize` end to end, offline: the scripted model drives the SDK's real Runner, the CPU
 stand-in executor compiles C candidates with the host compiler and checks them with the project's
-oracle (astra_sglang.check, device cpu).
+oracle (astra_sglang.harness, device cpu).
 
 The main run replays tests/optimize_fixtures/cpu/script.json: round 1 does not compile (nor does
 its fix), round 2 is wrong (an unwritten tail), round 3 is correct but slower, round 4 is correct

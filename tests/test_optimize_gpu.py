@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def workspace(wheel_sources, tmp_path_factory):
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     dest = tmp_path_factory.mktemp("optws") / "silu_and_mul"
     roots = discover(wheel_sources["sglang"], wheel_sources["flashinfer"], wheel_sources["tvm"])

@@ -417,7 +417,7 @@ def test_extracted_production_launchers_pass(wheel_sources, tmp_path):
     from astra_sglang.build import Arch
     from astra_sglang.extract import available_variants, discover, extract
     from astra_sglang.registry import get_op, op_names
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     roots = discover(wheel_sources["sglang"], wheel_sources["flashinfer"], wheel_sources["tvm"])
     scanned = []

@@ -122,7 +122,7 @@ def optimize_cmd(op, rounds, model, base_url, api_key, single_agent, resume, run
             run_dir = run_dir or Path(root) / op / ("optimize-cpu" + ("-single" if single_agent else ""))
             ex = StandinExecutor(spec, baseline, run_dir, check_shapes=check_shapes, final_shapes=final_shapes)
         else:
-            from ..workspace import Workspace
+            from astra_sglang.build.workspace import Workspace
             from .gpu_executor import GpuExecutor
 
             ws = Workspace.open(op, path=ws_path) if ws_path else Workspace.open(op, root=root)

@@ -1,6 +1,6 @@
 """What the loop needs from whoever compiles, checks and times candidates.
 
-Two implementations: `GpuExecutor` (gpu_executor.py) calls astra_sglang.check / astra_sglang.bench
+Two implementations: `GpuExecutor` (gpu_executor.py) calls astra_sglang.harness (check / bench)
 on the extracted workspace; `StandinExecutor` (standin.py) compiles C candidates with the host
 compiler and checks/times them on the CPU, so the loop runs offline in CI.
 """

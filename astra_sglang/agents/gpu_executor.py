@@ -1,7 +1,7 @@
-"""The real executor: candidates go through astra_sglang.check (static checks, nvcc build,
-fp64 + production oracle in a worker process), astra_sglang.bench (L2-cold CUDA-graph timing
+"""The real executor: candidates go through astra_sglang.harness.check (static checks, nvcc build,
+fp64 + production oracle in a worker process), astra_sglang.harness.bench (L2-cold CUDA-graph timing
 interleaved with production, chained and in context, re-check in the timed buffers, impossible
-numbers refused) and astra_sglang.ncu. Where flashinfer-python's CUTLASS/CuTe headers are found
+numbers refused) and astra_sglang.harness.ncu. Where flashinfer-python's CUTLASS/CuTe headers are found
 (cute.py), every build of the run has them on its include path.
 
 It needs the extracted workspace and, for check/bench/ncu, torch with a GPU; the orchestrator
@@ -65,7 +65,7 @@ class GpuExecutor(Executor):
     def __init__(self, spec, workspace, check_shapes: str = "check", final_shapes: str = "corpus+edge",
                  replays: int = 30, timeout: float = 60.0, progress=None, cute: bool = True) -> None:
         super().__init__(spec)
-        from ..check import select_shapes
+        from astra_sglang.harness.cases import select_shapes
         from .cute import find_include, with_includes
 
         self.cute_include = find_include(workspace.manifest) if cute else None
@@ -101,7 +101,7 @@ class GpuExecutor(Executor):
         return {"cute_include": str(self.cute_include), "cutlass_version": cutlass_version(self.cute_include)}
 
     def default_bench_dtypes(self) -> List[str]:
-        from ..check import workspace_dtypes
+        from astra_sglang.harness.cases import workspace_dtypes
 
         return [d for d in ("fp16", "bf16") if d in workspace_dtypes(self.spec, self.ws.manifest)]
 
@@ -111,7 +111,7 @@ class GpuExecutor(Executor):
     def check_suite(self, full: bool) -> str:
         shapes = self.mandatory_shapes(full)
         sel = self._final_sel if full else self._check_sel
-        from ..check import workspace_dtypes
+        from astra_sglang.harness.cases import workspace_dtypes
 
         return (f"'{sel}' shapes ({len(shapes)}: {', '.join(shape_key(s) for s in shapes[:10])}"
                 f"{', ...' if len(shapes) > 10 else ''}) x {', '.join(workspace_dtypes(self.spec, self.ws.manifest))} x "
@@ -185,7 +185,7 @@ class GpuExecutor(Executor):
         return out
 
     def _check(self, source: Optional[Path], shapes, seed: int) -> CheckResult:
-        from ..check import check_candidate
+        from astra_sglang.harness.check import check_candidate
 
         r = check_candidate(self.spec.name, self.ws, source, shapes=shapes, seed=seed, timeout=self.timeout,
                             progress=self.progress)
@@ -204,7 +204,7 @@ class GpuExecutor(Executor):
         return self._check(None, self._shapes([], extra.shapes), seed)
 
     def bench(self, source: Path, shapes: Sequence[Dims], dtypes: Sequence[str]) -> BenchResult:
-        from ..bench import bench
+        from astra_sglang.harness.bench import bench
         from ..spec import Shape
 
         rep = bench(self.spec.name, self.ws, Path(source), shapes=[Shape(tuple(d)) for d in shapes],
@@ -224,7 +224,7 @@ class GpuExecutor(Executor):
         return BenchResult(True, "", timings, info)
 
     def ncu(self, source: Path, shape: Dims, dtype: str) -> Dict[str, Any]:
-        from ..ncu import ProfilerUnavailable, format_profile, profile
+        from astra_sglang.harness.ncu import ProfilerUnavailable, format_profile, profile
 
         try:
             p = profile(self.spec.name, self.ws, Path(source), tuple(shape), dtype, progress=self.progress)

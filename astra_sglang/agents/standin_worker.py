@@ -38,7 +38,7 @@ def bench(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from astra_sglang.registry import get_op
-    from astra_sglang.runtime import KernelLib
+    from astra_sglang.build.loader import KernelLib
 
     spec = get_op(job["op"])
     cand, base = KernelLib(job["lib"], spec), KernelLib(job["baseline"], spec)

@@ -6,7 +6,7 @@ flashinfer 0.7.2 dispatches that to its CuTe-DSL kernel whenever nvidia-cutlass-
 dependency of the wheel) unless FLASHINFER_USE_CUDA_NORM=1.  A CuTe-DSL kernel has no CUDA source
 for `extract`, so `astra-sglang bench` times the CUDA norm.cuh path instead.  This script times all
 three in one process with bench's own method (L2-cold CUDA graphs of back-to-back calls over
-rotating input sets > 4x L2, interleaved replays, median; astra_sglang.bench's helpers):
+rotating input sets > 4x L2, interleaved replays, median; astra_sglang.harness.timer's helpers):
 
   cute  flashinfer.norm.fused_add_rmsnorm, eager dispatch (CuTe-DSL), PDL as SGLang enables it
   cuda  the extracted FlashInfer norm.cuh baseline (the workspace, what RESULTS.md calls production)
@@ -59,7 +59,7 @@ def main() -> int:
     from astra_sglang.harness.stats import geomean, median, spread
     from astra_sglang.harness.timer import graph_of as _graph_of, plan_calls, plan_sets, time_graphs as _time_graphs
     from astra_sglang.registry import get_op, shipped_kernel
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     SPEC = get_op("fused_add_rmsnorm")
 

@@ -5,7 +5,7 @@
 
 For every workspace (one op, one production variant): load its built library (the
 newest build/baseline-*.so, or build it when nvcc is available) with
-astra_sglang.runtime.KernelLib, and for each dtype and shape class (decode, prefill,
+astra_sglang.build.loader.KernelLib, and for each dtype and shape class (decode, prefill,
 paper, edge) run fresh random inputs through the ABI on the current stream, with "out"
 buffers poisoned (NaN), and compare every output and in-place side effect with the
 spec's fp64 reference. Variant conventions are honoured: spec.to_variant_abi /
@@ -62,7 +62,7 @@ def library_for(ws_path: Path, spec) -> Path:
     libs = sorted((ws_path / "build").glob("baseline-*.so"), key=lambda p: p.stat().st_mtime)
     if libs:
         return libs[-1]
-    from astra_sglang.workspace import Workspace
+    from astra_sglang.build.workspace import Workspace
 
     res = Workspace.open(spec.name, path=ws_path).build()
     if not res.ok:
@@ -131,7 +131,7 @@ def run_workspace(ws_path: Path, dtypes: Sequence[str], max_per_class: int, log=
     import torch
 
     from astra_sglang.registry import get_op
-    from astra_sglang.runtime import KernelLib
+    from astra_sglang.build.loader import KernelLib
 
     manifest = json.loads((ws_path / "manifest.json").read_text())
     spec = get_op(manifest["op"])

@@ -10,9 +10,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from astra_sglang.bench import build_helpers
+from astra_sglang.harness.timer import build_helpers
 from astra_sglang.build import first_error_line
-from astra_sglang.workspace import Workspace
+from astra_sglang.build.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

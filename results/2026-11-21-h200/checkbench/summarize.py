@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from astra_sglang.report import BenchReport
+from astra_sglang.harness.results import BenchReport
 
 REPO = Path(__file__).resolve().parents[2]
 

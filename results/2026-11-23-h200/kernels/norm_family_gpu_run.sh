@@ -36,7 +36,7 @@ from pathlib import Path
 from astra_sglang.build import Arch
 from astra_sglang.extract import discover, extract
 from astra_sglang.registry import get_op
-from astra_sglang.workspace import Workspace
+from astra_sglang.build.workspace import Workspace
 C = Path.home() / ".cache/astra-sglang-tests"
 roots = discover(C / "sglang", C / "flashinfer", C / "tvm")
 for op, variant in [("rmsnorm", "flashinfer"), ("gemma_rmsnorm", "flashinfer"), ("gemma_fused_add_rmsnorm", "flashinfer"),

@@ -38,8 +38,8 @@ python3 - "$WS" "$RUN/prebuild" <<'PY' >&2
 import shutil, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from astra_sglang.bench import build_helpers
-from astra_sglang.workspace import Workspace
+from astra_sglang.harness.timer import build_helpers
+from astra_sglang.build.workspace import Workspace
 ws = Workspace.open("silu_and_mul", path=Path(sys.argv[1]))
 d = Path(sys.argv[2]); d.mkdir(parents=True, exist_ok=True)
 fx = Path("tests/optimize_fixtures/gpu")
