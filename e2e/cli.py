@@ -183,6 +183,16 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         elif ops.strip() == "none":
             raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
         model_path = str(resolve_model_path(model_path))
+        if not step:
+            cfg_path = Path(model_path) / "config.json"
+            if vocab_size is None:
+                if not cfg_path.is_file():
+                    raise AstraError(f"{cfg_path}: not found (give --vocab-size)")
+                vocab_size = int(json.loads(cfg_path.read_text())["vocab_size"])
+            wls = [parse_workload(w) for w in workloads]
+            for w in wls:
+                if w.input_len + w.output_len > max_total_tokens:
+                    raise AstraError(f"{w.name}: {w.input_len}+{w.output_len} tokens exceed --max-total-tokens")
     if not analyze_path and not stand_in and python_exe == sys.executable:  # SGLang runs in this Python: what it lacks, first
         from astra_sglang.preconditions import require
         require("sglang", "gpu", "cuda_torch")
@@ -206,15 +216,6 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         click.echo(md)
         return
     out_dir = out_dir.resolve()
-    cfg_path = Path(model_path) / "config.json"
-    if vocab_size is None:
-        if not cfg_path.is_file():
-            raise AstraError(f"{cfg_path}: not found (give --vocab-size)")
-        vocab_size = int(json.loads(cfg_path.read_text())["vocab_size"])
-    wls = [parse_workload(w) for w in workloads]
-    for w in wls:
-        if w.input_len + w.output_len > max_total_tokens:
-            raise AstraError(f"{w.name}: {w.input_len}+{w.output_len} tokens exceed --max-total-tokens")
 
     env = dict(os.environ)
     env.setdefault("TVM_FFI_CACHE_DIR", str(Path.home() / ".cache" / "tvm-ffi"))

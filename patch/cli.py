@@ -260,10 +260,14 @@ def validate_cmd(ops_text, candidate_items, dtypes, shapes, seed, json_out):
     ops = _ops(ops_text)
     if not ops:
         raise AstraError("--ops none: nothing to validate")
+    dts = [d.strip() for d in dtypes.split(",")]
+    from .validate import build_cases
+
+    build_cases(ops, dts, shapes)  # an unknown dtype or shape selector is named before anything else
     from astra_sglang.preconditions import require
     require("sglang", "gpu", "cuda_torch")
-    results = validate(ops, candidates=_candidates(candidate_items), dtypes=[d.strip() for d in dtypes.split(",")],
-                       shapes=shapes, seed=seed, progress=_progress)
+    results = validate(ops, candidates=_candidates(candidate_items), dtypes=dts, shapes=shapes, seed=seed,
+                       progress=_progress)
     click.echo(format_results(results))
     if json_out:
         Path(json_out).write_text(json.dumps([r.__dict__ for r in results], indent=1, default=str))

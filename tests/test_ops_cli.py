@@ -92,3 +92,16 @@ def test_the_first_check_after_extract_reuses_extracts_build(tmp_path, wheel_sou
           "--tvm-ffi-src", str(w["tvm"]), "--arch", "sm_90", "--out", str(tmp_path)])
     res = Workspace.open("silu_and_mul", path=tmp_path / "silu_and_mul").build()
     assert res.ok and res.cached
+
+
+def test_validate_and_e2e_check_their_arguments_before_anything_else(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["validate", "--ops", "silu_and_mul", "--dtypes", "fp8"])
+    assert e.value.code == 2 and "has no dtype fp8" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["e2e", "--model-path", "llama3-8b", "--ops", "silu_and_mul", "--workload", "w:4:60000:60000:1"])
+    assert e.value.code == 2 and "exceed --max-total-tokens" in capsys.readouterr().err
+    assert not (tmp_path / "e2e-out").exists()
