@@ -380,13 +380,13 @@ def _enclosing_paren(code: str, i: int) -> int:
     return -1
 
 
-def _split_args(s: str) -> List[str]:
-    """Top-level comma split ((), [], {} nest; <> do not: `a < b` is common in arguments)."""
+def _split_top(s: str, opens: str, closes: str) -> List[str]:
+    """Split on commas outside the given bracket pairs."""
     parts, depth, cur = [], 0, []
     for ch in s:
-        if ch in "([{":
+        if ch in opens:
             depth += 1
-        elif ch in ")]}":
+        elif ch in closes:
             depth -= 1
         if ch == "," and depth == 0:
             parts.append("".join(cur))
@@ -395,23 +395,16 @@ def _split_args(s: str) -> List[str]:
             cur.append(ch)
     parts.append("".join(cur))
     return [p.strip() for p in parts if p.strip()]
+
+
+def _split_args(s: str) -> List[str]:
+    """Top-level comma split ((), [], {} nest; <> do not: `a < b` is common in arguments)."""
+    return _split_top(s, "([{", ")]}")
 
 
 def _split_launch(s: str) -> List[str]:
     """<<<grid, block, smem, stream>>>: template arguments nest here (k<T, std::max(1, 2)>)."""
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "([{<":
-            depth += 1
-        elif ch in ")]}>":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
+    return _split_top(s, "([{<", ")]}>")
 
 
 def _stream_params(code: str) -> Tuple[Set[str], List[Tuple[int, Optional[str], int, int]]]:

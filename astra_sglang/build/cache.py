@@ -50,23 +50,6 @@ class BuildResult:
     command: List[str]
 
 
-def ninja_text(nvcc: str, flags: Sequence[str], includes: Sequence[str], out: str, source: str, comment: str) -> str:
-    """A ninja file that builds `source` into the shared library `out` with nvcc."""
-    def q(s: str) -> str:
-        return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
-
-    return (
-        f"# {comment}\n"
-        f"nvcc = {nvcc}\n"
-        f"flags = {' '.join(flags)} {' '.join('-I' + i for i in includes)}\n"
-        "rule nvcc_shared\n"
-        "  command = $nvcc $flags -shared $in -o $out\n"
-        "  description = nvcc $in\n"
-        f"build {q(out)}: nvcc_shared {q(source)}\n"
-        f"default {q(out)}\n"
-    )
-
-
 def _key_path(p: Path, base: Path) -> str:
     try:
         return "./" + str(p.relative_to(base))

@@ -3,7 +3,7 @@ run_check, which runs it in a worker on implementation references (lib:/path.so,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..spec import OpSpec, Shape
 from .cases import BIG_CASE_ELEMENTS, case_plan, case_seed
@@ -71,36 +71,33 @@ def check_shape_dtype(ctx: CheckContext, dims, dtype: str, tally: CheckTally) ->
     if ctx.first_dist_only:
         plan = plan[:2]
     for dist, run in plan:
-        try:
-            d, f, n = run_case(spec, ctx.cand, ctx.prod, bufs_c, bufs_p, dims, dtype, dist,
-                               case_seed(ctx.seed, dims, dtype, dist, run), device, run_index=run,
-                               baseline_only=ctx.baseline_only, prod_attrs=ctx.prod_attrs,
-                               stage=lambda m: ctx.emit("stage", msg=m))
-        except FatalCaseError as e:
-            tally.failures.append(str(e))
-            ctx.emit("case", details=[], failures=[str(e)], notes=[])
-            return tally.result(ok=False, fatal=True)
-        tally.add(d, f, n)
-        ctx.emit("case", details=d, failures=f, notes=n)
-        if len(tally.failures) >= ctx.max_failures:
-            return tally.result(ok=False)
-        if f:
-            return None  # one failure per shape×dtype is enough; go on to the next
+        stop, failed = _record(ctx, tally, lambda: run_case(
+            spec, ctx.cand, ctx.prod, bufs_c, bufs_p, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, dist, run),
+            device, run_index=run, baseline_only=ctx.baseline_only, prod_attrs=ctx.prod_attrs,
+            stage=lambda m: ctx.emit("stage", msg=m)))
+        if stop or failed:
+            return stop  # one failure per shape×dtype is enough; go on to the next
     if ctx.graph_sets and device.startswith("cuda") and not ctx.baseline_only:
         from .graphcheck import check_as_timed
 
         del bufs_c, bufs_p
-        try:
-            d, f, n = check_as_timed(ctx, dims, dtype)
-        except FatalCaseError as e:
-            tally.failures.append(str(e))
-            ctx.emit("case", details=[], failures=[str(e)], notes=[])
-            return tally.result(ok=False, fatal=True)
-        tally.add(d, f, n)
-        ctx.emit("case", details=d, failures=f, notes=n)
-        if len(tally.failures) >= ctx.max_failures:
-            return tally.result(ok=False)
+        return _record(ctx, tally, lambda: check_as_timed(ctx, dims, dtype))[0]
     return None
+
+
+def _record(ctx: CheckContext, tally: CheckTally, case) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    """Run one case (`case()` -> details, failures, notes) into the tally and emit it. Returns (the
+    final result when the job must stop: a fatal CUDA error or max_failures reached, else None; the
+    case's failures)."""
+    try:
+        d, f, n = case()
+    except FatalCaseError as e:
+        tally.failures.append(str(e))
+        ctx.emit("case", details=[], failures=[str(e)], notes=[])
+        return tally.result(ok=False, fatal=True), [str(e)]
+    tally.add(d, f, n)
+    ctx.emit("case", details=d, failures=f, notes=n)
+    return (tally.result(ok=False) if len(tally.failures) >= ctx.max_failures else None), f
 
 
 def run_check_job(job: Dict[str, Any]) -> Dict[str, Any]:
