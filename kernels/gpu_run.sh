@@ -2,19 +2,26 @@
 # The numbers in kernels/<op>/RESULTS.md: `astra-sglang check` and `astra-sglang bench` of each shipped
 # kernel against its production kernel, on one GPU, in one run.  From the repository root:
 #
-#   bash kernels/gpu_run.sh [phases]        phases: check,paper,corpus (comma-separated; default all)
-#   OPS="merge_state" bash kernels/gpu_run.sh corpus      (a subset of the ops)
+#   bash kernels/gpu_run.sh [phases]        phases: check,decode,prefill,paper,corpus (comma-separated;
+#                                           default check,decode,prefill)
+#   OPS="merge_state" bash kernels/gpu_run.sh decode      (a subset of the ops, in this order)
 #   VARIANT_merge_state=flashinfer bash kernels/gpu_run.sh (another production variant for one op)
+#   DTYPES=bf16 DEADLINE=480 bash kernels/gpu_run.sh       (dtypes to bench; skip what would start late)
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces
-# come from `astra-sglang extract OP --variant V --arch sm_90 --out .gpu_ws/V` (WS overrides the root;
-# merge_state's sgl_kernel variant needs an sgl-kernel checkout, see extract --list).
-# Results go to $RES (default $OUT or ./kernels-gpu-out): JSON + plots per op and phase, and one
-# tarball of them all (results-<phases>.tgz); keep them under results/<date>-<gpu>/kernels/<op>/.
+# come from `astra-sglang extract OP --variant V --arch sm_90 --out $WS/V` (WS defaults to .gpu_ws;
+# --no-build is fine: check builds what is missing).
+# check runs every op at once (correctness only, CHECK_JOBS at a time); the benches run one at a time.
+# A bench that would start after DEADLINE seconds is skipped and says so; one running then gets 60 s more.
+# Results go to $RES (default $OUT or ./kernels-gpu-out): one tarball (results-<phases>.tgz) of every
+# JSON, plot and log, and summary.txt (one line per op and phase); keep them under
+# results/<date>-<gpu>/kernels/.
 set -uo pipefail
-phases=${1:-check,paper,corpus}
+phases=${1:-check,decode,prefill}
 WS=${WS:-.gpu_ws}
+DEADLINE=${DEADLINE:-100000}
+CHECK_JOBS=${CHECK_JOBS:-6}
 RES=${RES:-${OUT:-./kernels-gpu-out}}; mkdir -p "$RES"; RES=$(cd "$RES" && pwd)
 R=$(mktemp -d /tmp/astra-kernels.XXXX)
 source kernels/astra_env.sh
@@ -27,25 +34,49 @@ for r in json.load(sys.stdin):
 declare -A VARIANT=()
 for p in "${PAIRS[@]}"; do VARIANT[${p%%=*}]=${p#*=}; done
 [ ${#VARIANT[@]} -gt 0 ] || { echo "error: the registry lists no op with a shipped kernel" >&2; exit 2; }
-for ph in ${phases//,/ }; do case $ph in check|paper|corpus) ;; *) echo "error: unknown phase $ph (phases: check, paper, corpus)" >&2; exit 2 ;; esac; done
+for ph in ${phases//,/ }; do case $ph in check|decode|prefill|paper|corpus) ;; *)
+  echo "error: unknown phase $ph (phases: check, decode, prefill, paper, corpus)" >&2; exit 2 ;; esac; done
 for op in ${OPS:-}; do [ -n "${VARIANT[$op]:-}" ] || { echo "error: unknown op $op (ops: ${!VARIANT[*]})" >&2; exit 2; }; done
-T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1; } | tee "$R/env.txt"
+ops=${OPS:-$(printf '%s\n' "${!VARIANT[@]}" | sort)}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }; t() { echo "[$(el)s] $*"; }
+{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1
+  git rev-parse --short HEAD 2>/dev/null; } | tee "$R/env.txt"
+ws_of() { local v=VARIANT_$1; v=${!v:-${VARIANT[$1]}}; echo "$WS/$v/$1"; }
 status=0
+for op in $ops; do
+  [ -f "$(ws_of $op)/manifest.json" ] || { echo "no workspace $(ws_of $op) (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>)"; status=1; }
+done
+summary() { echo "$1" | tee -a "$R/summary.txt"; }
 for ph in ${phases//,/ }; do
-  for op in ${OPS:-$(printf '%s\n' "${!VARIANT[@]}" | sort)}; do
-    v=VARIANT_$op; v=${!v:-${VARIANT[$op]}}
-    ws=$WS/$v/$op
-    [ -f "$ws/manifest.json" ] || { echo "no workspace $ws (astra-sglang extract $op --variant $v --arch sm_90 --out $WS/$v)"; status=1; continue; }
-    cand=(--workspace "$ws" --candidate "kernels/$op/kernel.cu")
-    t "$ph $op ($v)"
-    case $ph in
-      check)  timeout 300 $AS check $op "${cand[@]}" --json "$R/check_$op.json" || status=1 ;;
-      paper)  timeout 300 $AS bench $op "${cand[@]}" --shapes paper --replays 30 --out "$R/paper_$op.json" || status=1 ;;
-      corpus) timeout 540 $AS bench $op "${cand[@]}" --shapes corpus --replays 8 --out "$R/corpus_$op.json" || status=1 ;;
-    esac
+  if [ "$ph" = check ]; then
+    t "check: ${ops//$'\n'/ } ($CHECK_JOBS at a time)"
+    for op in $ops; do
+      ws=$(ws_of $op); [ -f "$ws/manifest.json" ] || continue
+      while [ "$(jobs -rp | wc -l)" -ge "$CHECK_JOBS" ]; do sleep 1; done
+      ( timeout 600 $AS check $op --workspace "$ws" --candidate "kernels/$op/kernel.cu" -v --json "$R/check_$op.json" \
+          > "$R/check_$op.log" 2>&1; echo "rc=$?" >> "$R/check_$op.log" ) &
+    done
+    wait
+    for op in $ops; do
+      [ -f "$R/check_$op.log" ] || continue
+      rc=$(tail -1 "$R/check_$op.log"); [ "$rc" = rc=0 ] || status=1
+      summary "check $op $rc: $(grep -E '^(PASS|FAIL|error)' "$R/check_$op.log" | head -2 | tr '\n' ' ' | cut -c1-160)"
+    done
+    continue
+  fi
+  for op in $ops; do
+    ws=$(ws_of $op); [ -f "$ws/manifest.json" ] || continue
+    if [ "$(el)" -ge "$DEADLINE" ]; then summary "$ph $op: SKIPPED (deadline ${DEADLINE}s)"; continue; fi
+    t "$ph $op"
+    case $ph in paper) reps=30 ;; *) reps=${REPLAYS:-8} ;; esac
+    lim=$(( DEADLINE + 60 - $(el) )); [ $lim -le 540 ] || lim=540   # a late bench still ends near the deadline
+    timeout $lim $AS bench $op --workspace "$ws" --candidate "kernels/$op/kernel.cu" --shapes $ph --replays $reps \
+      ${DTYPES:+--dtype $DTYPES} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    summary "$ph $op rc=$rc: $(grep -E '^geomean|refused|error' "$R/${ph}_$op.log" | head -2 | tr '\n' ' ' | cut -c1-200)"
   done
 done
 tgz=$RES/results-${phases//,/-}.tgz
+cp "$R/summary.txt" "$RES/summary.txt" 2>/dev/null
 tar -C "$R" -czf "$tgz" . && t "results in $tgz"
 exit $status
