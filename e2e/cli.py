@@ -156,11 +156,21 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture.")
 @click.option("--prefill-graph", is_flag=True, help="--step: keep SGLang's prefill CUDA graph (default off: start-up time).")
 @click.option("--tokenizer-path", help="--step: a tokenizer dir (default: one is generated beside the config).")
+@click.option("--procs", default=2, show_default=True, help="--step: worker processes per arm (the process is a random "
+              "effect in the CI; with 1 the interval cannot see it).")
+@click.option("--procs-at-once", type=int, help="--step: processes per arm loaded at a time (default all; fewer runs "
+              "them in waves, for models the GPU holds only a few copies of).")
+@click.option("--warmup-rounds", default=1, show_default=True, help="--step: untimed rounds per process first.")
+@click.option("--skip-steps", default=3, show_default=True, help="--step: decode steps dropped at the start of each run.")
+@click.option("--gpu-pad-us", default=100.0, show_default=True, help="--step: spin kernel queued before each timed graph "
+              "replay so launch latency stays outside the GPU timer (0: none).")
+@click.option("--aa-floor", type=click.Path(path_type=Path, exists=True), help="--step: summary.json (or --out dir) of "
+              "an earlier --aa run: its CI half-widths are the noise floor beside each Δ.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
-            tokenizer_path, worker_module):
+            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, worker_module):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
@@ -180,6 +190,16 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             if input_len < 1:
                 raise AstraError("--input-len must be >= 1")
             sizes = parse_sizes(batch_sizes, "--batch-size")
+            if procs < 1 or (procs_at_once is not None and procs_at_once < 1):
+                raise AstraError("--procs and --procs-at-once must be >= 1")
+            if warmup_rounds < 0 or skip_steps < 0 or gpu_pad_us < 0:
+                raise AstraError("--warmup-rounds, --skip-steps and --gpu-pad-us must be >= 0")
+            if skip_steps >= output_len - 1:
+                raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
+            if aa_floor is not None:
+                from .step import load_floors
+
+                load_floors(aa_floor)
         elif ops.strip() == "none":
             raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
         model_path = str(resolve_model_path(model_path))
@@ -200,7 +220,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     if analyze_path and step:
         from .step import analyze_only
 
-        click.echo(analyze_only(analyze_path, out_dir))
+        click.echo(analyze_only(analyze_path, out_dir, aa_floor=aa_floor))
         return
     if analyze_path:
         click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
@@ -212,7 +232,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       python=python_exe, module=worker_module, profile_steps=profile_steps, profile=not no_profile,
                       port=port, mem_fraction=mem_fraction if mem_fraction != 0.85 else 0.9,
                       prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
-                      self_check=self_check, tokenizer_path=tokenizer_path)
+                      self_check=self_check, tokenizer_path=tokenizer_path, procs=procs, procs_at_once=procs_at_once,
+                      warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor)
         click.echo(md)
         return
     out_dir = out_dir.resolve()

@@ -1,15 +1,18 @@
 """`astra-sglang e2e --step`: SGLang's one-batch decode step, baseline vs patched, ABBA rounds.
 
-Each arm is one long-lived worker process (e2e/step_worker.py) that loads the model the way
-`sglang.benchmark.one_batch` does; all arms are loaded side by side on the GPU (the KV pool of
-each capped by --max-total-tokens) and are driven one at a time, so the rounds interleave without
-reloading. The patched arm patches itself (the one-batch path loads no plugins). Per round and
-batch size each arm runs one prefill + (output_len - 1) timed decode steps; the statistic is the
-median step latency, compared per round (e2e/step_stats.py). Before the rounds, the profile of
-the base arm (and the patched arm) at each batch size predicts the Δ (e2e/profile.py).
+Each arm runs in --procs worker processes (e2e/step_worker.py), each loading the model the way
+`sglang.benchmark.one_batch` does. The processes of a wave (all of them, or --procs-at-once per
+arm when the GPU holds fewer) are loaded side by side (the KV pool of each capped by
+--max-total-tokens) and driven one at a time in ABBA order over processes and rounds
+(e2e/step_stats.py: process_schedule), so rounds interleave without reloading. The patched arm
+patches itself (the one-batch path loads no plugins). Per round, process and batch size: one
+prefill + (output_len - 1) decode steps back to back; each step's GPU time comes from CUDA events
+around its graph replay. Statistics treat the process as a random effect (step_stats). After
+every timed round, the first process of the base arm and of each patched arm are profiled at
+each batch size; the profile predicts the Δ (e2e/profile.py).
 
-Outputs in --out: results.json (every run: step latencies, greedy ids), summary.json, report.md,
-step.png, profile/ (traces, profile.md/json/png, shapes.json), worker-<arm>.log, counters.json.
+Outputs in --out: results.json (every run: GPU step times, greedy ids), summary.json, report.md,
+step.png, profile/ (traces, profile.md/json/png, shapes.json), worker-<proc>.log, counters.json.
 """
 from __future__ import annotations
 
@@ -148,47 +151,57 @@ def parse_sizes(text: str, what: str) -> List[int]:
 
 
 class Session:
-    """The workers of one run, started together and always stopped."""
+    """The worker processes of one wave, started together and always stopped.
+    procs: process name ("A-p1") -> (arm, ops)."""
 
-    def __init__(self, arms: Dict[str, object], model_dir: Path, tokenizer: str, out: Path, python: str, module: str,
-                 server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first"):
-        self.arms, self.out = arms, out
+    def __init__(self, procs: Dict[str, Tuple[str, object]], model_dir: Path, tokenizer: str, out: Path, python: str,
+                 module: str, server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first",
+                 gpu_pad_us: float = 100.0, port_base: int = 0):
+        self.out = out
+        self.arm_of = {name: arm for name, (arm, _) in procs.items()}
         self.workers: Dict[str, WorkerProc] = {}
         self.ready: Dict[str, dict] = {}
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         cwd = out / "run"       # outside any source checkout (see e2e/README.md)
         cwd.mkdir(parents=True, exist_ok=True)
-        for i, (arm, ops) in enumerate(arms.items()):
-            spec = {"name": arm, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
-                    "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(i), "max_bs": max_bs,
-                    "self_check": self_check}
-            _say(f"arm {arm} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
-            self.workers[arm] = WorkerProc(arm, spec, python, module, out / f"worker-{arm}.log", env, cwd)
+        for i, (name, (arm, ops)) in enumerate(procs.items()):
+            spec = {"name": name, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
+                    "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(port_base + i),
+                    "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us}
+            _say(f"{name} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
+            self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log", env, cwd)
 
     def wait_ready(self, timeout: float) -> None:
-        for arm, w in self.workers.items():
-            self.ready[arm] = w.ready(timeout)
-            _say(f"arm {arm} ready after {time.monotonic() - w.t0:.0f}s "
-                 f"(model load {self.ready[arm].get('load_s', 0):.0f}s, {self.ready[arm].get('gpu', '')})")
+        for name, w in self.workers.items():
+            self.ready[name] = w.ready(timeout)
+            _say(f"{name} ready after {time.monotonic() - w.t0:.0f}s "
+                 f"(model load {self.ready[name].get('load_s', 0):.0f}s, {self.ready[name].get('gpu', '')}, "
+                 f"step timer on {self.ready[name].get('timer', '?')})")
 
     def stop(self) -> Dict[str, Optional[int]]:
-        return {arm: w.stop() for arm, w in self.workers.items()}
+        return {name: w.stop() for name, w in self.workers.items()}
 
 
-def profile_arms(session: Session, arms: Sequence[str], batch_sizes: Sequence[int], input_len: int, steps: int,
+def proc_name(arm: str, i: int) -> str:
+    return f"{arm}-p{i}"
+
+
+def profile_arms(session: Session, procs: Sequence[str], batch_sizes: Sequence[int], input_len: int, steps: int,
                  pdir: Path, cfg: dict, meta: dict, timeout: float) -> dict:
-    """Profile each arm at each batch size; write pdir/profile-meta.json; returns it."""
+    """Profile each named process at each batch size (traces named by its arm); write
+    pdir/profile-meta.json; returns it."""
     from .profile import META
 
     pdir.mkdir(parents=True, exist_ok=True)
     caps: List[dict] = []
-    for arm in arms:
+    for name in procs:
+        arm = session.arm_of[name]
         for bs in batch_sizes:
-            r = session.workers[arm].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
-                                           "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
+            r = session.workers[name].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
+                                            "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
             caps += r["captures"]
-            _say(f"profiled arm {arm} batch {bs} ({r['seconds']:.1f}s)")
+            _say(f"profiled {name} batch {bs} ({r['seconds']:.1f}s)")
     pm = {**meta, "config": cfg, "captures": caps}
     (pdir / META).write_text(json.dumps(pm, indent=1))
     return pm
@@ -236,12 +249,30 @@ def arms_for(ops: str, aa: bool, calibrate: bool) -> Dict[str, object]:
     return {"A": "none", "A2": "none", "B": patched} if calibrate else {"A": "none", "B": patched}
 
 
+def load_floors(path: Optional[Path]) -> Optional[Dict[int, dict]]:
+    """Noise floors (per batch size) from an earlier --aa run's summary.json (or its folder)."""
+    from . import step_stats as ss
+
+    if not path:
+        return None
+    p = Path(path)
+    p = p / "summary.json" if p.is_dir() else p
+    if not p.is_file():
+        raise AstraError(f"--aa-floor {path}: no summary.json there (give an --aa run's summary.json or --out dir)")
+    fl = ss.floors_from_summary(json.loads(p.read_text()), f"A/A run {p.parent.name}")
+    if not fl:
+        raise AstraError(f"--aa-floor {p}: it holds no A/A comparison (run e2e --step --aa first)")
+    return fl
+
+
 def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: int, output_len: int, rounds: int,
              out: Path, aa: bool = False, calibrate: bool = False, python: str = sys.executable,
              module: str = WORKER_MODULE, profile_steps: int = 20, profile: bool = True, port: int = 30200,
              mem_fraction: float = 0.9, prefill_graph: bool = False, extra: Sequence[str] = (),
              startup_timeout: float = 900.0, cmd_timeout: float = 600.0, results_dirs: Sequence[Path] = (),
-             self_check: str = "first", tokenizer_path: Optional[str] = None) -> str:
+             self_check: str = "first", tokenizer_path: Optional[str] = None, procs: int = 2,
+             procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
+             gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None) -> str:
     from . import step_stats as ss
     from .model_configs import resolve_model_path
     from .profile import analyze_dir, write_outputs
@@ -252,7 +283,14 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         raise AstraError("--rounds must be >= 1")
     if output_len < 2:
         raise AstraError("--output-len must be >= 2 (one prefill token, then decode steps)")
+    if procs < 1 or (procs_at_once is not None and procs_at_once < 1):
+        raise AstraError("--procs and --procs-at-once must be >= 1")
+    if warmup_rounds < 0 or skip_steps < 0:
+        raise AstraError("--warmup-rounds and --skip-steps must be >= 0")
+    if skip_steps >= output_len - 1:
+        raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
     arms = arms_for(ops, aa, calibrate)
+    floors = load_floors(aa_floor)
     src = resolve_model_path(model_path)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -263,40 +301,56 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     max_bs = max(batch_sizes)
     kv = kv_tokens_needed(batch_sizes, input_len, output_len, profile_steps)
     sargs = lambda i: worker_server_args(max_bs, batch_sizes, kv, mem_fraction, port + 20 * i, prefill_graph, extra)  # noqa: E731
+    wave_list = ss.waves(procs, procs_at_once or procs)
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
+            "processes per arm": procs, "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
-            "rounds": rounds, "server args (arm A)": " ".join(sargs(0)),
+            "rounds": rounds, "warm-up rounds (dropped)": warmup_rounds, "steps dropped per run": skip_steps,
+            "spin pad before each timed replay (µs)": gpu_pad_us, "server args (first process)": " ".join(sargs(0)),
             "command": "astra-sglang " + " ".join(sys.argv[1:]) if "astra" in sys.argv[0] or sys.argv[0].endswith("cli.py")
             else " ".join(sys.argv)}
+    if aa_floor:
+        meta["noise floor from"] = str(aa_floor)
     records: List[dict] = []
     analysis = None
-    session = Session(arms, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check)
-    try:
-        session.wait_ready(startup_timeout)
-        meta["GPU"] = session.ready["A"].get("gpu", "")
-        for arm in arms:
-            meta[f"arm {arm} start-up (s)"] = f"{time.monotonic() - session.workers[arm].t0:.0f}"
-        for rnd, arm in ss.step_schedule(list(arms), rounds):
-            for bs in batch_sizes:
-                r = session.workers[arm].call({"cmd": "run", "batch_size": bs, "input_len": input_len,
-                                               "output_len": output_len, "seed": 1000 + bs}, cmd_timeout)
-                rec = {"arm": arm, "round": rnd, "batch_size": bs, "input_len": input_len, "output_len": output_len,
-                       "prefill_s": r["prefill_s"], "decode_s": r["decode_s"], "tokens": r["tokens"]}
-                records.append(rec)
-                st = ss.run_stats(rec)
-                _say(f"round {rnd:>2} arm {arm:<2} bs {bs:>3}: prefill {st['prefill_ms']:8.2f} ms, "
-                     f"decode step {st['decode_ms']:7.3f} ms")
-            _dump(out, meta, records)
-        if profile:
-            # after the rounds: a process the torch profiler has run in keeps a per-step overhead
-            # (measured 2026-11-23: ~0.2 ms per decode step), which would bias the arms it ran in
-            prof_arms = ["A"] + [a for a in arms if a not in ("A", "A2")]
-            profile_arms(session, prof_arms, batch_sizes, input_len, profile_steps, out / "profile",
-                         cfg, {**meta, "tp": 1}, cmd_timeout)
-    finally:
-        codes = session.stop()
-        meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())
+    codes: Dict[str, Optional[int]] = {}
+    patched_arms = [a for a in arms if a not in ss.UNPATCHED]
+    for w, idxs in enumerate(wave_list):
+        names = {proc_name(a, i): (a, o) for i in idxs for a, o in arms.items()}
+        session = Session(names, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check, gpu_pad_us,
+                          port_base=len(names) * w)
+        try:
+            session.wait_ready(startup_timeout)
+            first = next(iter(session.ready.values()))
+            meta.setdefault("GPU", first.get("gpu", ""))
+            meta.setdefault("step timer", first.get("timer", ""))
+            meta[f"wave {w} start-up (s)"] = f"{max(time.monotonic() - x.t0 for x in session.workers.values()):.0f}"
+            for rnd, arm, i in ss.process_schedule(list(arms), idxs, rounds, warmup_rounds):
+                name = proc_name(arm, i)
+                grnd = rnd if rnd < 0 else w * rounds + rnd
+                for bs in batch_sizes:
+                    r = session.workers[name].call({"cmd": "run", "batch_size": bs, "input_len": input_len,
+                                                    "output_len": output_len, "seed": 1000 + bs}, cmd_timeout)
+                    rec = {"arm": arm, "proc": name, "proc_index": i, "wave": w, "round": grnd, "batch_size": bs,
+                           "input_len": input_len, "output_len": output_len, "skip_steps": skip_steps,
+                           **{k: r.get(k) for k in ("prefill_s", "gpu_step_s", "decode_wall_s", "decode_steps",
+                                                    "timer", "replays_per_step", "tokens", "decode_s")
+                              if r.get(k) is not None}}
+                    records.append(rec)
+                    st = ss.run_stats(rec)
+                    _say(f"round {grnd:>2} {name:<6} bs {bs:>3}: prefill {st['prefill_ms']:8.2f} ms, "
+                         f"GPU step {st['gpu_ms']:7.4f} ms, host step {st['decode_ms']:7.3f} ms")
+                _dump(out, meta, records)
+            if profile and w == len(wave_list) - 1:
+                # after every timed round: a process the torch profiler has run in keeps a per-step
+                # overhead (measured 2026-11-23: ~0.2 ms per host-timed step)
+                prof = [proc_name("A", idxs[0])] + [proc_name(a, idxs[0]) for a in patched_arms]
+                profile_arms(session, prof, batch_sizes, input_len, profile_steps, out / "profile",
+                             cfg, {**meta, "tp": 1}, cmd_timeout)
+        finally:
+            codes.update(session.stop())
+    meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())
     counters = {}
     try:
         from astra_sglang.patch.counters import shape_totals, totals
@@ -316,7 +370,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     _dump(out, meta, records)
     pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
     predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms) if analysis else None
-    summary = ss.summarize(records, pairs, predicted)
+    summary = ss.summarize(records, pairs, predicted, floors=floors)
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     md = ss.report_markdown(summary, meta)
@@ -356,7 +410,7 @@ def arms_from_meta(text: str) -> Dict[str, object]:
             for m in re.finditer(r"(\w+): ops (\w+(?:,\w+)*)", text or "")}
 
 
-def analyze_only(results: Path, out: Path) -> str:
+def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> str:
     """Rebuild summary/report from an earlier results.json (and profile/ beside it)."""
     from . import step_stats as ss
     from .profile import analyze_dir
@@ -372,7 +426,7 @@ def analyze_only(results: Path, out: Path) -> str:
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
         predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs],
                                            arms_from_meta(data.get("meta", {}).get("arms", "")))
-    summary = ss.summarize(records, pairs, predicted)
+    summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

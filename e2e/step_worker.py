@@ -3,15 +3,17 @@
     python -m astra_sglang.e2e.step_worker '<json spec>'
 
 The spec: {"name", "model_path", "tokenizer_path", "ops" ("none" or a list), "counter_dir",
-"server_args" [launch_server flags]}. With ops other than "none" the worker patches itself with
+"server_args" [launch_server flags], "gpu_pad_us"}. With ops other than "none" the worker patches itself with
 `astra_sglang.patch.apply_astra_kernels` BEFORE SGLang loads (the one-batch path loads no
 plugins). It then loads the model exactly as `sglang.benchmark.one_batch` (0.5.17+;
 `sglang.bench_one_batch` before) does: its load_model (ModelRunner, memory pool, attention
 backends, CUDA graphs), and serves commands, one JSON object per line on stdin:
 
   {"cmd": "run", "batch_size", "input_len", "output_len", "seed"}
-      one latency_test_run_once equivalent: prefill, then output_len - 1 decode steps, each timed
-      between device synchronizations; returns every step's latency and the greedy token ids.
+      one latency_test_run_once equivalent: prefill, then output_len - 1 decode steps back to back
+      (no synchronization between steps, as a server runs them); each step's GPU time comes from
+      CUDA events around its graph replay (GpuTimer). Returns the prefill latency, every step's
+      GPU time, the decode loop's wall time and the greedy token ids.
   {"cmd": "profile", "batch_size", "input_len", "steps", "warmup", "dir", "prefix", "shapes"}
       torch-profiler Chrome traces of the prefill (eager, record_shapes), of `steps` decode steps
       (CUDA graphs replayed as in serving), and, with shapes, of one eager decode step (graph runner
@@ -22,6 +24,7 @@ Replies go to stdout as lines starting with REPLY (SGLang prints there too).
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -29,6 +32,7 @@ import shutil
 import sys
 import time
 import traceback
+from typing import List, Optional, Tuple
 
 REPLY = "@@astra-step "
 
@@ -47,6 +51,98 @@ def _one_batch_module():
         except ImportError:
             continue
     raise RuntimeError("neither sglang.benchmark.one_batch nor sglang.bench_one_batch imports")
+
+
+class GpuTimer:
+    """GPU time of each decode step: CUDA events around the decode graph's replay.
+
+    The host-timed step (2026-11-23) carried ~0.5 ms of host work (batch prep, launch, sampling,
+    the synchronizing read of the ids) that differed persistently between processes; the graph
+    replay's GPU time does not see it. Before each start event a spin kernel of `pad_us` is
+    queued, so that even when the GPU queue has run dry the start event fires only after the host
+    has finished launching the graph: launch latency stays outside the interval.
+
+    Hooked on the decode graph runner's backend.replay (SGLang 0.5.17 and 0.5.23), else on
+    torch.cuda.CUDAGraph.replay; a step with no replay (eager decode) is timed whole."""
+
+    def __init__(self, torch, pad_us: float = 100.0):
+        self.torch = torch
+        self.cur: Optional[List[Tuple[object, object]]] = None
+        self.depth = 0
+        self.hook = "none"
+        self.pad_cycles = int(pad_us * self.cycles_per_us()) if pad_us > 0 else 0
+
+    def cycles_per_us(self) -> float:
+        t = self.torch
+        t.cuda._sleep(1000)
+        s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        s.record()
+        t.cuda._sleep(2_000_000)
+        e.record()
+        e.synchronize()
+        return 2_000_000 / max(s.elapsed_time(e) * 1e3, 1e-3)
+
+    def pad(self) -> None:
+        if self.pad_cycles:
+            self.torch.cuda._sleep(self.pad_cycles)
+
+    def event(self):
+        e = self.torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def wrap(self, fn):
+        timer = self
+
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            if timer.cur is None or timer.depth:
+                return fn(*a, **k)
+            timer.depth += 1
+            try:
+                timer.pad()
+                s = timer.event()
+                out = fn(*a, **k)
+                timer.cur.append((s, timer.event()))
+            finally:
+                timer.depth -= 1
+            return out
+        timed.__astra_timer__ = True
+        return timed
+
+    def install(self, model_runner) -> str:
+        gr = None
+        for a in ("decode_cuda_graph_runner", "cuda_graph_runner", "graph_runner"):
+            gr = getattr(model_runner, a, None)
+            if gr is not None:
+                break
+        be = getattr(gr, "backend", None)
+        if be is not None and callable(getattr(be, "replay", None)):
+            be.replay = self.wrap(be.replay)      # instance attribute: this runner only
+            self.hook = f"{type(be).__name__}.replay"
+        else:
+            g = self.torch.cuda.CUDAGraph
+            if not getattr(g.replay, "__astra_timer__", False):
+                g.replay = self.wrap(g.replay)
+            self.hook = "torch.cuda.CUDAGraph.replay"
+        return self.hook
+
+    def step(self, fn, whole: bool):
+        """Run one decode step; returns (its result, [(start, end) events], timed whole?)."""
+        self.cur = []
+        try:
+            if whole:
+                self.pad()
+            s = self.event()
+            out = fn()
+            e = self.event()
+        finally:
+            evs, self.cur = self.cur, None
+        return out, (evs or [(s, e)]), not evs
+
+    @staticmethod
+    def seconds(evs) -> float:
+        return sum(s.elapsed_time(e) for s, e in evs) / 1e3
 
 
 class Worker:
@@ -87,6 +183,8 @@ class Worker:
         self.runner, _tok = mod.load_model(server_args, port_args, 0, 0)
         self.load_s = time.monotonic() - t0
         self.server_args = server_args
+        self.timer = GpuTimer(torch, float(spec.get("gpu_pad_us", 100.0)))
+        self.timer.install(self.model_runner)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -112,18 +210,25 @@ class Worker:
         next_ids, _, batch = self.runner.extend(reqs)
         self.sync()
         prefill = time.perf_counter() - tic
-        steps = [next_ids.tolist()]
-        lat = []
-        for _i in range(output_len - 1):
-            self.sync()
-            tic = time.perf_counter()
-            next_ids, _ = self.runner.decode(next_ids, batch)
-            self.sync()
-            lat.append(time.perf_counter() - tic)
-            steps.append(next_ids.tolist())
+        ids = [next_ids.clone()]
+        steps = []
+        whole = False
+        tic = time.perf_counter()
+        for i in range(output_len - 1):
+            # no sync between steps: the GPU stays busy as in serving, and the ids are read at the end
+            (next_ids, _), evs, timed_whole = self.timer.step(lambda: self.runner.decode(next_ids, batch), whole)
+            whole = whole or (i == 0 and timed_whole)    # no graph replay: time whole steps from now on
+            steps.append(evs)
+            ids.append(next_ids.clone())
+        self.sync()
+        wall = time.perf_counter() - tic
+        gpu = [self.timer.seconds(e) for e in steps]
+        rows = self.torch.stack([x.reshape(-1)[:batch_size] for x in ids]).tolist()
         self.runner.cleanup(batch)
-        tokens = [[s[i] for s in steps] for i in range(batch_size)]
-        return {"prefill_s": prefill, "decode_s": lat, "tokens": tokens}
+        tokens = [[s[i] for s in rows] for i in range(batch_size)]
+        return {"prefill_s": prefill, "gpu_step_s": gpu, "decode_wall_s": wall, "decode_steps": len(gpu),
+                "timer": "whole step" if whole else self.timer.hook,
+                "replays_per_step": max((len(e) for e in steps), default=0), "tokens": tokens}
 
     def _profiler(self, shapes: bool):
         from torch.profiler import ProfilerActivity, profile
@@ -189,7 +294,8 @@ def main() -> None:
         raise SystemExit(1)
     import torch
 
-    reply({"event": "ready", "load_s": w.load_s, "gpu": torch.cuda.get_device_name(),
+    reply({"event": "ready", "load_s": w.load_s, "gpu": torch.cuda.get_device_name(), "timer": w.timer.hook,
+           "pad_cycles": w.timer.pad_cycles,
            "max_total_num_tokens": getattr(w.model_runner, "max_total_num_tokens", None),
            "patched": spec.get("ops", "none")})
     for line in sys.stdin:

@@ -1,8 +1,10 @@
 """A stand-in for e2e/step_worker.py (no SGLang, no GPU): same protocol, synthetic numbers.
 
-Unpatched arms take 10 ms per decode step at batch 1 (+0.1 ms per request); a patched arm's
-fused_add_rmsnorm kernels are 2x faster, saving FAKE_SAVED_US per step. Greedy ids depend only
-on the seed and position (identical across arms) unless FAKE_DIVERGE is set for the patched arm.
+Unpatched arms take 10 ms of GPU time per decode step at batch 1 (+0.1 ms per request); a patched
+arm's fused_add_rmsnorm kernels are 2x faster, saving FAKE_SAVED_US per step. Each process is off
+by a persistent random factor (sd $FAKE_PROC_SD, default 0.1%, seeded by its name) and each step
+by 0.1% noise. Greedy ids depend only on the seed and position (identical across arms) unless
+FAKE_DIVERGE is set for the patched arm.
 Profiles are Chrome traces with the kernel names SGLang 0.5.17 shows.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ import gzip
 import json
 import os
 import sys
+import zlib
 
 import numpy as np
 
@@ -73,22 +76,30 @@ def main():
         assert os.path.isfile(os.path.join(spec[f], "config.json")) or f == "tokenizer_path", spec[f]
     assert os.path.isfile(os.path.join(spec["tokenizer_path"], "tokenizer.json")), spec["tokenizer_path"]
     print("some SGLang chatter on stdout", flush=True)
-    reply({"event": "ready", "load_s": 0.1, "gpu": "FakeGPU"})
-    rng = np.random.default_rng(abs(hash(spec["name"])) % 1000)
+    reply({"event": "ready", "load_s": 0.1, "gpu": "FakeGPU", "timer": "FakeBackend.replay"})
+    rng = np.random.default_rng(zlib.crc32(spec["name"].encode()))
+    proc_factor = 1.0 + float(os.environ.get("FAKE_PROC_SD", "0.001")) * rng.standard_normal()
+    assert spec.get("gpu_pad_us", 0) >= 0
+    log = os.environ.get("FAKE_CMD_LOG")
     for line in sys.stdin:
         cmd = json.loads(line)
+        if log:                                   # the driver's command order, for the tests
+            with open(log, "a") as f:
+                f.write(f"{spec['name']} {cmd['cmd']}\n")
         if cmd["cmd"] == "quit":
             reply({"event": "bye"})
             return
         if cmd["cmd"] == "run":
             bs, n = cmd["batch_size"], cmd["output_len"]
-            base = 0.010 + 0.0001 * bs - (FAKE_SAVED_US * 1e-6 if patched else 0.0)
+            base = (0.010 + 0.0001 * bs - (FAKE_SAVED_US * 1e-6 if patched else 0.0)) * proc_factor
             dec = list(base * (1 + 0.001 * rng.standard_normal(n - 1)))
+            dec[0] *= 1.3                                    # the first step after prefill is slow
             toks = [[(cmd["seed"] * 31 + i * 7 + j) % 1000 for j in range(n)] for i in range(bs)]
             if patched and os.environ.get("FAKE_DIVERGE"):
                 toks[0][3] += 1
             reply({"event": "done", "cmd": "run", "seconds": 0.01, "prefill_s": 0.02 + 0.001 * bs,
-                   "decode_s": dec, "tokens": toks})
+                   "gpu_step_s": dec, "decode_wall_s": sum(dec) * 1.1, "decode_steps": len(dec),
+                   "timer": "FakeBackend.replay", "replays_per_step": 1, "tokens": toks})
         elif cmd["cmd"] == "profile":
             bs, d, pre = cmd["batch_size"], cmd["dir"], cmd["prefix"]
             os.makedirs(d, exist_ok=True)

@@ -3,6 +3,7 @@ generated tokenizer, and the whole driver against a stand-in worker (tests/step_
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,55 +37,169 @@ def test_schedule_abba_for_two_and_three_arms():
         ss.step_schedule(["A", "B"], 0)
 
 
-def _rec(arm, rnd, bs, step_ms, prefill_ms=20.0, tokens=None):
-    return {"arm": arm, "round": rnd, "batch_size": bs, "prefill_s": prefill_ms / 1e3,
-            "decode_s": [step_ms / 1e3] * 5 + [9.0],        # one outlier step: the median ignores it
-            "tokens": tokens if tokens is not None else [[1, 2, 3]] * bs}
+def _names(sched, rnd):
+    return " ".join(f"{a}{i}" for r, a, i in sched if r == rnd)
 
 
-def test_compare_is_paired_by_round_and_uses_the_median_step():
+@pytest.mark.parametrize("arms,procs", [(["A", "B"], 2), (["A", "B"], 3), (["A", "A2", "B"], 2), (["A", "A2"], 4)])
+def test_process_schedule_abba_over_processes_and_rounds(arms, procs):
+    s = ss.process_schedule(arms, procs, 4, warmup=2)
+    if (arms, procs) == (["A", "B"], 2):
+        assert _names(s, 0) == "A1 B1 B2 A2" and _names(s, 1) == "A2 B2 B1 A1"
+    warm = [x for x in s if x[0] == -1]
+    assert len(warm) == 2 * len(arms) * procs and s[:len(warm)] == warm        # warm-up first, every process
+    for r in range(4):
+        assert sorted((a, i) for rr, a, i in s if rr == r) == sorted((a, i) for a in arms for i in range(1, procs + 1))
+    meas = [(a, i) for r, a, i in s if r >= 0]
+    per_round = len(arms) * procs
+    pos = {k: np.mean([j % per_round for j, x in enumerate(meas) if x == k]) for k in set(meas)}
+    assert max(pos.values()) - min(pos.values()) < 1e-9          # every process at the same mean position
+    assert ss.process_schedule(["A", "B"], [3, 4], 1, warmup=0) == [(0, "A", 3), (0, "B", 3), (0, "B", 4), (0, "A", 4)]
+
+
+def test_waves():
+    assert ss.waves(3, 3) == [[1, 2, 3]]
+    assert ss.waves(3, 1) == [[1], [2], [3]]
+    assert ss.waves(5, 2) == [[1, 2], [3, 4], [5]]
+    with pytest.raises(ValueError):
+        ss.waves(0, 1)
+
+
+def _rec(arm, rnd, bs, step_ms, prefill_ms=20.0, tokens=None, proc=None, steps=None):
+    """A record of the new driver when proc is given (GPU step times), else a 2026-11-23 one."""
+    r = {"arm": arm, "round": rnd, "batch_size": bs, "prefill_s": prefill_ms / 1e3,
+         "tokens": tokens if tokens is not None else [[1, 2, 3]] * bs}
+    if proc is None:
+        r["decode_s"] = [step_ms / 1e3] * 5 + [9.0]         # one outlier step: the median ignores it
+    else:
+        g = steps if steps is not None else [step_ms / 1e3] * 8
+        r.update(proc=f"{arm}-p{proc}", proc_index=proc, skip_steps=2, gpu_step_s=[1.0, 1.0] + list(g),
+                 decode_wall_s=sum(g) * 1.1, decode_steps=len(g) + 2)
+    return r
+
+
+def test_run_stats_gpu_iqm_skips_first_steps_and_host_fallbacks():
+    # two dropped steps (1 s each), then steps alternating between two levels with one outlier
+    r = _rec("A", 0, 1, 0, proc=1, steps=[0.010, 0.0102] * 4 + [0.5])
+    st = ss.run_stats(r)
+    assert st["decode_steps"] == 9
+    assert st["gpu_ms"] == pytest.approx(10.1, abs=0.06)          # the IQM sits between the two levels
+    assert st["decode_ms"] == pytest.approx(r["decode_wall_s"] / 11 * 1e3)
+    old = ss.run_stats(_rec("A", 0, 1, 10.0))
+    assert old["decode_ms"] == pytest.approx(10.0) and math.isnan(old["gpu_ms"])
+    assert ss.iqm([1, 2, 3, 100]) == pytest.approx(2.5) and math.isnan(ss.iqm([]))
+
+
+def test_legacy_records_use_paired_rounds_on_host_time():
     recs = [_rec("A", -1, 1, 50.0)]          # warm-up: ignored
     for r, (a, b) in enumerate([(10.0, 9.8), (11.0, 10.78), (10.5, 10.29)]):
         recs += [_rec("A", r, 1, a), _rec("B", r, 1, b)]
     c = ss.compare(recs, "A", "B", 1)
-    assert c["rounds"] == 3 and c["decode_ms"]["n"] == 3
-    assert c["decode_ms"]["delta"] == pytest.approx(-0.02)
-    assert c["decode_ms"]["ci_width"] == pytest.approx(0.0, abs=1e-9)   # same ratio every round
-    assert c["decode_ms"]["base"] == pytest.approx(10.5)
+    assert c["primary"] == "decode_ms" and c["rounds"] == 3
+    d = c["decode_ms"]
+    assert d["method"] == "rounds" and d["n"] == 3
+    assert d["delta"] == pytest.approx(-0.02)
+    assert d["ci_width"] == pytest.approx(0.0, abs=1e-9)   # same ratio every round
+    assert d["base"] == pytest.approx((10.0 * 11.0 * 10.5) ** (1 / 3))
     assert c["prefill_ms"]["delta"] == pytest.approx(0.0)
 
 
-def test_ci_covers_a_null_effect_at_nominal_rate():
-    rng = np.random.default_rng(3)
-    hits = 0
-    for _ in range(300):
-        recs = []
-        for r in range(6):
-            noise = rng.normal(0, 0.01, 2)
-            recs += [_rec("A", r, 1, 10 * (1 + noise[0])), _rec("B", r, 1, 10 * (1 + noise[1]))]
-        d = ss.compare(recs, "A", "B", 1)["decode_ms"]
-        hits += d["lo"] <= 0 <= d["hi"]
-    assert 0.91 <= hits / 300 <= 0.99
-
-
-def test_parity_same_round_and_self():
-    recs = [_rec("A", 0, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]]), _rec("B", 0, 2, 10, tokens=[[1, 2, 3], [4, 9, 6]]),
-            _rec("A", 1, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]]), _rec("B", 1, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]])]
-    p = ss.parity(recs, "A", "B", 2)
-    assert p == {"compared": 4, "identical": 3, "first_divergence": [1]}
-    assert ss.self_parity(recs, "A", 2) == {"compared": 2, "identical": 2, "first_divergence": []}
-
-
-def test_summary_report_and_prediction():
+def _sim(rng, procs, rounds, effect=0.0, proc_sd=0.003, round_sd=0.001, bs=1, arms=("A", "B")):
     recs = []
-    for r in range(4):
-        recs += [_rec("A", r, 8, 10.0 + 0.01 * r), _rec("B", r, 8, 9.8 + 0.01 * r)]
+    for arm in arms:
+        for p in range(1, procs + 1):
+            off = rng.normal(0, proc_sd)
+            for r in range(rounds):
+                v = 5.0 * math.exp(off + rng.normal(0, round_sd)) * (1 + (effect if arm == arms[-1] and arm != "A2" else 0))
+                recs.append(_rec(arm, r, bs, v, proc=p))
+    return recs
+
+
+def test_process_random_effect_ci_covers_at_nominal_rate():
+    """Persistent per-process offsets (sd 0.3%) over round noise (0.1%): the interval from per-process
+    means covers a null effect at ~95%; the per-round paired interval of one process per arm does not."""
+    rng = np.random.default_rng(7)
+    hits = hits_old = 0
+    for _ in range(300):
+        d = ss.compare(_sim(rng, 3, 6), "A", "B", 1)["gpu_ms"]
+        assert d["method"] == "procs" and d["procs"] == [3, 3] and d["n"] == 6
+        hits += d["lo"] <= 0 <= d["hi"]
+        d1 = ss.compare(_sim(rng, 1, 6), "A", "B", 1)["gpu_ms"]
+        assert d1["method"] == "rounds"
+        hits_old += d1["lo"] <= 0 <= d1["hi"]
+    assert 0.91 <= hits / 300 <= 0.99
+    assert hits_old / 300 < 0.6            # why one process per arm could not resolve anything
+
+
+def test_process_ci_finds_a_real_effect_and_variance_components():
+    rng = np.random.default_rng(1)
+    d = ss.compare(_sim(rng, 3, 8, effect=-0.02, proc_sd=0.001, round_sd=0.0005), "A", "B", 1)["gpu_ms"]
+    assert d["lo"] < -0.02 < d["hi"] and d["hi"] < 0
+    assert d["half"] < 0.005
+    assert 0.0003 < d["sd_between"] < 0.003 and 0.0002 < d["sd_within"] < 0.001
+    assert set(d["per_proc"]) == {"A-p1", "A-p2", "A-p3", "B-p1", "B-p2", "B-p3"}
+
+
+def test_parity_same_round_same_process_index_and_self():
+    recs = [_rec("A", 0, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]], proc=1),
+            _rec("B", 0, 2, 10, tokens=[[1, 2, 3], [4, 9, 6]], proc=1),
+            _rec("A", 0, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]], proc=2),
+            _rec("B", 0, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]], proc=2)]
+    assert ss.parity(recs, "A", "B", 2) == {"compared": 4, "identical": 3, "first_divergence": [1]}
+    assert ss.self_parity(recs, "A", 2) == {"compared": 2, "identical": 2, "first_divergence": []}
+    old = [_rec("A", 0, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]]), _rec("B", 0, 2, 10, tokens=[[1, 2, 3], [4, 9, 6]]),
+           _rec("A", 1, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]]), _rec("B", 1, 2, 10, tokens=[[1, 2, 3], [4, 5, 6]])]
+    assert ss.parity(old, "A", "B", 2) == {"compared": 4, "identical": 3, "first_divergence": [1]}
+
+
+def test_noise_floor_and_verdicts():
+    rng = np.random.default_rng(5)
+    base = _sim(rng, 3, 6, proc_sd=0.002, arms=("A", "A2"))
+    small = [dict(r, arm="B", proc=r["proc"].replace("A2", "B")) for r in base if r["arm"] == "A2"]
+    for r in small:                                        # B = A2 made 0.1% faster: inside the A/A floor
+        r["gpu_step_s"] = [x * 0.999 for x in r["gpu_step_s"]]
+    big = [dict(r, arm="B", proc=r["proc"].replace("A2", "B")) for r in base if r["arm"] == "A2"]
+    for r in big:                                          # 5% faster: resolved
+        r["gpu_step_s"] = [x * 0.95 for x in r["gpu_step_s"]]
+    s = ss.summarize([r for r in base] + big, [("A", "A2"), ("A", "B")])
+    aa, ab = s["comparisons"]
+    assert aa["aa"] and not ab["aa"] and aa["verdict"] in ("A/A", "A/A offset (CI excludes 0)")
+    assert ab["floor"]["source"] == "A/A in this run"
+    assert ab["floor"]["floor"] == pytest.approx(aa["gpu_ms"]["half"]) or ab["floor"]["aa_biased"]
+    assert ab["verdict"] == "resolved: faster"
+    # a Δ whose CI excludes 0 but is smaller than the A/A floor: not resolved
+    c = {"primary": "gpu_ms", "aa": False, "gpu_ms": {"delta": -0.003, "lo": -0.004, "hi": -0.002, "half": 0.001},
+         "floor": {"floor": 0.005}}
+    assert ss.verdict(c) == "not resolved"
+    c["floor"] = None
+    assert ss.verdict(c) == "resolved: faster"
+    c["gpu_ms"].update(lo=-0.006, hi=0.001)
+    assert ss.verdict(c) == "not resolved"
+    # an A/A whose CI excludes 0: the floor is its far edge
+    off = {"primary": "gpu_ms", "base": "A", "other": "A2", "batch_size": 1, "aa": True,
+           "gpu_ms": {"delta": 0.01, "lo": 0.004, "hi": 0.016, "half": 0.006}}
+    f = ss.floors_from_summary({"comparisons": [off]}, "A/A run x")
+    assert f[1]["floor"] == pytest.approx(0.016) and f[1]["aa_biased"] and f[1]["source"] == "A/A run x"
+    # floors from an earlier A/A run apply where this run has none
+    s2 = ss.summarize(small + [r for r in base if r["arm"] == "A"], [("A", "B")],
+                      floors={1: {"floor": 0.5, "source": "A/A run y"}})
+    assert s2["comparisons"][0]["floor"]["source"] == "A/A run y" and s2["comparisons"][0]["verdict"] == "not resolved"
+
+
+def test_summary_report_prediction_and_short_table():
+    rng = np.random.default_rng(2)
+    recs = _sim(rng, 2, 4, effect=-0.02, proc_sd=0.0005, round_sd=0.0005, bs=8)
     s = ss.summarize(recs, [("A", "B")], {("B", 8): {"saved_us": 150.0, "in_context_saved_us": 100.0}})
     c = s["comparisons"][0]
-    assert c["predicted"]["delta"] == pytest.approx(-150.0 / (c["decode_ms"]["base"] * 1e3))
-    assert c["predicted"]["in_context_delta"] == pytest.approx(-100.0 / (c["decode_ms"]["base"] * 1e3))
+    assert s["primary"] == "gpu_ms" and c["floor"] is None
+    assert c["predicted"]["delta"] == pytest.approx(-150.0 / (c["gpu_ms"]["base"] * 1e3))
+    assert c["predicted"]["in_context_delta"] == pytest.approx(-100.0 / (c["gpu_ms"]["base"] * 1e3))
     md = ss.report_markdown(s, {"GPU": "FakeGPU"})
-    assert "| A → B | 8 | 4 |" in md and "-1.50%" in md and "32/32" in md
+    assert "| A → B | 8 | 2+2 × 4 |" in md and "(own CI; no A/A)" in md and "resolved: faster" in md
+    assert "random effect" in md and "GPU decode step" in md and "sd between processes" in md
+    assert "64/64" in md                 # 2 process pairs x 4 rounds x 8 requests
+    t = ss.short_table([("llama aa", s)])
+    assert "A→B" in t and "resolved: faster" in t and t.count("\n") == 1
 
 
 # ----------------------------------------------------------------------------- driver pieces
@@ -145,47 +260,93 @@ def test_step_ab_end_to_end(tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"op": "fused_add_rmsnorm", "date": "2099-01-01", "rows": [  # newest wins
         {"shape": "1x4096", "dtype": "bf16", "speedup": 2.0}, {"shape": "8x4096", "dtype": "bf16", "speedup": 2.0}]}))
-    r = _step(tmp_path, "--ops", "fused_add_rmsnorm", env={"ASTRA_SGLANG_RESULTS": str(bench.parent)})
+    log = tmp_path / "cmds.log"
+    r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--procs", "2",
+              env={"ASTRA_SGLANG_RESULTS": str(bench.parent), "FAKE_CMD_LOG": str(log)})
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
     s = json.loads((out / "summary.json").read_text())
     c = {x["batch_size"]: x for x in s["comparisons"]}
-    assert set(c) == {1, 8} and c[1]["rounds"] == 3
+    assert set(c) == {1, 8} and c[1]["rounds"] == 3 and s["primary"] == "gpu_ms"
     # the stand-in's patched arm saves FAKE_SAVED_US per step; measured and both predictions agree
     from step_fake_worker import FAKE_SAVED_US  # noqa: E402
 
     for bs, x in c.items():
-        expect = -FAKE_SAVED_US / (x["decode_ms"]["base"] * 1e3)
-        assert x["decode_ms"]["lo"] <= expect <= x["decode_ms"]["hi"] or abs(x["decode_ms"]["delta"] - expect) < 2e-3
+        g = x["gpu_ms"]
+        assert g["method"] == "procs" and g["procs"] == [2, 2]
+        expect = -FAKE_SAVED_US / (g["base"] * 1e3)
+        assert g["lo"] <= expect <= g["hi"]
         assert x["predicted"]["delta"] == pytest.approx(expect, rel=0.05)
         assert x["predicted"]["in_context_delta"] == pytest.approx(expect, rel=0.05)
-        assert x["parity"]["identical"] == x["parity"]["compared"] == 3 * bs
+        assert x["parity"]["identical"] == x["parity"]["compared"] == 2 * 3 * bs
+        assert x["floor"] is None and x["verdict"] in ("resolved: faster", "not resolved")
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert sum(1 for x in runs if x["round"] == -1) == 4            # one warm-up per arm and batch size
-    assert (out / "report.md").read_text().count("| A → B |") == 2
+    assert sum(1 for x in runs if x["round"] == -1) == 8            # one warm-up per process and batch size
+    assert {x["proc"] for x in runs} == {"A-p1", "A-p2", "B-p1", "B-p2"}
+    # the order over processes: A1 B1 B2 A2, reversed next round; every timed run before any profile
+    cmds = [ln.split() for ln in log.read_text().splitlines() if not ln.endswith("quit")]
+    order = [n for n, cmd in cmds if cmd == "run"][::2]            # one entry per (process, round): 2 batch sizes
+    assert order[:8] == ["A-p1", "B-p1", "B-p2", "A-p2", "A-p1", "B-p1", "B-p2", "A-p2"]     # warm-up, round 0
+    assert order[8:12] == ["A-p2", "B-p2", "B-p1", "A-p1"]                                   # round 1
+    first_profile = next(i for i, (n, cmd) in enumerate(cmds) if cmd == "profile")
+    assert all(cmd == "profile" for _, cmd in cmds[first_profile:])
+    assert {n for n, cmd in cmds if cmd == "profile"} == {"A-p1", "B-p1"}
+    md = (out / "report.md").read_text()
+    assert md.count("| A → B |") == 4 and "random effect" in md      # 2 in the Δ table, 2 in the spread table
     assert (out / "step.png").is_file() and (out / "profile" / "profile.md").is_file()
     assert (out / "profile" / "shapes.json").is_file()
+    assert (out / "worker-B-p2.log").is_file()
     # re-analysis from results.json alone
     r2 = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "e2e", "--step", "--analyze",
                          str(out / "results.json"), "--out", str(tmp_path / "re")], capture_output=True, text=True,
                         cwd="/", env={**os.environ, "ASTRA_SGLANG_RESULTS": str(bench.parent)})
     assert r2.returncode == 0, r2.stderr
     s2 = json.loads((tmp_path / "re" / "summary.json").read_text())
-    assert s2["comparisons"][0]["decode_ms"] == s["comparisons"][0]["decode_ms"]
+    assert s2["comparisons"][0]["gpu_ms"] == s["comparisons"][0]["gpu_ms"]
 
 
-def test_step_aa_and_divergence(tmp_path):
-    r = _step(tmp_path, "--aa", "--no-profile")
+def test_step_aa_then_ab_with_its_floor_in_waves(tmp_path):
+    aa_dir = tmp_path / "aa"
+    r = _step(tmp_path, "--aa", "--no-profile", "--procs", "3", "--rounds", "4", "--out", str(aa_dir))
     assert r.returncode == 0, r.stderr
-    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = json.loads((aa_dir / "summary.json").read_text())
     assert {(x["base"], x["other"]) for x in s["comparisons"]} == {("A", "A2")}
-    assert all("predicted" not in x for x in s["comparisons"])
-    r = _step(tmp_path, "--ops", "all", "--no-profile", env={"FAKE_DIVERGE": "1"})
+    for x in s["comparisons"]:
+        assert x["aa"] and "predicted" not in x and x["gpu_ms"]["procs"] == [3, 3]
+        assert x["floor"]["source"] == "A/A in this run" and x["verdict"].startswith("A/A")
+        assert x["gpu_ms"]["half"] < 0.01          # stand-in: 0.1% process sd
+    assert "A/A" in (aa_dir / "report.md").read_text()
+    # A/B in waves of one process per arm, the A/A run's half-widths as the floor
+    log = tmp_path / "cmds.log"
+    r = _step(tmp_path, "--ops", "all", "--no-profile", "--procs", "2", "--procs-at-once", "1",
+              "--aa-floor", str(aa_dir), env={"FAKE_CMD_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    s2 = json.loads((tmp_path / "out" / "summary.json").read_text())
+    for x in s2["comparisons"]:
+        aa = next(y for y in s["comparisons"] if y["batch_size"] == x["batch_size"])
+        assert x["floor"]["source"] == "A/A run aa"
+        assert x["floor"]["floor"] == pytest.approx(ss.aa_floor(aa)["floor"])
+        assert x["gpu_ms"]["procs"] == [2, 2]
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert sorted({(x["proc"], x["wave"]) for x in runs}) == [("A-p1", 0), ("A-p2", 1), ("B-p1", 0), ("B-p2", 1)]
+    assert sorted({x["round"] for x in runs if x["wave"] == 1}) == [-1, 3, 4, 5]
+    names = [ln.split()[0] for ln in log.read_text().splitlines()]
+    assert names.index("A-p2") > max(i for i, n in enumerate(names) if n == "A-p1")       # wave 1 after wave 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "(A/A run aa)" in md
+    r = _step(tmp_path, "--ops", "all", "--aa-floor", str(tmp_path / "out" / "model"))
+    assert r.returncode != 0 and "no summary.json" in r.stderr
+
+
+def test_step_divergence(tmp_path):
+    r = _step(tmp_path, "--ops", "all", "--no-profile", "--procs", "1", env={"FAKE_DIVERGE": "1"})
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     p = s["comparisons"][0]["parity"]
     assert p["identical"] == p["compared"] - 3 and p["first_divergence"] == [3, 3, 3]
-    assert "first divergence at token 3" in (tmp_path / "out" / "report.md").read_text()
+    assert s["comparisons"][0]["gpu_ms"]["method"] == "rounds"
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "first divergence at token 3" in md and "NOT in that interval" in md
 
 
 def test_step_calibrate_runs_three_arms(tmp_path):
@@ -193,6 +354,7 @@ def test_step_calibrate_runs_three_arms(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [(x["base"], x["other"]) for x in s["comparisons"]] == [("A", "A2"), ("A", "A2"), ("A", "B"), ("A", "B")]
+    assert all(x["floor"]["source"] == "A/A in this run" for x in s["comparisons"])
 
 
 @pytest.mark.parametrize("args,env,msg", [
@@ -200,7 +362,10 @@ def test_step_calibrate_runs_three_arms(tmp_path):
     (["--batch-size", "0"], None, "--batch-size"),
     (["--output-len", "1"], None, "--output-len"),
     (["--load-format", "auto"], None, "dummy"),
-    (["--ops", "all"], {"FAKE_FAIL_START": "B"}, "worker B failed to start: RuntimeError: no GPU"),
+    (["--ops", "all"], {"FAKE_FAIL_START": "B-p1"}, "worker B-p1 failed to start: RuntimeError: no GPU"),
+    (["--procs", "0"], None, "--procs"),
+    (["--skip-steps", "7"], None, "--skip-steps"),
+    (["--aa-floor", "/"], None, "no summary.json"),
 ])
 def test_step_bad_input_is_one_error_line(tmp_path, args, env, msg):
     r = _step(tmp_path, *args, env=env)

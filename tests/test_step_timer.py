@@ -1,0 +1,147 @@
+"""The decode-step GPU timer of e2e/step_worker.py: its logic against a stand-in torch (CPU), and
+on a real CUDA graph (gpu)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from astra_sglang.e2e.step_worker import GpuTimer
+
+
+class FakeCuda:
+    """Records the stream's order of work; an event's time is the clock when it is recorded."""
+
+    def __init__(self):
+        self.stream, self.clock = [], 0.0
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = cuda.clock
+                cuda.stream.append("event")
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):          # ms
+                return (other.t - self.t) * 1e3
+
+        class CUDAGraph:
+            def replay(self):
+                cuda.work("graph", 0.004)
+
+        self.Event, self.CUDAGraph = Event, CUDAGraph
+
+    def work(self, name, seconds):
+        self.stream.append(name)
+        self.clock += seconds
+
+    def _sleep(self, cycles):                       # 2 GHz
+        self.work("sleep", cycles / 2e9)
+
+
+def _torch():
+    t = types.SimpleNamespace(cuda=FakeCuda())
+    return t
+
+
+class Backend:
+    def __init__(self, cuda):
+        self.cuda, self.calls = cuda, 0
+
+    def replay(self, key, fb):
+        self.calls += 1
+        self.cuda.work("graph", 0.005)
+        return "logits"
+
+
+def test_timer_pads_before_the_start_event_and_times_the_replay_only():
+    t = _torch()
+    timer = GpuTimer(t, pad_us=100)
+    assert timer.pad_cycles == pytest.approx(200_000, rel=1e-6)          # calibrated: 2 GHz
+    be = Backend(t.cuda)
+    runner = types.SimpleNamespace(decode_cuda_graph_runner=types.SimpleNamespace(backend=be))
+    assert timer.install(runner) == "Backend.replay"
+    assert be.replay("k", None) == "logits"                             # not armed: pass-through, no events
+    t.cuda.stream.clear()
+
+    def step():
+        t.cuda.work("prep", 0.001)                                      # host-side prep copies: not timed
+        out = be.replay("k", None)
+        t.cuda.work("sample", 0.0002)
+        return out
+
+    out, evs, whole = timer.step(step, whole=False)
+    assert out == "logits" and not whole and len(evs) == 1 and be.calls == 2
+    assert GpuTimer.seconds(evs) == pytest.approx(0.005)
+    s = t.cuda.stream
+    assert s[s.index("prep") + 1:s.index("graph") + 2] == ["sleep", "event", "graph", "event"]
+    assert timer.cur is None
+
+
+def test_timer_without_a_graph_times_the_whole_step_and_pads_when_asked():
+    t = _torch()
+    timer = GpuTimer(t, pad_us=0)
+    assert timer.pad_cycles == 0
+    timer.install(types.SimpleNamespace())                             # no graph runner: CUDAGraph hook
+    assert timer.hook == "torch.cuda.CUDAGraph.replay"
+    assert getattr(t.cuda.CUDAGraph.replay, "__astra_timer__", False)
+    timer.install(types.SimpleNamespace())                             # not wrapped twice
+    assert not getattr(t.cuda.CUDAGraph.replay.__wrapped__, "__astra_timer__", False)
+    _, evs, whole = timer.step(lambda: t.cuda.work("eager", 0.003), whole=False)
+    assert whole and GpuTimer.seconds(evs) == pytest.approx(0.003)
+    # two replays in one step: summed
+    g = t.cuda.CUDAGraph()
+    _, evs, whole = timer.step(lambda: (g.replay(), g.replay()), whole=False)
+    assert not whole and len(evs) == 2 and GpuTimer.seconds(evs) == pytest.approx(0.008)
+    timer2 = GpuTimer(t, pad_us=50)
+    t.cuda.stream.clear()
+    timer2.step(lambda: t.cuda.work("eager", 0.003), whole=True)
+    assert t.cuda.stream[:3] == ["sleep", "event", "eager"]
+
+
+@pytest.mark.gpu
+def test_timer_on_a_real_cuda_graph():
+    import torch
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            torch.matmul(x, x, out=y)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(20):
+            torch.matmul(x, x, out=y)
+    backend = types.SimpleNamespace(replay=lambda: g.replay())
+    runner = types.SimpleNamespace(decode_cuda_graph_runner=types.SimpleNamespace(backend=backend))
+    timer = GpuTimer(torch, pad_us=100)
+    timer.install(runner)
+    assert timer.pad_cycles > 10_000
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        _, evs, whole = timer.step(lambda: runner.decode_cuda_graph_runner.backend.replay(), whole=False)
+        assert not whole
+        times.append(evs)
+    torch.cuda.synchronize()
+    t = sorted(GpuTimer.seconds(e) for e in times)
+    # the same graph timed from outside, back to back
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(20):
+        g.replay()
+    b.record()
+    b.synchronize()
+    ref = a.elapsed_time(b) / 20 / 1e3
+    assert t[10] == pytest.approx(ref, rel=0.05)                       # the pad is outside the interval
+    assert (t[15] - t[5]) / t[10] < 0.02
