@@ -12,14 +12,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .errors import AstraError
 
 # dtype codes passed through the kernel ABI (`int dtype`).
-DTYPE_CODES: Dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2}
-DTYPE_BYTES: Dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+# int32: integer ops (moe_align) whose data tensor holds ids, not values.
+DTYPE_CODES: Dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2, "int32": 3}
+DTYPE_BYTES: Dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int32": 4}
 
 
 def torch_dtype(name: str):
     import torch
 
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32}[name]
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,10 @@ class OpSpec:
     # shows for this op: SGLang's production kernels and astra's own (namespace astra_<short>::).
     # `astra-sglang profile` attributes matching kernels to this op.
     kernel_symbols: Tuple[str, ...] = ()
+    # canonical(outputs, dims) -> the outputs in a canonical form, applied to candidate and production
+    # outputs before any comparison, for ops whose production result is only defined up to an order
+    # (moe_align: atomics order tokens within an expert). None: outputs are compared as written.
+    canonical: Optional[Callable[[Dict[str, Any], Tuple[int, ...]], Dict[str, Any]]] = None
 
     @property
     def symbol(self) -> str:

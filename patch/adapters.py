@@ -23,7 +23,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
-TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "int32"}  # int32: moe_align ids
 
 
 @dataclass(frozen=True)

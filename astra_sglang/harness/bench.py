@@ -279,7 +279,7 @@ def verify_context_graphs(spec, graphs, impls, sets, prod_sets, nb, dims, dtype:
         torch.cuda.synchronize()
         fresh = [{k: v.clone() for k, v in t.items()}]
         refs = set_references(spec, fresh, dims, [1], None)
-        f, errs = judge_sets(spec, who, [t], fresh, refs, dtype, None, label, prod_errs)
+        f, errs = judge_sets(spec, who, [t], fresh, refs, dtype, None, label, prod_errs, dims=dims)
         if who == "production":
             if f:
                 return ""  # no tolerance to judge by (production's own trouble shows in the chained check)
@@ -314,7 +314,7 @@ def verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype:
         f = guard_failures([gset], label)
         if not f:
             f, errs = judge_sets(spec, who, prod_sets if who == "production" else sets, fresh, refs, dtype, prod_attrs,
-                                 label, prod_errs)
+                                 label, prod_errs, dims=dims)
             if who == "production":
                 prod_errs = errs
         if f:

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..spec import OpSpec
 from .cases import case_seed
 from .inputs import from_prod_abi, make_case_inputs, to_prod_abi
-from .numerics import BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, count_poison, dtype_name, poison_, rel_err, tolerance
+from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, canonical_outputs, count_poison, dtype_name,
+                       poison_, rel_err, tolerance)
 from .oracle import references
 
 STALL_CYCLES = 50_000_000  # queued work ahead of the candidate in the stream test (~25 ms)
@@ -70,7 +71,8 @@ def _flat(ts: Sequence[Any]):
 
 def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Sequence[Dict[str, Any]],
                refs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], dtype: str, prod_attrs: Optional[Dict[str, Any]],
-               label: str, prod_errs: Optional[Dict[str, float]] = None) -> Tuple[List[str], Dict[str, float]]:
+               label: str, prod_errs: Optional[Dict[str, float]] = None,
+               dims=None) -> Tuple[List[str], Dict[str, float]]:
     """Compare what a replay left in every set with the references of the inputs refill() wrote (special
     values are the eager check's business: these cases draw the first, finite, distribution). All sets
     of one output are compared at once (one error over their concatenation); a failing set is named.
@@ -95,8 +97,9 @@ def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Se
                 if k:
                     return [f"{where(j)}: {who} never wrote {k} of {s[name].numel()} elements of {name} "
                             f"(poison left)"], {}
-    outs = [from_prod_abi(spec, s, prod_attrs) if who == "production" else
-            {name: s[name] for name, r in roles.items() if r in ("out", "inout")} for s in sets]
+    outs = [canonical_outputs(spec, from_prod_abi(spec, s, prod_attrs) if who == "production" else
+                              {name: s[name] for name, r in roles.items() if r in ("out", "inout")}, dims or ())
+            for s in sets]
     errs: Dict[str, float] = {}
     for name in refs[0][0]:
         pick = 1 if who == "production" else 0
@@ -133,7 +136,7 @@ def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequ
         if rc:
             return [f"{label}: production returned cudaError {rc}"], {}
         kept.append({n: v.clone() for n, v in bufs.views.items()})
-    return judge_sets(spec, "production", kept, fresh, refs, dtype, prod_attrs, label)
+    return judge_sets(spec, "production", kept, fresh, refs, dtype, prod_attrs, label, dims=dims)
 
 
 def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
@@ -183,7 +186,7 @@ def check_as_timed(ctx, dims, dtype: str) -> Tuple[List[Dict[str, Any]], List[st
         torch.cuda.synchronize()
         f = guard_failures(bufs, label)
         if not f:
-            f, _ = judge_sets(spec, "candidate", sets, fresh, refs, dtype, None, label, perrs)
+            f, _ = judge_sets(spec, "candidate", sets, fresh, refs, dtype, None, label, perrs, dims=dims)
         details.append({"shape": skey, "dtype": dtype, "dist": dist, "run": f"graph-{rnd}", "tensor": "*",
                         "cand_err": None, "prod_err": None, "tol": None, "ok": not f})
         if f:
@@ -234,7 +237,7 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str) -> List[str]:
     torch.cuda.synchronize()
     if rc:
         return [f"{label}: candidate returned cudaError {rc}"]
-    f, _ = judge_sets(spec, "candidate", [buf.views], [fresh], refs, dtype, None, label, perrs)
+    f, _ = judge_sets(spec, "candidate", [buf.views], [fresh], refs, dtype, None, label, perrs, dims=dims)
     if f:
         return [f[0].replace(", input set 1 of 1", "") + " (stale inputs read: does the kernel ignore its stream argument?)"]
     return []

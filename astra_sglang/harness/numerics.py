@@ -26,6 +26,11 @@ REL_SCALE = 1e-2  # err denominator: |r| + REL_SCALE * rms(r)
 POISON_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FA5, "float32": 0x7FC5A5A5, "float64": 0x7FF8A5A5A5A5A5A5}
 
 
+def canonical_outputs(spec: OpSpec, outs: Dict[str, Any], dims) -> Dict[str, Any]:
+    """Outputs as the comparison sees them (spec.canonical, e.g. moe_align's order within an expert)."""
+    return spec.canonical(dict(outs), tuple(dims)) if spec.canonical is not None else outs
+
+
 def dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 

@@ -8,8 +8,8 @@ from ..spec import OpSpec
 from .guards import GuardedSet
 from .impl import Impl, cuda_error_name
 from .inputs import from_prod_abi, make_case_inputs, reference_kwargs, to_prod_abi
-from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, count_poison, dtype_name, nonfinite_mismatch,
-                       rel_err, tolerance)
+from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, canonical_outputs, count_poison, dtype_name,
+                       nonfinite_mismatch, rel_err, tolerance)
 
 
 class FatalCaseError(Exception):
@@ -97,6 +97,7 @@ def run_case(
             outs[who] = from_prod_abi(spec, bufs.views, prod_attrs)
         else:
             outs[who] = {n: bufs.views[n].clone() for n, r in bufs.roles.items() if r in ("out", "inout")}
+        outs[who] = canonical_outputs(spec, outs[who], dims)
     ref, ref_p = references(spec, inputs, dims, scalars, prod_attrs)
     del inputs, abi_in
     again = " on a re-run with fresh inputs in the same buffers (stale result cached by pointer?)" if rerun else ""
