@@ -1,0 +1,246 @@
+// astra moe_align: SGLang's moe_align_block_size (sgl_kernel align + count_and_sort) with the astra ABI.
+// Up to kFusedMaxNumel ids: ONE launch, one block: shared-memory histogram whose atomicAdd results are
+// each id's rank in its bucket (kept in registers), block-padded scan, then scatter + padding + expert_ids
+// (all disjoint writes, no second pass over the ids). Production needs two launches here.
+// Larger inputs: two launches like production (align: 1 block; sort: many blocks) with PDL between them,
+// warp-aggregated atomics in the sort (one atomic per bucket per warp, not per id) and padding written
+// only where it is (inside segments and the tail), not over the whole buffer first.
+// Order within a bucket is atomic order (as production's): the op's contract compares it canonically.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace astra_malign {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kItems = 4;  // ids per thread held in registers on the one-launch path
+constexpr int kFusedMaxNumel = kMaxThreads * kItems;
+constexpr int kMaxBuckets = 8192;  // SGLang's limit (its kernel's RuntimeCheck)
+constexpr int kSortThreads = 256;
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// SGLang's +1 convention: id -1 (EP-filtered) is bucket 0. Out-of-range ids are dropped (undefined in
+// production, which indexes shared memory with them).
+__device__ __forceinline__ int bucket_of(int id, int buckets) {
+  const int b = id + 1;
+  return (b >= 0 && b < buckets) ? b : -1;
+}
+
+// prefix[0..n] = exclusive scan of counts rounded up to bs (prefix[n] = total), any n <= kMaxBuckets.
+// Every thread of the block must call it; ends with a barrier.
+__device__ void padded_scan(const int* counts, int* prefix, int n, int bs, int* warp_sums) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nthreads = blockDim.x, nwarps = nthreads >> 5;
+  const int ept = (n + nthreads - 1) / nthreads;
+  const int start = tid * ept;
+  int local = 0;
+  for (int i = 0; i < ept; ++i) {
+    const int e = start + i;
+    if (e < n) local += (counts[e] + bs - 1) / bs * bs;
+  }
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int w = lane < nwarps ? warp_sums[lane] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, wi, o);
+      if (lane >= o) wi += v;
+    }
+    warp_sums[lane] = wi - w;  // each lane its own slot: no hazard
+  }
+  __syncthreads();
+  int run = warp_sums[warp] + incl - local;
+  for (int i = 0; i < ept; ++i) {
+    const int e = start + i;
+    if (e < n) {
+      prefix[e] = run;
+      run += (counts[e] + bs - 1) / bs * bs;
+    }
+  }
+  if (tid == nthreads - 1) prefix[n] = run;  // the last thread's inclusive sum is the total
+  __syncthreads();
+}
+
+// expert_ids of every used block, padding inside segments (one warp per bucket) and past the total.
+__device__ void write_layout(const int* counts, const int* prefix, int n, int bs, int numel, int max_len,
+                             bool pad, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const int total = prefix[n];
+  const int nblk = total / bs;
+  for (int j = tid; j < nblk; j += blockDim.x) {
+    const int start = j * bs;
+    int lo = 0, hi = n;  // first bucket whose prefix exceeds start
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (prefix[mid] <= start) lo = mid + 1;
+      else hi = mid;
+    }
+    expert_ids[j] = lo - 2;  // bucket lo - 1, expert = bucket - 1
+  }
+  if (!pad) return;
+  for (int e = warp; e < n; e += nwarps) {
+    for (int p = prefix[e] + counts[e] + lane; p < prefix[e + 1]; p += 32) sorted[p] = numel;
+  }
+  for (int p = total + tid; p < max_len; p += blockDim.x) sorted[p] = numel;
+}
+
+// The one-launch path: numel <= blockDim.x * kItems.
+__global__ void __launch_bounds__(kMaxThreads) fused_align_kernel(
+    const int32_t* __restrict__ ids, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
+    int32_t* __restrict__ total_out, int numel, int buckets, int bs, int max_len, bool pad) {
+  extern __shared__ int smem[];
+  int* counts = smem;                    // [buckets]
+  int* prefix = counts + buckets;        // [buckets + 1]
+  int* warp_sums = prefix + buckets + 1;  // [32]
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  for (int i = tid; i < buckets; i += nthreads) counts[i] = 0;
+  pdl_wait();  // topk_ids come from the router kernel just before
+  __syncthreads();
+  int bkt[kItems], rank[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = tid + k * nthreads;
+    bkt[k] = i < numel ? bucket_of(ids[i], buckets) : -1;
+    rank[k] = bkt[k] >= 0 ? atomicAdd(&counts[bkt[k]], 1) : 0;
+  }
+  __syncthreads();
+  padded_scan(counts, prefix, buckets, bs, warp_sums);
+  pdl_trigger();
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    if (bkt[k] >= 0) sorted[prefix[bkt[k]] + rank[k]] = tid + k * nthreads;
+  }
+  write_layout(counts, prefix, buckets, bs, numel, max_len, pad, sorted, expert_ids);
+  if (tid == 0) *total_out = prefix[buckets];
+}
+
+// Two-launch path, launch 1: counts, scan, cumsum (each bucket's first slot), layout. One block.
+__global__ void __launch_bounds__(kMaxThreads) align_kernel(
+    const int32_t* __restrict__ ids, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
+    int32_t* __restrict__ total_out, int32_t* __restrict__ cumsum, int numel, int buckets, int bs, int max_len,
+    bool pad) {
+  extern __shared__ int smem[];
+  int* counts = smem;
+  int* prefix = counts + buckets;
+  int* warp_sums = prefix + buckets + 1;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  for (int i = tid; i < buckets; i += nthreads) counts[i] = 0;
+  pdl_wait();
+  __syncthreads();
+  for (int i = tid; i < numel; i += nthreads) {
+    const int b = bucket_of(ids[i], buckets);
+    if (b >= 0) atomicAdd(&counts[b], 1);
+  }
+  __syncthreads();
+  padded_scan(counts, prefix, buckets, bs, warp_sums);
+  for (int e = tid; e <= buckets; e += nthreads) cumsum[e] = prefix[e];
+  pdl_trigger();  // the sort kernel's griddepcontrol.wait still waits for all of this grid
+  write_layout(counts, prefix, buckets, bs, numel, max_len, pad, sorted, expert_ids);
+  if (tid == 0) *total_out = prefix[buckets];
+}
+
+// Two-launch path, launch 2: each id to cumsum[bucket]++ (warp-aggregated: one atomic per bucket per warp).
+__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* __restrict__ ids,
+                                                              int32_t* __restrict__ sorted,
+                                                              int32_t* __restrict__ cumsum, int numel, int buckets) {
+  const int lane = threadIdx.x & 31;
+  const int stride = blockDim.x * gridDim.x;
+  int base = blockIdx.x * blockDim.x + (threadIdx.x & ~31);
+  // loads do not depend on the align kernel: issue the first before waiting on it
+  int b = base + lane < numel ? bucket_of(ids[base + lane], buckets) : -1;
+  pdl_wait();
+  for (; base < numel; base += stride) {  // warp-uniform loop: every lane takes part in the match
+    const int i = base + lane;
+    const unsigned peers = __match_any_sync(0xffffffffu, b);
+    if (b >= 0) {
+      const int leader = __ffs(peers) - 1;
+      int slot = 0;
+      if (lane == leader) slot = atomicAdd(&cumsum[b], __popc(peers));
+      slot = __shfl_sync(peers, slot, leader) + __popc(peers & ((1u << lane) - 1));
+      sorted[slot] = i;
+    }
+    const int nxt = base + stride + lane;
+    b = nxt < numel ? bucket_of(ids[nxt], buckets) : -1;
+  }
+}
+
+template <typename Kernel, typename... Args>
+cudaError_t launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
+}  // namespace astra_malign
+
+extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_ids, void* expert_ids,
+                                       void* num_tokens_post_pad, void* cumsum_buffer, int64_t num_tokens,
+                                       int64_t topk, int64_t max_num_tokens_padded, int64_t num_experts,
+                                       int64_t block_size, int64_t pad_sorted_token_ids, cudaStream_t stream) {
+  using namespace astra_malign;
+  const int64_t numel = num_tokens * topk;
+  if (num_tokens < 0 || topk <= 0 || num_experts <= 0 || num_experts > kMaxBuckets || block_size <= 0 ||
+      max_num_tokens_padded < 0 || numel > (int64_t{1} << 30) || max_num_tokens_padded > (int64_t{1} << 30))
+    return cudaErrorInvalidValue;
+  const int n = static_cast<int>(numel), buckets = static_cast<int>(num_experts), bs = static_cast<int>(block_size);
+  const int max_len = static_cast<int>(max_num_tokens_padded);
+  const bool pad = pad_sorted_token_ids != 0;
+  auto* ids = static_cast<const int32_t*>(topk_ids);
+  auto* sorted = static_cast<int32_t*>(sorted_token_ids);
+  auto* eids = static_cast<int32_t*>(expert_ids);
+  auto* total = static_cast<int32_t*>(num_tokens_post_pad);
+  const size_t smem = (2 * static_cast<size_t>(buckets) + 1 + 32) * sizeof(int);
+  if (n <= kFusedMaxNumel) {
+    // enough threads for the ids (kItems each) and, up to a full block, one bucket each
+    int threads = (n + kItems - 1) / kItems;
+    threads = threads > buckets ? threads : (buckets < kMaxThreads ? buckets : kMaxThreads);
+    threads = (threads + 31) / 32 * 32;
+    threads = threads < 64 ? 64 : threads;
+    cudaError_t err = allow_smem(fused_align_kernel, smem);
+    if (err != cudaSuccess) return err;
+    return launch(fused_align_kernel, dim3(1), dim3(threads), smem, stream, ids, sorted, eids, total, n, buckets, bs,
+                  max_len, pad);
+  }
+  auto* cumsum = static_cast<int32_t*>(cumsum_buffer);
+  cudaError_t err = allow_smem(align_kernel, smem);
+  if (err != cudaSuccess) return err;
+  err = launch(align_kernel, dim3(1), dim3(kMaxThreads), smem, stream, ids, sorted, eids, total, cumsum, n, buckets,
+               bs, max_len, pad);
+  if (err != cudaSuccess) return err;
+  int blocks = (n + kSortThreads - 1) / kSortThreads;
+  blocks = blocks < 65535 ? blocks : 65535;
+  return launch(sort_kernel, dim3(blocks), dim3(kSortThreads), 0, stream, ids, sorted, cumsum, n, buckets);
+}
