@@ -124,7 +124,7 @@ def _values(records: Sequence[dict], arm: str, batch_size: int, metric: str) -> 
 def _nan_result() -> dict:
     nan = float("nan")
     return {"base": nan, "other": nan, "delta": nan, "lo": nan, "hi": nan, "half": nan, "ci_width": nan,
-            "n": 0, "procs": [0, 0], "method": "none", "sd_between": nan, "sd_within": nan}
+            "n": 0, "procs": [0, 0], "method": "none", "sd_between": nan, "sd_within": nan, "sd_process": nan}
 
 
 def compare_metric(records: Sequence[dict], base: str, other: str, batch_size: int, metric: str,
@@ -150,7 +150,9 @@ def compare_metric(records: Sequence[dict], base: str, other: str, batch_size: i
         ss_ = float(((ma - ma.mean()) ** 2).sum() + ((mb - mb.mean()) ** 2).sum())
         s = math.sqrt(ss_ / df)
         half = t_ppf(0.5 + conf / 2.0, df) * s * math.sqrt(1.0 / ma.size + 1.0 / mb.size)
-        res.update(method="procs", sd_between=s, lo_log=d - half, hi_log=d + half)
+        # the persistent per-process part alone (sizing runs: more rounds cannot shrink it, more processes can)
+        sp2 = s * s - (res["sd_within"] ** 2 / res["n"] if math.isfinite(res["sd_within"]) else 0.0)
+        res.update(method="procs", sd_between=s, sd_process=math.sqrt(max(sp2, 0.0)), lo_log=d - half, hi_log=d + half)
     else:
         # one process per arm: rounds paired, the process effect cannot enter the interval
         ra, rb = next(iter(va.values())), next(iter(vb.values()))
@@ -314,8 +316,8 @@ def method_text(summary: dict) -> str:
         txt += (f"Rows with one process per arm: {conf}% t-interval over per-round paired ratios; the process "
                 "effect is NOT in that interval (two identical processes can differ persistently). ")
     txt += ("Noise floor: the A/A CI half-width at that batch size (its far edge when the A/A CI excludes 0); "
-            "a Δ is resolved only when its CI excludes 0 and |Δ| exceeds the floor. Profiling ran after every "
-            "timed round.")
+            "a Δ is resolved only when its CI excludes 0 and |Δ| exceeds the floor. Profiling, if any, ran "
+            "only after every timed round.")
     return txt
 
 
@@ -352,14 +354,16 @@ def report_markdown(summary: dict, meta: Optional[dict] = None) -> str:
                    f"{_pct(p['delta'])} {_pp(p['half'])} | {ptxt} |")
     out.append("")
     out.append("Spread of log(step time) (relative): between processes = sd of the process means within an arm; "
-               "within = round to round inside one process. Expected A/A half-width with P processes per arm "
-               "≈ t(2P−2) · sd_between · √(2/P).\n")
-    out.append("| base → other | batch | method | sd between processes | sd within a process |")
-    out.append("|---|---:|---|---:|---:|")
+               "within = round to round inside one process; process effect = the persistent part, "
+               "√(between² − within²/rounds). Expected A/A half-width with P processes per arm and R rounds "
+               "≈ t(2P−2) · √(process² + within²/R) · √(2/P).\n")
+    out.append("| base → other | batch | method | sd between processes | sd within a process | process effect |")
+    out.append("|---|---:|---|---:|---:|---:|")
     for c in summary["comparisons"]:
         d = c[prim]
         out.append(f"| {c['base']} → {c['other']} | {c['batch_size']} | {d['method']} | "
-                   f"{_pp(d['sd_between']).lstrip('±')} | {_pp(d['sd_within']).lstrip('±')} |")
+                   f"{_pp(d['sd_between']).lstrip('±')} | {_pp(d['sd_within']).lstrip('±')} | "
+                   f"{_pp(d.get('sd_process')).lstrip('±')} |")
     return "\n".join(out) + "\n"
 
 

@@ -137,7 +137,14 @@ def test_process_ci_finds_a_real_effect_and_variance_components():
     assert d["lo"] < -0.02 < d["hi"] and d["hi"] < 0
     assert d["half"] < 0.005
     assert 0.0003 < d["sd_between"] < 0.003 and 0.0002 < d["sd_within"] < 0.001
+    assert d["sd_process"] <= d["sd_between"]
     assert set(d["per_proc"]) == {"A-p1", "A-p2", "A-p3", "B-p1", "B-p2", "B-p3"}
+
+
+def test_variance_components_recover_the_simulated_ones():
+    d = ss.compare(_sim(np.random.default_rng(3), 30, 8, proc_sd=0.003, round_sd=0.001), "A", "B", 1)["gpu_ms"]
+    assert d["sd_within"] == pytest.approx(0.001, rel=0.15)
+    assert d["sd_process"] == pytest.approx(0.003, rel=0.3)
 
 
 def test_parity_same_round_same_process_index_and_self():
@@ -196,7 +203,7 @@ def test_summary_report_prediction_and_short_table():
     assert c["predicted"]["in_context_delta"] == pytest.approx(-100.0 / (c["gpu_ms"]["base"] * 1e3))
     md = ss.report_markdown(s, {"GPU": "FakeGPU"})
     assert "| A → B | 8 | 2+2 × 4 |" in md and "(own CI; no A/A)" in md and "resolved: faster" in md
-    assert "random effect" in md and "GPU decode step" in md and "sd between processes" in md
+    assert "random effect" in md and "GPU decode step" in md and "| process effect |" in md
     assert "64/64" in md                 # 2 process pairs x 4 rounds x 8 requests
     t = ss.short_table([("llama aa", s)])
     assert "A→B" in t and "resolved: faster" in t and t.count("\n") == 1
