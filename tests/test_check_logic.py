@@ -264,3 +264,21 @@ def test_run_check_returns_a_checkrun_that_still_unpacks_as_the_old_tuple():
     assert run.details == [] or all("shape" in d for d in run.details)
     ok, reason, failures, details, notes, device, wr = run
     assert (ok, reason, wr) == (run.ok, run.reason, run.worker) and device == run.device == "cpu"
+
+
+def test_format_check_prints_results_with_in_graph_and_stream_rows():
+    """The in-graph and stream cases are pass/fail rows without errors: the worst-error table skips them
+    (the 2026-11-23 H200 call crashed here after every check had run, exit 1 for all ops)."""
+    from astra_sglang.harness.results import CheckResult, format_check
+
+    num = {"shape": "16x4096", "dtype": "bf16", "dist": "normal", "run": "1", "tensor": "out",
+           "cand_err": 0.002, "prod_err": 0.004, "tol": 0.016, "ok": True}
+    graph = {"shape": "16x4096", "dtype": "bf16", "dist": "normal", "run": "graph-0", "tensor": "*",
+             "cand_err": None, "prod_err": None, "tol": None, "ok": True}
+    stream = dict(graph, run="stream")
+    res = CheckResult(ok=True, reason="", details=[num, graph, stream], op="rmsnorm")
+    text = format_check(res, verbose=True)
+    assert text.startswith("PASS rmsnorm") and "cand 0.002  prod 0.004  tol 0.016" in text
+    assert [d["tensor"] for d in res.worst()] == ["out"]
+    only = CheckResult(ok=True, reason="", details=[graph, stream], op="rmsnorm")
+    assert format_check(only).startswith("PASS rmsnorm") and only.worst() == []

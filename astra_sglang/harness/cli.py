@@ -74,10 +74,11 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
     ws = _workspace(op, ws_path, root)
     res = check_candidate(op, ws, candidate, shapes=shapes, dtypes=_dtypes(dtypes), seed=seed, timeout=timeout,
                           sanitize=sanitize, progress=_progress)
+    if json_out:  # first: the result is kept even if printing it fails
+        res.to_json(json_out)
     click.echo(format_check(res, verbose=verbose))
     click.echo(f"  seed {res.seed} (--seed {res.seed} reproduces the inputs)", err=True)
     if json_out:
-        res.to_json(json_out)
         click.echo(f"  wrote {json_out}", err=True)
     if not res.ok:
         sys.exit(1)

@@ -54,9 +54,12 @@ class CheckResult:
         return p
 
     def worst(self) -> List[Dict[str, Any]]:
-        """Per output tensor and dtype, the detail row with the largest candidate error / tolerance."""
+        """Per output tensor and dtype, the detail row with the largest candidate error / tolerance.
+        Rows without errors (the in-graph and stream cases: pass/fail only) are not comparisons."""
         best: Dict[Tuple[str, str], Dict[str, Any]] = {}
         for d in self.details:
+            if d.get("prod_err") is None or d.get("tol") is None:
+                continue
             k = (d.get("tensor", ""), d.get("dtype", ""))
             r = _ratio(d)
             if k not in best or r > _ratio(best[k]):
