@@ -142,7 +142,7 @@ def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url
         arm = "A" if ops.strip() == "none" else "B"
         arm_ops = "none" if arm == "A" else ("all" if ops.strip() == "all" else [o.strip() for o in ops.split(",")])
         kv = kv_tokens_needed(sizes, input_len, 2, steps)
-        session = Session({arm: arm_ops}, mdir, tok, out_dir, python_exe, worker_module,
+        session = Session({arm: (arm, arm_ops)}, mdir, tok, out_dir, python_exe, worker_module,
                           lambda i: worker_server_args(max(sizes), sizes, kv, 0.85, 30300, False, extra), max(sizes))
         try:
             session.wait_ready(startup_timeout)
