@@ -318,11 +318,36 @@ def verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype:
             if who == "production":
                 prod_errs = errs
         if f:
-            out.append(f[0] if who != "production" or "production" in f[0] else f"production: {f[0]}")
+            f0 = f[0] if who != "production" or "production" in f[0] else f"production: {f[0]}"
+            out.append(f0 + _calls_seen(spec, prod_sets if who == "production" else sets, fresh, dims,
+                                        calls_per_set(n_calls, n_sets)[0], prod_attrs, who))
             if who == "production":
                 break  # no tolerance to judge the candidate with
     del fresh, refs
     return out
+
+
+def _calls_seen(spec, sets, fresh, dims, expected: int, prod_attrs, who: str) -> str:
+    """For an in-place op that failed the timed-graph re-check: how many applications of the op the
+    first input set's in-place outputs look like (a replay that ran the op more or fewer times than
+    the graph holds, or a stale buffer, shows here). '' for other ops."""
+    from .graphcheck import _flat, set_references
+    from .numerics import rel_err
+
+    inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
+    if not inout:
+        return ""
+    pick = 1 if who == "production" else 0
+    errs = {}
+    for k in range(0, 2 * expected + 2):
+        if k == 0:
+            ref = {n: fresh[0][n] for n in inout}
+        else:
+            ref = set_references(spec, fresh[:1], dims, [k], prod_attrs)[0][pick]
+        errs[k] = max(rel_err(_flat([sets[0][n]]), _flat([ref[n]]))["err"] for n in inout if n in ref)
+    best = min(errs, key=errs.get)
+    return (f" [set 1 is closest to {best} application(s) of the op (error {errs[best]:.3g}); the graph holds "
+            f"{expected} per set; 0 applications: {errs[0]:.3g}]")
 
 
 def refuse_impossible(row: BenchRow, gbps: float, ceiling_spread: float, floor_us: float,
