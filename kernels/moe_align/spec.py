@@ -197,6 +197,12 @@ def _sgl_supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
+def _aot_supports(dims, dtype: str) -> Optional[str]:
+    if dims[2] > 1024:
+        return f"{dims[2]} buckets: the sgl_kernel launcher knows no v2 kernel (use the jit variant)"
+    return None
+
+
 _JIT = "csrc/moe/moe_align_kernel.cu"
 _AOT = "sgl-kernel/csrc/moe/moe_align_kernel.cu"
 _LAUNCH_FACTS = lambda path: (  # noqa: E731
@@ -274,12 +280,13 @@ SPEC = OpSpec(
             launcher="launch_sgl_kernel.cu.in",
             flag_profile="sgl_kernel_aot",
             source_facts=_LAUNCH_FACTS(_AOT) + (
-                (_AOT, r"(?P<SGL_IGNORE_ARG>bool ignore_invalid_expert,|)\s*const int32_t scan_size",
-                 "whether the align kernel takes ignore_invalid_expert (after pad_sorted_token_ids)"),
+                (_AOT, r"bool pad_sorted_token_ids,\s*(?:bool )?(?P<SGL_IGNORE>(?<=bool )ignore_invalid_expert|),?\s*"
+                 r"const int32_t scan_size",
+                 "whether the kernels take ignore_invalid_expert (after pad_sorted_token_ids / numel)"),
             ),
             dtypes=("int32",),
             requires_root="sglang_checkout",
-            supports=_sgl_supports,
+            supports=_aot_supports,
         ),
     ),
     default_variant=lambda roots: "sgl_kernel" if roots.get("sglang_checkout") else "jit",

@@ -1,0 +1,16 @@
+"""The SGLang code `validate` drives for this op: the Triton fused_moe path's moe_align_block_size
+(sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py), which allocates SGLang's buffers and
+calls the kernel wrapper this op patches. Its outputs are mapped onto the op's: expert_ids past the used blocks
+keep the case's input (SGLang leaves them unwritten), sorted_token_ids is cut to the 0.5.17 length (0.5.23
+rounds the buffer up to a multiple of 4)."""
+
+
+def run_layer(inp, dims, scalars):
+    from sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size import moe_align_block_size
+
+    t, k, nb, bs, n_sorted = dims
+    s, e, total = moe_align_block_size(inp["topk_ids"], bs, nb - 1)
+    n = int(total.reshape(-1)[0].item())
+    eids = inp["expert_ids"].clone()
+    eids[: n // bs] = e[: n // bs]
+    return {"sorted_token_ids": s[:n_sorted], "expert_ids": eids, "num_tokens_post_pad": total[:1]}

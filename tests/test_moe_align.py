@@ -1,0 +1,310 @@
+"""moe_align (kernels/moe_align/): the exact reference against SGLang's documented example and a brute-force
+formulation; the canonical comparison (order inside a bucket is free, a pair in the wrong bucket is not);
+the harness on CPU with an atomics-like stand-in; the corpus; the shipped kernel and the extracted production
+kernels build with nvcc for sm_90a (the JIT port from the real 0.5.17 wheel; the sgl_kernel excerpts from a
+checkout synthesized at test time from that wheel's kernel text); the adapter binds the wheels' real
+signatures. No kernel runs here (no GPU)."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from astra_sglang.registry import get_op, op_part
+
+SPEC_MOD = op_part("moe_align", "spec")
+
+
+def _has_nvcc() -> bool:
+    return bool(shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"))
+
+
+# ------------------------------------------------------------------------------------------ reference
+def test_reference_matches_sglangs_documented_example():
+    # moe_align_block_size.py's docstring: experts 1..4 there are buckets 1..4 here (ids 0..3, +1 convention)
+    ids = np.array([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]]) - 1
+    out, eids, total = SPEC_MOD.align_np(ids, 5, 4, 32, np.full(8, 99))
+    assert total == 16
+    assert out[:16].tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
+    assert (out[16:] == 12).all()  # pad_sorted_token_ids: the whole buffer holds numel
+    assert eids.tolist() == [0, 1, 2, 3, 99, 99, 99, 99]  # blocks past the total keep their values
+
+
+def _brute(ids, nb, bs, n_sorted, eids_in):
+    flat = [int(x) for x in np.asarray(ids).reshape(-1)]
+    out, eids, pos = [len(flat)] * n_sorted, list(eids_in), 0
+    for b in range(nb):
+        mine = [i for i, x in enumerate(flat) if x + 1 == b]
+        for j, i in enumerate(mine):
+            out[pos + j] = i
+        n = -(-len(mine) // bs) * bs
+        for blk in range(pos // bs, (pos + n) // bs):
+            eids[blk] = b - 1
+        pos += n
+    return out, eids, pos
+
+
+@pytest.mark.parametrize("dims", [(1, 8, 129, 16, 128), (16, 8, 129, 16, 2048), (5, 2, 9, 32, 256),
+                                  (64, 8, 257, 64, 16960), (7, 8, 33, 1, 56)])
+@pytest.mark.parametrize("dist", ["uniform", "skewed", "ep"])
+def test_reference_equals_brute_force(dims, dist):
+    spec = get_op("moe_align")
+    inp = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(3), dist, device="cpu")
+    ids = inp["topk_ids"]
+    assert ids.dtype == torch.int32 and tuple(ids.shape) == dims[:2]
+    if dist != "ep":
+        assert all(len(set(r)) == len(r) for r in ids.tolist())  # distinct experts per token
+    ref = spec.reference({k: v.double() for k, v in inp.items()}, dims, spec.scalars(dims))
+    out, eids, total = _brute(ids.numpy(), dims[2], dims[3], dims[4], inp["expert_ids"].tolist())
+    assert ref["sorted_token_ids"].long().tolist() == out
+    assert ref["expert_ids"].long().tolist() == eids
+    assert int(ref["num_tokens_post_pad"][0]) == total
+    if dist == "ep":
+        assert (ids == -1).any() and (ref["expert_ids"][: total // dims[3]] == -1).any()
+
+
+def test_sizes_follow_sglang_0_5_17():
+    # numel < E + 1: numel * block; else numel + (E + 1) * (block - 1)
+    assert SPEC_MOD.max_num_tokens_padded(8, 128, 16) == 128
+    assert SPEC_MOD.max_num_tokens_padded(256, 128, 16) == 256 + 129 * 15
+    assert SPEC_MOD.dims_for(1, 8, 128, 16) == (1, 8, 129, 16, 128)
+
+
+# ------------------------------------------------------------------------------------------ canonical form
+def _shuffled_within_buckets(ref, dims, seed=0):
+    """What production may write: each bucket's ids in any order (atomics)."""
+    rng = np.random.default_rng(seed)
+    s = ref["sorted_token_ids"].long().numpy().copy()
+    e = ref["expert_ids"].long().numpy()
+    total, bs, numel = int(ref["num_tokens_post_pad"][0]), dims[3], dims[0] * dims[1]
+    for b in np.unique(e[: total // bs]):
+        pos = np.nonzero(np.repeat(e[: total // bs], bs) == b)[0]
+        tok = pos[s[pos] < numel]
+        s[tok] = rng.permutation(s[tok])
+    return {"sorted_token_ids": torch.from_numpy(s).int(), "expert_ids": ref["expert_ids"].int(),
+            "num_tokens_post_pad": ref["num_tokens_post_pad"].int()}
+
+
+def test_canonical_forgives_order_inside_a_bucket_and_nothing_else():
+    spec = get_op("moe_align")
+    dims = (64, 8, 129, 16, 64 * 8 + 129 * 15)
+    inp = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(5), "skewed", device="cpu")
+    ref = spec.reference({k: v.double() for k, v in inp.items()}, dims, spec.scalars(dims))
+    got = _shuffled_within_buckets(ref, dims)
+    assert not torch.equal(got["sorted_token_ids"].double(), ref["sorted_token_ids"])  # order did change
+    canon = spec.canonical(got, dims)
+    assert torch.equal(canon["sorted_token_ids"].double(), ref["sorted_token_ids"])
+    # one pair moved to the neighbouring bucket's region: still wrong after canonicalization
+    s = got["sorted_token_ids"].clone()
+    total, bs = int(ref["num_tokens_post_pad"][0]), dims[3]
+    e = ref["expert_ids"][: total // bs].long()
+    first = int(torch.nonzero(e != e[0])[0]) * bs  # first slot of the second bucket's region
+    s[0], s[first] = s[first].clone(), s[0].clone()
+    bad = spec.canonical({**got, "sorted_token_ids": s}, dims)
+    assert not torch.equal(bad["sorted_token_ids"].double(), ref["sorted_token_ids"])
+
+
+def test_harness_judges_atomic_order_as_correct_and_a_wrong_bucket_as_wrong_on_cpu():
+    from astra_sglang.harness.guards import GuardedSet
+    from astra_sglang.harness.oracle import run_case
+
+    spec = get_op("moe_align")
+
+    class Impl:
+        def __init__(self, wrong=False):
+            self.wrong, self.calls = wrong, 0
+
+        def __call__(self, tensors, dims, dtype, scalars, stream=None):
+            self.calls += 1
+            ins = {a.name: tensors[a.name] for a in spec.abi if a.ctype == "ptr"}
+            ref = spec.reference({n: v.double() for n, v in ins.items()}, dims, scalars)
+            got = _shuffled_within_buckets(ref, dims, seed=self.calls)
+            if self.wrong:
+                got["sorted_token_ids"][[0, -1]] = got["sorted_token_ids"][[-1, 0]].clone()
+            for n in ("sorted_token_ids", "expert_ids", "num_tokens_post_pad"):
+                tensors[n].copy_(got[n].to(tensors[n].dtype).reshape(tensors[n].shape))
+            return 0
+
+    for shape in list(spec.edge_shapes)[:5] + [spec.corpus[0]]:
+        dims = shape.dims
+        protos = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(1), "uniform", device="cpu")
+        bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
+        for run, dist in enumerate(spec.distributions):
+            details, failures, _ = run_case(spec, Impl(), Impl(), bc, bp, dims, "int32", dist, 7, "cpu",
+                                            run_index=run)
+            assert not failures, failures
+            assert details and all(d["ok"] for d in details)
+    dims = spec.corpus[0].dims
+    protos = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(1), "uniform", device="cpu")
+    bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
+    _, failures, _ = run_case(spec, Impl(wrong=True), Impl(), bc, bp, dims, "int32", "uniform", 7, "cpu")
+    assert any("sorted_token_ids" in f for f in failures), failures
+
+
+# ------------------------------------------------------------------------------------------ corpus
+def test_corpus_comes_from_real_configs():
+    spec = get_op("moe_align")
+    assert {"decode", "prefill"} <= {t for s in spec.corpus for t in s.tags}
+    qwen = {s.dims[0]: s.dims for s in spec.corpus if "qwen3-30b-a3b" in s.source}
+    assert qwen[1] == (1, 8, 129, 16, 128)  # batch 1: BLOCK_SIZE_M 16 from the H200 config
+    assert qwen[256][3] == 32 and qwen[1024][3] == 128 and qwen[16384][3] == 128
+    assert {s.dims[2] for s in spec.corpus} == {129, 257, 9, 33}  # E + 1 for 128, 256, 8, 32 experts
+    for s in list(spec.corpus) + list(spec.edge_shapes):
+        assert spec.variant("jit").supports(s.dims, "int32") is None, s.dims
+        assert spec.bytes_moved(s.dims, "int32") > 0
+
+
+# ------------------------------------------------------------------------------------------ builds
+@pytest.mark.nvcc
+def test_shipped_kernel_compiles_for_sm90a(tmp_path):
+    if not _has_nvcc():
+        pytest.skip("needs nvcc")
+    from astra_sglang.registry import shipped_kernel
+
+    so = tmp_path / "k.so"
+    r = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+                        str(shipped_kernel("moe_align")), "-o", str(so)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+    assert "astra_moe_align" in syms
+
+
+def _extract(src, dest, tvm, variant=None):
+    from astra_sglang.build import Arch
+    from astra_sglang.build.workspace import Workspace
+    from astra_sglang.extract import discover, extract
+
+    roots = discover(Path(src), None, Path(tvm) if tvm else None)
+    extract(get_op("moe_align"), roots, dest, Arch(9, 0), variant=variant)
+    return Workspace.open("moe_align", path=dest)
+
+
+@pytest.mark.wheels
+@pytest.mark.nvcc
+def test_jit_variant_from_the_0_5_17_wheel_builds(sglang_0_5_17_source, wheel_sources, tmp_path):
+    if not _has_nvcc():
+        pytest.skip("needs nvcc")
+    ws = _extract(sglang_0_5_17_source, tmp_path / "ws", wheel_sources["tvm"], "jit")
+    assert ws.manifest["launch_facts"] == {"SMALL_NUMEL": "1024", "SMALL_BUCKETS": "64", "FILL_THREADS": "256",
+                                           "ALIGN_THREADS": "1024", "SORT_THREADS": "256",
+                                           "SORT_MAX_BLOCKS": "65535"}
+    res = ws.build()
+    assert res.ok, res.log[-3000:]
+
+
+@pytest.mark.wheels
+def test_jit_variant_of_0_5_23_fails_loudly(wheel_sources, tmp_path):
+    from astra_sglang.errors import AstraError
+
+    if not _has_nvcc():
+        pytest.skip("extract looks for nvcc first")
+    with pytest.raises(AstraError, match="launcher update"):
+        _extract(wheel_sources["sglang"], tmp_path / "ws", wheel_sources["tvm"], "jit")
+
+
+def _synthetic_checkout(root: Path, wheel_jit_cu: Path) -> Path:
+    """An sgl-kernel checkout whose csrc/moe/moe_align_kernel.cu has the AOT file's layout (ATen headers, kernels
+    at file scope, a torch host function) around the kernel text of the wheel's JIT port (the same kernels)."""
+    text = wheel_jit_cu.read_text()
+    body = text[text.index("#define VEC_SIZE 4"): text.index("}  // namespace moe")]
+    body = body.replace("namespace moe {\n", "")
+    host = """
+void moe_align_block_size(
+    torch::Tensor topk_ids, int64_t num_experts, int64_t block_size, torch::Tensor sorted_token_ids,
+    torch::Tensor experts_ids, torch::Tensor num_tokens_post_pad, torch::Tensor cumsum_buffer,
+    bool pad_sorted_token_ids) {
+  int threads = 1024;
+  DISPATCH_INTEGRAL_TYPES(topk_ids.scalar_type(), "moe_align_block_size_kernel", [&] {
+    bool small_batch_expert_mode = (topk_ids.numel() < 1024) && (num_experts <= 64);
+    constexpr int32_t fill_threads = 256;
+    const int block_threads = std::min(256, (int)threads);
+    const int max_blocks = 65535;
+  });
+}
+"""
+    cu = root / "sgl-kernel" / "csrc" / "moe" / "moe_align_kernel.cu"
+    cu.parent.mkdir(parents=True)
+    (root / "sgl-kernel" / "include").mkdir(parents=True)
+    cu.write_text("#include <ATen/ATen.h>\n#include <THC/THCAtomics.cuh>\n\n#include \"utils.h\"\n\n" + body + host)
+    (root / "sgl-kernel" / "pyproject.toml").write_text('[project]\nname = "sglang-kernel"\nversion = "0.4.5"\n')
+    return root
+
+
+@pytest.mark.wheels
+@pytest.mark.nvcc
+def test_sgl_kernel_variant_from_a_checkout_builds(sglang_0_5_17_source, tmp_path):
+    if not _has_nvcc():
+        pytest.skip("needs nvcc")
+    jit = Path(sglang_0_5_17_source) / "sglang" / "kernels" / "jit" / "csrc" / "moe" / "moe_align_kernel.cu"
+    co = _synthetic_checkout(tmp_path / "sglang", jit)
+    ws = _extract(co, tmp_path / "ws", None)
+    assert ws.manifest["variant"] == "sgl_kernel"  # the default when a checkout is given
+    assert ws.manifest["launch_facts"]["SGL_IGNORE"] == ""
+    ex = (ws.path / "src" / "excerpts" / "moe_align_kernels.cuh").read_text()
+    assert "count_and_sort_expert_tokens_kernel" in ex and "torch::Tensor" not in ex
+    res = ws.build()
+    assert res.ok, res.log[-3000:]
+
+
+def test_sgl_kernel_ignore_invalid_expert_fact_reads_both_signatures():
+    regex = next(r for _, r, m in get_op("moe_align").variant("sgl_kernel").source_facts if "ignore" in m)
+    old = "int32_t* __restrict__ cumsum,\n    bool pad_sorted_token_ids,\n    const int32_t scan_size,"
+    new = "int32_t* __restrict__ cumsum,\n    bool pad_sorted_token_ids,\n    bool ignore_invalid_expert,\n" \
+          "    const int32_t scan_size,"
+    assert re.search(regex, old, re.M).group("SGL_IGNORE") == ""
+    assert re.search(regex, new, re.M).group("SGL_IGNORE") == "ignore_invalid_expert"
+
+
+# ------------------------------------------------------------------------------------------ adapter
+def _real_function(pkg_root: Path, module: str, name: str):
+    path = pkg_root / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = pkg_root / module.replace(".", "/") / "__init__.py"
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    stub = ast.FunctionDef(name=name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
+                           type_params=[])
+    ns = {"torch": torch, "Optional": object}
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), str(path), "exec"), ns)
+    return ns[name]
+
+
+@pytest.fixture(params=["0.5.17", "0.5.23"])
+def sglang_pkg(request):
+    if request.param == "0.5.23":
+        return Path(request.getfixturevalue("wheel_sources")["sglang"])
+    return Path(request.getfixturevalue("sglang_0_5_17_source"))
+
+
+@pytest.mark.parametrize("module", ["sglang.kernels.ops.moe", "sglang.kernels.ops.moe.moe_align"])
+def test_adapter_binds_sglangs_calls(sglang_pkg, module):
+    from astra_sglang.patch.adapters import Binder, adapter_mismatch
+
+    spec, ad = get_op("moe_align"), op_part("moe_align", "adapter").ADAPTER
+    assert adapter_mismatch(spec, ad) is None
+    b = Binder(_real_function(sglang_pkg, module, "moe_align_block_size"), ad, spec)
+    assert b.ok, b.problem
+    ids = torch.randint(0, 128, (4, 8), dtype=torch.int32)
+    bufs = (torch.empty(2000, dtype=torch.int32), torch.empty(125, dtype=torch.int32),
+            torch.empty(1, dtype=torch.int32), torch.empty(130, dtype=torch.int32))
+    # triton_utils/moe_align_block_size.py: positional, num_experts + 1, pad True
+    canon, why = b.bind((ids, 129, 16, *bufs, True), {})
+    assert canon is not None, why
+    views, dims = ad.normalize(canon)
+    assert dims == (4, 8, 129, 16, 2000) and views["sorted_token_ids"].data_ptr() == bufs[0].data_ptr()
+    assert isinstance(ad.normalize({**canon, "cumsum_buffer": torch.empty(10, dtype=torch.int32)}), str)
+    if "ignore_invalid_expert" in b.params:
+        assert b.bind((ids, 129, 16, *bufs, True, True), {})[0] is None  # EP ignore: SGLang's original
+
+
+def test_layer_and_adapter_modules_import_without_sglang():
+    assert callable(op_part("moe_align", "layer").run_layer)
+    ad = op_part("moe_align", "adapter")
+    assert ad.ADAPTER.op == "moe_align" and ad.DEFAULT_OFF
