@@ -282,3 +282,33 @@ def test_format_check_prints_results_with_in_graph_and_stream_rows():
     assert [d["tensor"] for d in res.worst()] == ["out"]
     only = CheckResult(ok=True, reason="", details=[graph, stream], op="rmsnorm")
     assert format_check(only).startswith("PASS rmsnorm") and only.worst() == []
+
+
+def test_timed_graph_recheck_judges_repeated_in_place_outputs_normwise():
+    """After k calls on one set an in-place output took its own rounding walk: a near-zero element may be
+    off by a few ulps of the row's scale (elementwise error ~1) while the result is right; a wrong
+    number of calls is wrong everywhere. Judged normwise when the graph held more than one call per set."""
+    import torch
+
+    from astra_sglang.harness.graphcheck import fresh_inputs, judge_sets, set_references
+
+    spec = get_op("rope")
+    dims = (4, 2, 1, 128, 128, 256, 128)
+    fresh = fresh_inputs(spec, dims, "bf16", "normal", [7], device="cpu")
+    k = 5
+    refs = set_references(spec, fresh, dims, [k], None)
+    walked = {n: v.clone() for n, v in fresh[0].items()}
+    for n in ("q", "k"):
+        walked[n] = refs[0][0][n].to(torch.bfloat16)
+    q = walked["q"].float()
+    i = int(q.abs().reshape(-1)[:256].argmin())  # a near-zero rotated element, moved by a few ulps of the rms
+    q.reshape(-1)[i] += 0.02 * float(q.pow(2).mean().sqrt())
+    walked["q"] = q.to(torch.bfloat16)
+    f_elem, _ = judge_sets(spec, "production", [walked], fresh, refs, "bf16", None, "t", dims=dims)
+    f_norm, errs = judge_sets(spec, "production", [walked], fresh, refs, "bf16", None, "t", dims=dims, repeats=[k])
+    assert f_elem and not f_norm and errs["q"] < 0.01
+    wrong = {n: v.clone() for n, v in walked.items()}
+    for n in ("q", "k"):  # one call fewer than the graph held
+        wrong[n] = set_references(spec, fresh, dims, [k - 1], None)[0][0][n].to(torch.bfloat16)
+    f_wrong, _ = judge_sets(spec, "production", [wrong], fresh, refs, "bf16", None, "t", dims=dims, repeats=[k])
+    assert f_wrong and "normwise error" in f_wrong[0]

@@ -314,7 +314,7 @@ def verify_timed_graphs(spec, graphs, impls, sets, prod_sets, gset, dims, dtype:
         f = guard_failures([gset], label)
         if not f:
             f, errs = judge_sets(spec, who, prod_sets if who == "production" else sets, fresh, refs, dtype, prod_attrs,
-                                 label, prod_errs, dims=dims)
+                                 label, prod_errs, dims=dims, repeats=calls_per_set(n_calls, n_sets))
             if who == "production":
                 prod_errs = errs
         if f:
@@ -344,9 +344,9 @@ def _calls_seen(spec, sets, fresh, dims, expected: int, prod_attrs, who: str) ->
             ref = {n: fresh[0][n] for n in inout}
         else:
             ref = set_references(spec, fresh[:1], dims, [k], prod_attrs)[0][pick]
-        errs[k] = max(rel_err(_flat([sets[0][n]]), _flat([ref[n]]))["err"] for n in inout if n in ref)
+        errs[k] = max(rel_err(_flat([sets[0][n]]), _flat([ref[n]]))["norm"] for n in inout if n in ref)
     best = min(errs, key=errs.get)
-    return (f" [set 1 is closest to {best} application(s) of the op (error {errs[best]:.3g}); the graph holds "
+    return (f" [set 1 is closest to {best} application(s) of the op (normwise {errs[best]:.3g}); the graph holds "
             f"{expected} per set; 0 applications: {errs[0]:.3g}]")
 
 

@@ -72,13 +72,19 @@ def _flat(ts: Sequence[Any]):
 def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Sequence[Dict[str, Any]],
                refs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], dtype: str, prod_attrs: Optional[Dict[str, Any]],
                label: str, prod_errs: Optional[Dict[str, float]] = None,
-               dims=None) -> Tuple[List[str], Dict[str, float]]:
+               dims=None, repeats: Optional[Sequence[int]] = None) -> Tuple[List[str], Dict[str, float]]:
     """Compare what a replay left in every set with the references of the inputs refill() wrote (special
     values are the eager check's business: these cases draw the first, finite, distribution). All sets
     of one output are compared at once (one error over their concatenation); a failing set is named.
 
     who == "production": judged against the fp64 reference alone (BASELINE_SLACK floors); returns its
-    error per output, which the candidate's tolerance then uses (same inputs). Returns (failures, errors)."""
+    error per output, which the candidate's tolerance then uses (same inputs). Returns (failures, errors).
+
+    repeats: calls per set of the replayed graph. An in-place output that went through more than one call
+    is judged by its normwise error: each call rounds to the buffer's dtype, so kernel and reference
+    take different rounding walks, and the elementwise error of elements the walk leaves near zero
+    grows without bound (on the H200, SGLang's own rope failed the elementwise rule after 63 calls at
+    0.0038 normwise). A wrong number of calls or skipped rows still shows normwise."""
     roles = _roles(spec)
     n = len(sets)
 
@@ -101,10 +107,13 @@ def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Se
                               {name: s[name] for name, r in roles.items() if r in ("out", "inout")}, dims or ())
             for s in sets]
     errs: Dict[str, float] = {}
+    walked = bool(repeats) and max(repeats) > 1
     for name in refs[0][0]:
         pick = 1 if who == "production" else 0
         got = _flat([o[name] for o in outs])
+        key = "norm" if walked and roles.get(name) == "inout" else "err"
         e = rel_err(got, _flat([r[pick][name] for r in refs]))
+        e = dict(e, err=e[key])
         errs[name] = e["err"]
         short = SHORT_DTYPE.get(dtype_name(outs[0][name]), dtype)
         if who == "production":
@@ -112,10 +121,11 @@ def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Se
         else:
             tol = tolerance(spec, short, (prod_errs or {}).get(name))
         if e["nan"] or not e["err"] <= tol:
-            bad = next((j for j in range(n) if rel_err(outs[j][name], refs[j][pick][name])["err"] > tol), 0)
+            bad = next((j for j in range(n) if rel_err(outs[j][name], refs[j][pick][name])[key] > tol), 0)
             if e["nan"]:
                 return [f"{where(bad)}: {who}'s {name} has NaN where the reference is finite"], errs
-            return [f"{where(bad)}: {who}'s {name} error {e['err']:.3g} > tolerance {tol:.3g}"
+            what = "normwise error" if key == "norm" else "error"
+            return [f"{where(bad)}: {who}'s {name} {what} {e['err']:.3g} > tolerance {tol:.3g}"
                     + ("" if who == "production" else
                        f" (production {(prod_errs or {}).get(name, float('nan')):.3g})")], errs
     return [], errs
