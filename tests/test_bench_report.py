@@ -70,6 +70,17 @@ def test_plan_sets_exceeds_four_l2():
     assert plan_sets(393_216, l2, "warm") == (1, "")
 
 
+def test_plan_sets_caps_tiny_sets():
+    from astra_sglang.harness.timer import MAX_SETS
+
+    l2 = 60 << 20
+    n, note = plan_sets(1100, l2)  # moe_align batch 1: 228k sets uncapped (minutes of Python per stage)
+    assert n == MAX_SETS and "capped" in note
+    n, note = plan_sets(1100, l2, mem_cap=1 << 20)  # the memory cap, when tighter, still wins and says so
+    assert n == (1 << 20) // 1100 and "fit in" in note
+    assert plan_sets(4 * l2 // MAX_SETS, l2)[1] == ""  # at the cap exactly: unchanged
+
+
 def test_plan_calls_uses_every_set_equally_and_targets_replay_length():
     n = plan_calls(2.0, 512)
     assert n % 512 == 0 and n >= 1000

@@ -71,10 +71,101 @@ def test_reference_equals_brute_force(dims, dist):
 
 
 def test_sizes_follow_sglang_0_5_17():
-    # numel < E + 1: numel * block; else numel + (E + 1) * (block - 1)
+    # numel < E + 1: numel * block; else numel + (E + 1) * (block - 1); the corpus rounds that up to 4
     assert SPEC_MOD.max_num_tokens_padded(8, 128, 16) == 128
     assert SPEC_MOD.max_num_tokens_padded(256, 128, 16) == 256 + 129 * 15
+    assert SPEC_MOD.max_num_tokens_padded(512, 128, 16) == 2447  # the H200 check's guard failure
+    assert SPEC_MOD.sorted_len(512, 128, 16) == 2448
     assert SPEC_MOD.dims_for(1, 8, 128, 16) == (1, 8, 129, 16, 128)
+    assert SPEC_MOD.dims_for(64, 8, 128, 16) == (64, 8, 129, 16, 2448)
+
+
+def _sglang_alloc(numel, num_experts, block_size, round4):
+    """sorted_ids / expert_ids / cumsum_buffer lengths as triton_utils/moe_align_block_size.py computes them."""
+    if numel < num_experts + 1:
+        n = numel * block_size
+    else:
+        n = numel + (num_experts + 1) * (block_size - 1)
+    if round4:  # 0.5.23: "The align kernel pads sorted_ids with int4 stores."
+        n = (n + 3) // 4 * 4
+    return n, -(-n // block_size), num_experts + 2
+
+
+def test_corpus_buffers_are_sglangs_allocation_rounded_to_the_int4_padding():
+    """Every corpus/edge shape: sorted_token_ids has SGLang's length rounded up to 4 (0.5.23's allocation; in
+    0.5.17 the extent production's int4 padding writes into the caching allocator's slack), expert_ids and
+    cumsum_buffer exactly SGLang's; production writes nothing past any of them."""
+    spec = get_op("moe_align")
+    for s in list(spec.corpus) + list(spec.edge_shapes):
+        t, k, nb, bs, n_sorted = s.dims
+        n23, blocks, csum = _sglang_alloc(t * k, nb - 1, bs, True)
+        n17, blocks17, _ = _sglang_alloc(t * k, nb - 1, bs, False)
+        assert n_sorted == n23 and n17 <= n_sorted < n17 + 4, s.dims
+        assert blocks == blocks17  # block sizes of the corpus are 1 or multiples of 4
+        assert SPEC_MOD.production_int4_overrun(s.dims) == 0, s.dims
+        inp = spec.make_inputs(s.dims, "int32", torch.Generator().manual_seed(0), "uniform", device="cpu")
+        assert inp["sorted_token_ids"].numel() == n_sorted
+        assert inp["expert_ids"].numel() == blocks
+        assert inp["cumsum_buffer"].numel() == csum
+        ref = spec.reference(inp, s.dims, spec.scalars(s.dims))
+        assert int(ref["num_tokens_post_pad"][0]) <= n17  # SGLang's bound holds for the total
+
+
+def test_production_int4_overrun_and_the_variants_refuse_unrounded_lengths():
+    # the H200 check's guard failures: 4 bytes past sorted_token_ids on every one of these
+    for dims in ((64, 8, 129, 16, 2447), (1024, 4, 129, 16, 6031), (512, 8, 129, 64, 12223),
+                 (513, 8, 129, 64, 12231), (4096, 4, 33, 64, 18463)):
+        assert SPEC_MOD.production_int4_overrun(dims) == 1, dims
+        for v in ("jit", "sgl_kernel"):
+            why = get_op("moe_align").variant(v).supports(dims, "int32")
+            assert why and f"use {dims[4] + 1}" in why, (v, why)
+        assert get_op("moe_align").variant("jit").supports(dims[:4] + (dims[4] + 1,), "int32") is None
+    assert SPEC_MOD.production_int4_overrun((64, 8, 129, 16, 2446)) == 2
+    # the small-batch kernel (< 1024 ids, <= 64 buckets) pads with scalar stores: no overrun
+    assert SPEC_MOD.production_int4_overrun((3, 6, 64, 16, 287)) == 0
+    assert SPEC_MOD.production_int4_overrun((200, 8, 64, 16, 2545)) == 3  # 1600 ids: the align kernel
+
+
+@pytest.mark.wheels
+def test_sglang_0_5_17_allocates_the_unrounded_length_and_its_kernel_pads_int4(sglang_0_5_17_source, wheel_sources):
+    """What the corpus rounding stands on, read from the wheels: 0.5.17's wrapper allocates
+    max_num_tokens_padded unrounded, its align kernels pad ceil(len / 4) int4 vectors with len =
+    sorted_token_ids.size(0); 0.5.23 rounds the allocation up to 4."""
+    rel = Path("sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py")
+    py17 = (Path(sglang_0_5_17_source) / rel).read_text()
+    assert "max_num_tokens_padded = topk_ids.numel() + (num_experts + 1) * (block_size - 1)" in py17
+    assert "(max_num_tokens_padded + 3) // 4 * 4" not in py17
+    assert re.search(r"sorted_ids = torch\.empty\(\s*\(max_num_tokens_padded,\)", py17)
+    assert re.search(r"cumsum_buffer = torch\.empty\(\s*\(num_experts \+ 2,\)", py17)
+    py23 = (Path(wheel_sources["sglang"]) / rel).read_text()
+    assert "max_num_tokens_padded = (max_num_tokens_padded + 3) // 4 * 4" in py23
+    cu = (Path(sglang_0_5_17_source) / "sglang/kernels/jit/csrc/moe/moe_align_kernel.cu").read_text()
+    assert "int64_t max_num_tokens_padded = sorted_token_ids.size(0);" in cu
+    assert cu.count("int32_t total_vecs = (max_num_tokens_padded + VEC_SIZE - 1) / VEC_SIZE;") == 2  # v1 and v2
+    assert "#define VEC_SIZE 4" in cu and SPEC_MOD.PAD_VEC == 4
+    # every source fact the launcher relies on (these two included) holds in the wheel
+    for _rel, regex, meaning in get_op("moe_align").variant("jit").source_facts:
+        assert re.search(regex, cu, re.MULTILINE), meaning
+    # production launches without PDL (LaunchKernel's default), so nothing of its own waits across calls
+    assert "enable_pdl" not in cu and "use_pdl" not in cu
+
+
+def test_batch_1_bench_plans_a_bounded_number_of_input_sets():
+    """The H200 bench 'hang' at 1x8x129x16x128: a 1.1 KB input set asked for 228k rotating sets (4x a 60 MiB
+    L2), each made, restored (two inout buffers) and re-checked in Python, and 228k calls per timed graph:
+    minutes inside one stage, which the watchdog reported as no progress. plan_sets caps the sets."""
+    from astra_sglang.harness.timer import MAX_SETS, plan_calls, plan_sets
+
+    spec = get_op("moe_align")
+    dims = (1, 8, 129, 16, 128)
+    inp = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(0), "uniform", device="cpu")
+    sb = sum(inp[a.name].numel() * 4 for a in spec.abi if a.ctype == "ptr")
+    assert sb == 1100
+    n, note = plan_sets(sb, 60 << 20)
+    assert n == MAX_SETS <= 16384 and "capped" in note and "not L2-cold" in note
+    assert plan_calls(0.5, n) == n
+    # shapes whose sets are >= 16 KB plan as before (e.g. merge_state 1x32x128: 10083 sets on the H200)
+    assert plan_sets(24_960, 60 << 20) == (10083, "")
 
 
 # ------------------------------------------------------------------------------------------ canonical form

@@ -20,6 +20,12 @@ TARGET_REPLAY_US = 2000.0  # aim for replays of about 2 ms: far above event reso
 MAX_CALLS = 4096  # kernel nodes per graph
 L2_FACTOR = 4.0  # rotating sets total more than this many L2s
 MEM_CAP_BYTES = 24 << 30  # input sets for one shape never take more than this
+# At most this many rotating input sets (and so calls per graph): every set is made, restored (in-place
+# ops) and re-checked one by one in Python, and each is one call (graph node(s)) in every timed graph. A
+# tiny set (moe_align at batch 1: 1.1 KB, 228k sets for 4x a 60 MiB L2) would otherwise take minutes in
+# one stage, which the worker's no-progress watchdog reports as a hang. 16384 leaves every op whose sets
+# are >= 16 KB (4x 60 MiB / 16384) as it was; smaller sets are timed less L2-cold, and the row says so.
+MAX_SETS = 16384
 CEILING_BYTES = 1 << 30  # bytes per copy when measuring the ceiling
 
 HELPERS_CU = r"""
@@ -66,19 +72,25 @@ HELPERS_VERSION = "1"
 # planning (pure)
 
 
-def plan_sets(set_bytes: int, l2_bytes: int, l2: str = "cold", mem_cap: int = MEM_CAP_BYTES) -> Tuple[int, str]:
-    """How many rotating input sets: enough to exceed L2_FACTOR × L2 (at least 2), within mem_cap.
+def plan_sets(set_bytes: int, l2_bytes: int, l2: str = "cold", mem_cap: int = MEM_CAP_BYTES,
+              max_sets: int = MAX_SETS) -> Tuple[int, str]:
+    """How many rotating input sets: enough to exceed L2_FACTOR × L2 (at least 2), within mem_cap and
+    max_sets.
 
-    Returns (n_sets, note) where note says when the memory cap kept the rotation short."""
+    Returns (n_sets, note) where note says when the memory cap or the set cap kept the rotation short."""
     if l2 == "warm":
         return 1, ""
     if set_bytes <= 0:
         return 2, ""
     need = max(2, math.ceil(L2_FACTOR * l2_bytes / set_bytes))
     cap = max(1, mem_cap // set_bytes)
-    if need > cap:
+    if need > cap and cap <= max_sets:
         n = max(1, cap)
         return n, (f"only {n} input sets fit in {mem_cap >> 30} GiB ({n * set_bytes / max(l2_bytes, 1):.1f}× L2)")
+    if need > max_sets:
+        n = max(2, max_sets)
+        return n, (f"input sets capped at {n} ({set_bytes} B each: {n * set_bytes / max(l2_bytes, 1):.2f}× L2, "
+                   "not L2-cold)")
     return need, ""
 
 

@@ -7,6 +7,8 @@ Contract (SGLang 0.5.17 sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_
 sglang.kernels.ops.moe.moe_align_block_size -> sgl_kernel.moe_align_block_size, sgl-kernel 0.4.5):
   ids are flattened topk_ids [num_tokens * topk] (int32); the kernel takes num_buckets = E + 1: id -1
   (EP-filtered) is bucket 0, expert e is bucket e + 1 ("+1 convention");
+  sorted_token_ids has SGLang's max_num_tokens_padded rounded up to 4 (sorted_len: production pads it with int4
+  stores over ceil(len / 4) vectors; 0.5.23 allocates the rounded length, 0.5.17's allocator slack absorbs it);
   bucket b's pairs occupy sorted_token_ids[prefix[b], prefix[b] + count[b]), prefix the exclusive scan of
   ceil(count / block_size) * block_size; every other slot of the buffer holds numel (pad_sorted_token_ids);
   expert_ids[j] = b - 1 for the blocks j < total / block_size of bucket b (-1: filtered); blocks past that
@@ -53,15 +55,32 @@ def block_for(table: Mapping[int, int], tokens: int) -> int:
 
 
 def max_num_tokens_padded(numel: int, num_experts: int, block_size: int) -> int:
-    """sorted_token_ids' length as SGLang 0.5.17 allocates it (num_experts = E, not E + 1).
-    (0.5.23 rounds it up to a multiple of 4 for the int4 padding stores.)"""
+    """The length SGLang 0.5.17's moe_align_block_size computes for sorted_token_ids (num_experts = E, not
+    E + 1), before any rounding. Not always what the kernel writes: see sorted_len."""
     if numel < num_experts + 1:
         return numel * block_size
     return numel + (num_experts + 1) * (block_size - 1)
 
 
+# The align kernels (moe_align_block_size_kernel and _v2, block 1) pad sorted_token_ids with int4 stores over
+# ceil(len / PAD_VEC) vectors: ceil(len / 4) * 4 ints, up to 3 past a length that is not a multiple of 4.
+# SGLang 0.5.17 allocates the unrounded length with torch.empty, where the caching allocator's 512-byte
+# rounding swallows the overrun; 0.5.23 allocates `(len + 3) // 4 * 4` ("The align kernel pads sorted_ids with
+# int4 stores"). The harness puts guard bytes right after each buffer, so the corpus allocates the rounded
+# length: the memory production writes in SGLang, and its kernel then pads exactly that (it reads the length from
+# the buffer, i.e. this dim). The small-batch kernel (< 1024 ids, <= 64 buckets) pads with scalar stores.
+PAD_VEC = 4
+
+
+def sorted_len(numel: int, num_experts: int, block_size: int) -> int:
+    """sorted_token_ids' length in this op's corpus: SGLang's max_num_tokens_padded rounded up to a multiple of
+    PAD_VEC (what 0.5.23 allocates; in 0.5.17, the extent production's int4 padding writes)."""
+    n = max_num_tokens_padded(numel, num_experts, block_size)
+    return -(-n // PAD_VEC) * PAD_VEC
+
+
 def dims_for(tokens: int, topk: int, experts: int, block: int) -> Tuple[int, int, int, int, int]:
-    return (tokens, topk, experts + 1, block, max_num_tokens_padded(tokens * topk, experts, block))
+    return (tokens, topk, experts + 1, block, sorted_len(tokens * topk, experts, block))
 
 
 def _corpus() -> Tuple[Shape, ...]:
@@ -191,16 +210,35 @@ def bytes_moved(dims, dtype: str) -> int:
     return 4 * (t * k + n_sorted + -(-n_sorted // bs) + 1)
 
 
+def production_int4_overrun(dims) -> int:
+    """Ints production's align kernel writes past sorted_token_ids [dims[4]] (its block 1 pads ceil(len / 4)
+    int4 vectors; the small-batch kernel, numel < 1024 with <= 64 buckets, pads with scalar stores)."""
+    t, k, nb, _bs, n_sorted = (int(x) for x in dims[:5])
+    if t * k < 1024 and nb <= 64:
+        return 0
+    return -(-n_sorted // PAD_VEC) * PAD_VEC - n_sorted
+
+
+def _overrun_reason(dims) -> Optional[str]:
+    over = production_int4_overrun(dims)
+    if over:
+        n = int(dims[4])
+        return (f"sorted_token_ids [{n}] is not a multiple of {PAD_VEC}: production's int4 padding writes {over} "
+                f"int(s) past it (SGLang's caching allocator hides that; 0.5.23 allocates the rounded length): "
+                f"use {n + over}")
+    return None
+
+
 def _sgl_supports(dims, dtype: str) -> Optional[str]:
     if dims[2] > 8192:
         return f"{dims[2]} buckets: SGLang's kernel takes at most 8192"
-    return None
+    return _overrun_reason(dims)
 
 
 def _aot_supports(dims, dtype: str) -> Optional[str]:
     if dims[2] > 1024:
         return f"{dims[2]} buckets: the sgl_kernel launcher knows no v2 kernel (use the jit variant)"
-    return None
+    return _overrun_reason(dims)
 
 
 _JIT = "csrc/moe/moe_align_kernel.cu"
@@ -218,6 +256,9 @@ _LAUNCH_FACTS = lambda path: (  # noqa: E731
     (path, r"expert_ids\[i\] = left - 2;", "expert_ids = bucket - 1, found by binary search over the prefix"),
     (path, r"if \(blockIdx\.x == 1\) \{\s*if \(pad_sorted_token_ids\) \{",
      "the align kernel's second block pads sorted_token_ids"),
+    (path, r"^#define VEC_SIZE 4\s*$", "int4 padding vectors (spec.PAD_VEC: the corpus rounds sorted_token_ids to 4)"),
+    (path, r"int32_t total_vecs = \(max_num_tokens_padded \+ VEC_SIZE - 1\) / VEC_SIZE;",
+     "block 1 pads ceil(len / VEC_SIZE) vectors (spec.production_int4_overrun)"),
 )
 
 SPEC = OpSpec(
