@@ -44,8 +44,8 @@ LLAMA = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json
     ("fused_moe_kernel", "moe_gemm", "gemm", False, False),
     ("_fwd_grouped_kernel_stage1", "attention", "attention", False, False),
     ("_router_triton_kernel", "moe_routing", "op", False, False),
-    ("void moe_align_block_size_kernel<int>(...)", "moe_align", "op", False, False),
-    ("triton_per_fused_copy__mul_sum_0", "moe_combine", "op", False, False),
+    ("void moe_align_block_size_kernel<int>(...)", "moe_align", "op", None, False),
+    ("triton_per_fused_copy__mul_sum_0", "moe_combine", "op", None, False),
     ("GemmaFusedAddRMSNormKernel", "gemma_fused_add_rmsnorm", "op", None, False),
     ("void at::native::vectorized_elementwise_kernel<4>(...)", "torch elementwise/copy", "other", False, False),
 ])
