@@ -3,7 +3,9 @@
 A bench JSON (`astra-sglang bench --out`) has "op", "date" and "rows" of {"shape": "32x4096",
 "dtype": "bf16", "speedup": 1.31, ...}. Lookup: the newest file (by its "date") that has a row
 for the op, the dtype and the exact shape; failing that, the row of the same trailing dims whose
-token count is nearest (reported as "~" with the shape it came from); else unmeasured.
+token count is nearest within a factor of NEAREST_MAX_RATIO (reported as "~" with the shape it came
+from); else unmeasured. The bound: a 64-token row says nothing about 1 token (other launch regime, and
+for some ops another production path, e.g. MoE combine's torch.compile'd sum below 33 tokens).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+NEAREST_MAX_RATIO = 4
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class SpeedupTable:
                 except ValueError:
                     continue
                 if len(rd) != len(dims) or rd[1:] != tuple(dims[1:]) or r.get("dtype", dtype) != dtype:
+                    continue
+                if max(rd[0], dims[0]) > NEAREST_MAX_RATIO * max(min(rd[0], dims[0]), 1):
                     continue
                 dist = abs(rd[0] - dims[0]) / max(dims[0], 1)
                 if best is None or dist < best[0]:

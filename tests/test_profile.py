@@ -144,6 +144,9 @@ def test_speedup_lookup_newest_exact_then_nearest(tmp_path):
     assert n.value == 1.2 and not n.exact and n.label() == "~1.20x (64x4096)"
     assert t.lookup("fused_add_rmsnorm", (8, 2048)) is None
     assert t.lookup("silu_and_mul", (8, 4096)) is None
+    assert t.lookup("fused_add_rmsnorm", (1, 4096)) is None  # 8x from the nearest row: not a prediction
+    assert t.lookup("fused_add_rmsnorm", (512, 4096)) is None
+    assert t.lookup("fused_add_rmsnorm", (256, 4096)).shape == "64x4096"  # 4x: still the nearest
 
 
 # ----------------------------------------------------------------------------- per-op table
