@@ -260,3 +260,16 @@ def test_in_context_graph_outputs_are_checked_against_the_producers_values(monke
     assert (expect in why) if expect else why == ""
     if expect:
         assert "timed in-context graph" in why
+
+
+def test_copy_all_restores_every_tensor_in_place():
+    """bench's restore of in-place sets before each replay: same pointers, every element, any dtype mix."""
+    torch = pytest.importorskip("torch")
+    from astra_sglang.harness.bench import copy_all
+
+    src = [torch.randn(7, 5).to(torch.bfloat16), torch.randn(3), torch.arange(11, dtype=torch.int32)]
+    dst = [torch.zeros_like(t) for t in src]
+    ptrs = [t.data_ptr() for t in dst]
+    copy_all(dst, src)
+    assert [t.data_ptr() for t in dst] == ptrs and all(torch.equal(d, s) for d, s in zip(dst, src))
+    copy_all([], [])
