@@ -248,7 +248,8 @@ def _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, a
 @click.option("--ops", "ops_text", default="all", show_default=True, help="Comma-separated ops or 'all'.")
 @click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
               help="Validate this kernel instead of kernels/OP/kernel.cu (repeatable).")
-@click.option("--dtypes", default="fp16,bf16", show_default=True)
+@click.option("--dtypes", default=None, help="Comma-separated (default: fp16,bf16 where the op has them, "
+              "else its own, e.g. int32).")
 @click.option("--shapes", default="validate", show_default=True,
               help="'validate' (decode + prefill + edge samples), a spec tag (paper, decode, prefill, edge), or AxB,...")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -260,7 +261,7 @@ def validate_cmd(ops_text, candidate_items, dtypes, shapes, seed, json_out):
     ops = _ops(ops_text)
     if not ops:
         raise AstraError("--ops none: nothing to validate")
-    dts = [d.strip() for d in dtypes.split(",")]
+    dts = [d.strip() for d in dtypes.split(",") if d.strip()] if dtypes else None
     from .validate import build_cases
 
     build_cases(ops, dts, shapes)  # an unknown dtype or shape selector is named before anything else

@@ -70,7 +70,7 @@ def validate(
     ops: Sequence[str],
     *,
     candidates: Optional[Dict[str, Any]] = None,
-    dtypes: Sequence[str] = ("fp16", "bf16"),
+    dtypes: Optional[Sequence[str]] = None,
     shapes: str = "validate",
     seed: int = 0,
     device: str = "cuda",
@@ -172,18 +172,20 @@ def format_results(cases: Sequence[Case]) -> str:
 
 
 # ------------------------------------------------------- the unpatched pass, crash-isolated
-def build_cases(ops: Sequence[str], dtypes: Sequence[str], shapes: str) -> List[Case]:
-    """Every (op, shape, dtype, distribution) validate runs, in a fixed order (parent and child agree)."""
+def build_cases(ops: Sequence[str], dtypes: Optional[Sequence[str]], shapes: str) -> List[Case]:
+    """Every (op, shape, dtype, distribution) validate runs, in a fixed order (parent and child agree).
+    dtypes None: each op's fp16/bf16, or its own dtypes where it has neither (moe_align: int32)."""
     from astra_sglang.registry import get_op
 
     cases: List[Case] = []
     for op in ops:
         spec = get_op(op)
-        bad = [d for d in dtypes if d not in spec.dtypes]
+        dts = list(dtypes) if dtypes else ([d for d in ("fp16", "bf16") if d in spec.dtypes] or list(spec.dtypes))
+        bad = [d for d in dts if d not in spec.dtypes]
         if bad:
             raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")
         for shape in validation_shapes(spec, shapes):
-            for dt in dtypes:
+            for dt in dts:
                 for dist in spec.distributions:
                     cases.append(Case(op, dt, tuple(shape.dims), dist))
     return cases
@@ -237,7 +239,7 @@ def _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress,
     env.pop("ASTRA_SGLANG_OPS", None)  # the child must run SGLang unpatched
     start = 0
     while start < len(cases):
-        args = json.dumps({"ops": list(ops), "dtypes": list(dtypes), "shapes": shapes, "seed": seed,
+        args = json.dumps({"ops": list(ops), "dtypes": list(dtypes) if dtypes else None, "shapes": shapes, "seed": seed,
                            "device": device, "start": start, "dir": work, "layers": layers_ref})
         proc = subprocess.run([sys.executable, "-m", "astra_sglang.patch.validate", args], env=env,
                               capture_output=True, text=True)

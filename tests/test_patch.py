@@ -770,3 +770,18 @@ p = apply_astra_kernels(["silu_and_mul"], backends=E.astra_standins(), counter_d
 print(json.dumps(dict(factories=sorted(m + ":" + f for _, m, f, _ in p.factories))))
 """)
     assert "sglang.kernels.ops.activation.activation:activation_module" in res["factories"]
+
+
+def test_validate_default_dtypes_are_per_op():
+    """No --dtypes: fp16/bf16 where the op has them, the op's own otherwise (moe_align is int32 only);
+    a named dtype an op lacks is an error that names it."""
+    from astra_sglang.errors import AstraError
+    from astra_sglang.patch.validate import build_cases
+
+    cases = build_cases(["silu_and_mul", "moe_align"], None, "decode")
+    by_op = {}
+    for c in cases:
+        by_op.setdefault(c.op, set()).add(c.dtype)
+    assert by_op == {"silu_and_mul": {"fp16", "bf16"}, "moe_align": {"int32"}}
+    with pytest.raises(AstraError, match="moe_align has no dtype fp16"):
+        build_cases(["moe_align"], ["fp16"], "decode")

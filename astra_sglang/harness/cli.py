@@ -90,7 +90,8 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
 @_with(_ws_opts)
 @click.option("--shapes", default="paper", show_default=True,
               help="paper | corpus | decode | prefill | edge | check | AxB,... (join with +)")
-@click.option("--dtype", "dtypes", multiple=True, help="Default: fp16,bf16 (those the workspace has).")
+@click.option("--dtype", "dtypes", multiple=True, help="Default: fp16,bf16 (those the workspace has; an op "
+              "with neither, e.g. moe_align's int32, its own).")
 @click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
               help="cold: rotating input sets > 4x L2; warm: one set, repeated.")
 @click.option("--replays", type=int, default=30, show_default=True, help="Graph replays per implementation.")
@@ -116,7 +117,7 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
     from .bench import bench
 
     ws = _workspace(op, ws_path, root)
-    dts = _dtypes(dtypes) or ("fp16", "bf16")
+    dts = _dtypes(dtypes)
     cmd = "astra-sglang " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress,
