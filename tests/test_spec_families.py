@@ -8,12 +8,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from astra_sglang.families import activation  # noqa: E402
+from astra_sglang.families import activation, rmsnorm  # noqa: E402
 from astra_sglang.models import model  # noqa: E402
 from astra_sglang.registry import get_op  # noqa: E402
 
 ACTS = {"silu_and_mul": "silu", "gelu_and_mul": "gelu", "gelu_tanh_and_mul": "gelu_tanh"}
-FAMILY_OPS = tuple(ACTS)
+# op -> (fused, weight_bias)
+NORMS = {"rmsnorm": (False, 0.0), "fused_add_rmsnorm": (True, 0.0), "gemma_rmsnorm": (False, 1.0),
+         "gemma_fused_add_rmsnorm": (True, 1.0)}
+FAMILY_OPS = (*ACTS, *NORMS)
 
 
 def _gen(seed=0):
@@ -67,3 +70,30 @@ def test_activation_ops_are_the_family_with_their_act(op):
         else:
             want = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3))) * u
         torch.testing.assert_close(spec.reference(inp, dims, {})["out"], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_norm_ops_are_the_family_with_their_switches(op):
+    spec, (fused, bias) = get_op(op), NORMS[op]
+    assert spec.abi == rmsnorm.abi(fused) and spec.dim_names == rmsnorm.DIM_NAMES
+    assert spec.replaces == tuple(f"{m}:{op}" for m in rmsnorm.BOUND_IN)
+    assert spec.default_variant({}) == "flashinfer"
+    assert all(f[0] == rmsnorm.NORM_HEADER for f in spec.variant("flashinfer").source_facts)
+    # the corpus widths are hidden sizes (or MLA ranks) of models that run this norm kind
+    kind = "gemma" if bias else "rms"
+    for s in spec.corpus:
+        if "paper" in s.tags:
+            continue
+        m = model(s.source.split(";")[0].rsplit(" ", 1)[0].replace(" MLA lora-rank", ""))
+        assert m.norm == kind and s.dims[1] in (m.hidden, *m.extra_norm_widths), s
+    dims = (5, 96)
+    assert spec.bytes_moved(dims, "fp16") == ((4 if fused else 2) * 5 * 96 + 96) * 2
+    eps = spec.scalars(dims)["eps"]
+    for dist in spec.distributions:
+        inp = _inputs(spec, dims, dist=dist, seed=2)
+        x = inp["input"].double() + (inp["residual"].double() if fused else 0.0)
+        want = x / torch.sqrt((x * x).sum(-1, keepdim=True) / 96 + eps) * (inp["weight"].double() + bias)
+        ref = spec.reference(inp, dims, spec.scalars(dims))
+        torch.testing.assert_close(ref["input" if fused else "out"], want, rtol=1e-12, atol=1e-12)
+        if fused:
+            torch.testing.assert_close(ref["residual"], x, rtol=0, atol=0)

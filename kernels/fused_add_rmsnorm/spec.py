@@ -17,21 +17,11 @@ AOT flags. The CuTe-DSL kernel is Python-generated and has no CUDA source to ext
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Optional, Tuple
 
-from astra_sglang.models import MODELS
-from astra_sglang.spec import (
-    DTYPE_BYTES,
-    AbiArg,
-    OpSpec,
-    Shape,
-    SourceFile,
-    Tolerance,
-    Variant,
-    dedupe_shapes,
-    token_sweep,
-    torch_dtype,
-)
+from astra_sglang.families import rmsnorm
+from astra_sglang.models import MODELS, PREFILL_TOKENS
+from astra_sglang.spec import Shape, SourceFile, Variant, dedupe_shapes
 
 PAPER = [(16, 4096), (32, 5120), (64, 8192), (16, 12288), (256, 4096), (1024, 4096), (128, 11008), (512, 14336)]
 EPS = 1e-6  # SGLang's RMSNorm default (model configs use 1e-5 or 1e-6)
@@ -45,59 +35,9 @@ JIT_HF_HIDDEN_MULTIPLE = 16
 def _corpus() -> Tuple[Shape, ...]:
     shapes = [Shape(s, ("paper",), "astra-paper") for s in PAPER]
     for m in MODELS:
-        # RMSNorm runs on the full (replicated) hidden state: TP does not shard it.
-        widths = [(m.hidden, f"{m.name} hidden")]
-        widths += [(w, f"{m.name} MLA lora-rank norm") for w in m.extra_norm_widths]
-        for h, src in widths:
-            shapes += token_sweep((h,), src)
+        widths = rmsnorm.hidden_widths([m.name], "rms") + rmsnorm.mla_widths(m)
+        shapes += rmsnorm.token_shapes(widths, PREFILL_TOKENS)
     return dedupe_shapes(shapes)
-
-
-EDGE = (
-    Shape((1, 4096), ("edge",), "one token"),
-    Shape((3, 4100), ("edge",), "hidden % 8 == 4 (FlashInfer vec 4; JIT HF unsupported)"),
-    Shape((5, 1001), ("edge",), "odd hidden (FlashInfer vec 1)"),
-    Shape((2, 16384), ("edge",), "widest hidden: FlashInfer smem > 48 KB (opt-in)"),
-    Shape((16384, 8192), ("edge", "largest"), "llama-70b prefill chunk"),
-)
-
-
-def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
-    import torch
-
-    t, h = dims
-    dt = torch_dtype(dtype)
-    x = torch.randn((t, h), generator=gen, device=device, dtype=torch.float32)
-    r = torch.randn((t, h), generator=gen, device=device, dtype=torch.float32)
-    w = 1.0 + 0.25 * torch.randn((h,), generator=gen, device=device, dtype=torch.float32)
-    if dist == "large":
-        # residual streams grow through the layers: large sums of squares, outliers
-        x = x * 64.0
-        r = r * 64.0
-        idx = torch.randint(0, h, (t, max(1, h // 512)), generator=gen, device=device)
-        r.scatter_(1, idx, 2000.0)
-    elif dist == "uniform":
-        x = torch.rand((t, h), generator=gen, device=device, dtype=torch.float32) * 2 - 1
-        r = torch.rand((t, h), generator=gen, device=device, dtype=torch.float32) * 2 - 1
-    return {"input": x.to(dt), "residual": r.to(dt), "weight": w.to(dt)}
-
-
-def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
-    """fp64: residual' = input + residual; input' = residual' / rms(residual') * weight."""
-    import torch
-
-    x = inp["input"].double()
-    r = inp["residual"].double()
-    w = inp["weight"].double()
-    s = x + r
-    rms = torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + float(scalars.get("eps", EPS)))
-    return {"input": s * rms * w, "residual": s}
-
-
-def bytes_moved(dims, dtype: str) -> int:
-    t, h = dims
-    e = DTYPE_BYTES[dtype]
-    return (4 * t * h + h) * e  # read input, residual, weight; write input, residual
 
 
 def _jit_hf_supports(dims, dtype: str) -> Optional[str]:
@@ -112,41 +52,26 @@ def _jit_hf_supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
-def _default_variant(roots: Mapping[str, bool]) -> str:
-    return "flashinfer"
-
-
-_NORM = "flashinfer/norm.cuh"
 _JIT = "csrc/elementwise/fused_add_rmsnorm.cuh"
 
-SPEC = OpSpec(
+SPEC = rmsnorm.spec(
     name="fused_add_rmsnorm",
     summary="residual += input; input = rmsnorm(residual) * weight (both in place)",
-    dim_names=("num_tokens", "hidden"),
-    abi=(
-        AbiArg("input", "ptr", "inout"),
-        AbiArg("residual", "ptr", "inout"),
-        AbiArg("weight", "ptr", "in"),
-        AbiArg("num_tokens", "i64"),
-        AbiArg("hidden", "i64"),
-        AbiArg("eps", "f64"),
-        AbiArg("dtype", "i32"),
-    ),
+    fused=True,
+    weight_bias=0.0,
+    eps=EPS,
+    dtypes=("fp16", "bf16", "fp32"),
     variants=(
-        Variant(
-            name="flashinfer",
+        rmsnorm.flashinfer_variant(
             description="FlashInfer FusedAddRMSNorm CUDA kernel with sgl-kernel's host code and AOT flags",
             provenance="sgl_kernel.fused_add_rmsnorm -> sgl-kernel csrc/elementwise/fused_add_rms_norm_kernel.cu "
             "sgl_fused_add_rmsnorm -> flashinfer/norm.cuh norm::FusedAddRMSNorm(input, residual, weight, "
             "batch, hidden, stride=hidden, stride=hidden, eps, enable_pdl=is_arch_support_pdl(), stream) "
             "(fp16/bf16 eager calls in flashinfer 0.7.2 run its CuTe-DSL kernel instead; this CUDA kernel is "
             "that path's FLASHINFER_USE_CUDA_NORM=1 / torch.compile / fp32 form)",
-            sources=(SourceFile("flashinfer", _NORM),),
-            launcher="launch_flashinfer.cu.in",
-            flag_profile="sgl_kernel_aot",
             source_facts=(
                 (
-                    _NORM,
+                    rmsnorm.NORM_HEADER,
                     r"cudaError_t FusedAddRMSNorm\(T\* input, T\* residual, T\* weight, uint32_t batch_size, "
                     r"uint32_t d,\s+uint32_t stride_input, uint32_t stride_residual, float eps = [\d.e-]+,\s+"
                     r"bool enable_pdl = false, cudaStream_t stream = 0\)",
@@ -202,24 +127,16 @@ SPEC = OpSpec(
             attrs={"max_hidden": JIT_HF_MAX_HIDDEN, "hidden_multiple": JIT_HF_HIDDEN_MULTIPLE},
         ),
     ),
-    default_variant=_default_variant,
-    dtypes=("fp16", "bf16", "fp32"),
     corpus=_corpus(),
-    edge_shapes=EDGE,
-    tolerance=Tolerance(k=2.0),
-    make_inputs=make_inputs,
-    reference=reference,
-    scalars=lambda dims: {"eps": EPS},
-    bytes_moved=bytes_moved,
-    distributions=("normal", "large", "uniform"),
-    # The default-mode bindings only: the HF-parity path (cast_x_before_out_mul=True,
-    # sglang.srt.layers.layernorm:_jit_fused_add_rmsnorm) rounds differently by design.
-    replaces=(
-        "sgl_kernel:fused_add_rmsnorm",
-        "sgl_kernel.elementwise:fused_add_rmsnorm",
-        "sglang.srt.layers.layernorm:fused_add_rmsnorm",
-        "flashinfer.norm:fused_add_rmsnorm",
+    edge_shapes=(
+        rmsnorm.ONE_TOKEN,
+        Shape((3, 4100), ("edge",), "hidden % 8 == 4 (FlashInfer vec 4; JIT HF unsupported)"),
+        rmsnorm.VEC1,
+        rmsnorm.SMEM_OPT_IN,
+        Shape((16384, 8192), ("edge", "largest"), "llama-70b prefill chunk"),
     ),
+    # replaces: the default-mode bindings only; the HF-parity path (cast_x_before_out_mul=True,
+    # sglang.srt.layers.layernorm:_jit_fused_add_rmsnorm) rounds differently by design.
     # FlashInfer norm.cuh FusedAddRMSNormKernel, its CuTe-DSL kernel, SGLang JIT fused_add_rmsnorm_reg_kernel,
     # astra's astra_farn:: kernels (not the gemma variant)
     kernel_symbols=(r"(?<!gemma)(?<!gemma_)fused_?add_?rms_?norm", r"astra_farn::"),
