@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from astra_sglang.families import activation, rmsnorm  # noqa: E402
+from astra_sglang.families import activation, qkv, rmsnorm  # noqa: E402
 from astra_sglang.models import model  # noqa: E402
 from astra_sglang.registry import get_op  # noqa: E402
 
@@ -16,7 +16,8 @@ ACTS = {"silu_and_mul": "silu", "gelu_and_mul": "gelu", "gelu_tanh_and_mul": "ge
 # op -> (fused, weight_bias)
 NORMS = {"rmsnorm": (False, 0.0), "fused_add_rmsnorm": (True, 0.0), "gemma_rmsnorm": (False, 1.0),
          "gemma_fused_add_rmsnorm": (True, 1.0)}
-FAMILY_OPS = (*ACTS, *NORMS)
+QKV = ("qknorm", "rope", "rope_store", "kv_store")
+FAMILY_OPS = (*ACTS, *NORMS, *QKV)
 
 
 def _gen(seed=0):
@@ -97,3 +98,74 @@ def test_norm_ops_are_the_family_with_their_switches(op):
         torch.testing.assert_close(ref["input" if fused else "out"], want, rtol=1e-12, atol=1e-12)
         if fused:
             torch.testing.assert_close(ref["residual"], x, rtol=0, atol=0)
+
+
+def test_qknorm_is_the_rmsnorm_of_each_head_and_leaves_the_rest_of_the_row():
+    qn, rn = get_op("qknorm"), get_op("rmsnorm")
+    t, hq, hk, d = 3, 4, 2, 64
+    dims = (t, hq, hk, d, (hq + 2 * hk) * d, (hq + 2 * hk) * d)
+    inp = _inputs(qn, dims, seed=3)
+    eps = qn.scalars(dims)["eps"]
+    ref = qn.reference(inp, dims, {"eps": eps})
+    for x, w, h in ((inp["q"], inp["q_weight"], hq), (inp["k"], inp["k_weight"], hk)):
+        name = "q" if x is inp["q"] else "k"
+        heads = x.double()[:, : h * d].reshape(t * h, d)
+        want = rn.reference({"input": heads, "weight": w.double()}, (t * h, d), {"eps": eps})["out"]
+        torch.testing.assert_close(ref[name][:, : h * d].reshape(t * h, d), want, rtol=0, atol=0)
+        assert torch.equal(ref[name][:, h * d:], x.double()[:, h * d:])
+
+
+@pytest.mark.parametrize("op", QKV)
+def test_qkv_corpus_follows_the_model_head_layout(op):
+    spec = get_op(op)
+    assert spec.default_variant({}) == "jit" and spec.dtypes == qkv.DTYPES
+    for s in spec.corpus:
+        name, tp = s.source.split(";")[0].rsplit(" tp", 1)
+        q, k = qkv.per_rank_heads(model(name), int(tp))
+        d = model(name).head_dim
+        stride = qkv.qkv_stride(q, k, d)
+        if op == "kv_store":
+            assert s.dims[1:] == (k * d, k * d, stride, stride)
+        else:
+            assert s.dims[1:4] == (q, k, d) and s.dims[-1] == stride
+
+
+def test_rope_store_is_rope_then_the_kv_store():
+    rs, rope, kv = get_op("rope_store"), get_op("rope"), get_op("kv_store")
+    t, hq, hk, d = 4, 4, 2, 64
+    s = qkv.qkv_stride(hq, hk, d)
+    for dims in ((t, hq, hk, d, s, s, s), (5, 8, 2, 128, 1536, 1536, 1536)):  # NeoX, then the GPT-J edge shape
+        inp = {k: (v.double() if v.is_floating_point() else v) for k, v in _inputs(rs, dims, seed=4).items()}
+        sc = rs.scalars(dims)
+        ref = rs.reference(inp, dims, sc)
+        t, hq, hk, d = dims[:4]
+        rdims = (t, hq, hk, d, d, dims[4], dims[5])
+        rot = rope.reference(inp, rdims, sc)
+        assert torch.equal(ref["q"], rot["q"]) and torch.equal(ref["k"], rot["k"])
+        stored = {"k": rot["k"], "v": inp["v"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"],
+                  "indices": inp["out_loc"]}
+        kdims = (t, hk * d, hk * d, dims[5], dims[6])
+        want = kv.reference(stored, kdims, {"reserved_skip_index": -1})  # rope_store skips no slot
+        assert torch.equal(ref["k_cache"], want["k_cache"]) and torch.equal(ref["v_cache"], want["v_cache"])
+
+
+@pytest.mark.parametrize("neox", [1, 0])
+def test_rotate_is_a_complex_rotation(neox):
+    t, heads, d, r = 3, 2, 8, 8
+    x = torch.randn((t, heads * d), generator=_gen(5), dtype=torch.float64)
+    ang = torch.rand((t, r // 2), generator=_gen(6), dtype=torch.float64) * 6
+    out = qkv.rotate(x, heads, d, r, ang.cos(), ang.sin(), bool(neox)).reshape(t, heads, d)
+    h = x.reshape(t, heads, d)
+    a, b = (h[..., : r // 2], h[..., r // 2:]) if neox else (h[..., 0::2], h[..., 1::2])
+    z = torch.complex(a, b) * torch.polar(torch.ones_like(ang), ang)[:, None, :]
+    got = (out[..., : r // 2], out[..., r // 2:]) if neox else (out[..., 0::2], out[..., 1::2])
+    torch.testing.assert_close(got[0], z.real, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], z.imag, rtol=1e-12, atol=1e-12)
+
+
+def test_kv_pools_share_the_family_slot_count():
+    kv, rs = get_op("kv_store"), get_op("rope_store")
+    for t in (1, 3, 5000):
+        assert kv.scalars((t, 128, 128, 128, 128))["size_limit"] == qkv.cache_slots(t)
+    dims = (3, 1, 1, 64, 192, 192, 192)
+    assert _inputs(rs, dims)["k_cache"].shape[0] == qkv.cache_slots(3)

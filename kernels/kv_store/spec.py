@@ -8,49 +8,26 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, PREFILL_TOKENS
-from astra_sglang.spec import (
-    DTYPE_BYTES,
-    AbiArg,
-    OpSpec,
-    Shape,
-    SourceFile,
-    Tolerance,
-    Variant,
-    dedupe_shapes,
-)
+from astra_sglang.families import qkv
+from astra_sglang.spec import DTYPE_BYTES, Shape, Tolerance
 
 ROW_BYTES = (256, 512, 1024, 2048, 4096)  # K (= V) row widths the launchers instantiate
 RESERVED_SKIP = 0  # SGLang's store_cache default: slot 0 is the CUDA-graph padding slot
+cache_slots = qkv.cache_slots  # a module global: CPU tests shrink it
 
-# Models whose attention stores K/V through MHATokenToKVPool.set_kv_buffer (config.json): name, q heads,
-# kv heads, head_dim, TP degrees. KV heads are replicated past TP = kv heads.
-KV_MODELS: Tuple[Tuple[str, int, int, int, Tuple[int, ...]], ...] = (
-    ("llama-3-8b", 32, 8, 128, (1, 2)),
-    ("llama-3-70b", 64, 8, 128, (4, 8)),
-    ("qwen3-8b", 32, 8, 128, (1,)),
-    ("qwen3-32b", 64, 8, 128, (2, 4)),
-    ("qwen2.5-7b", 28, 4, 128, (1,)),
+# Models whose attention stores K/V through MHATokenToKVPool.set_kv_buffer, and the TP degrees.
+KV_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
+    ("llama-3-8b", (1, 2)),
+    ("llama-3-70b", (4, 8)),
+    ("qwen3-8b", (1,)),
+    ("qwen3-32b", (2, 4)),
+    ("qwen2.5-7b", (1,)),
 )
 
 
-def cache_slots(tokens: int) -> int:
-    """KV-pool rows in the harness: room for the batch twice over, at least 4096 (the real pool is larger;
-    only the touched rows cost anything)."""
-    return max(4096, 2 * tokens)
-
-
-def _corpus() -> Tuple[Shape, ...]:
-    shapes = []
-    for name, hq, hk, d, tps in KV_MODELS:
-        for tp in tps:
-            q, k = hq // tp, max(1, hk // tp)
-            row, stride = k * d, (q + 2 * k) * d
-            src = f"{name} tp{tp}"
-            dims = lambda t: (t, row, row, stride, stride)  # noqa: E731
-            shapes += [Shape(dims(t), ("decode",), src) for t in DECODE_TOKENS]
-            shapes += [Shape(dims(t), ("prefill",), src) for t in PREFILL_TOKENS]
-    return dedupe_shapes(shapes)
+def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
+    row, stride = hk * d, qkv.qkv_stride(hq, hk, d)
+    return (t, row, row, stride, stride)
 
 
 EDGE = (
@@ -94,12 +71,10 @@ def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[
     skip = int(scalars.get("reserved_skip_index", RESERVED_SKIP))
     idx = inp["indices"].long().reshape(-1)
     keep = idx != skip
-    kc, vc = inp["k_cache"].clone(), inp["v_cache"].clone()
     k = inp["k"].reshape(t, -1)[:, :kr]
     v = inp["v"].reshape(t, -1)[:, :vr]
-    kc.reshape(kc.shape[0], -1)[idx[keep]] = k[keep]
-    vc.reshape(vc.shape[0], -1)[idx[keep]] = v[keep]
-    return {"k_cache": kc, "v_cache": vc}
+    return {"k_cache": qkv.store_rows(inp["k_cache"], idx[keep], k[keep]),
+            "v_cache": qkv.store_rows(inp["v_cache"], idx[keep], v[keep])}
 
 
 def bytes_moved(dims, dtype: str) -> int:
@@ -115,63 +90,45 @@ def _supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
-SPEC = OpSpec(
+_KV = "csrc/elementwise/kvcache.cuh"
+DIM_NAMES = ("num_tokens", "k_row", "v_row", "k_stride", "v_stride")
+
+SPEC = qkv.spec(
     name="kv_store",
     summary="store each token's K and V rows into the KV cache at its slot (skips the reserved padding slot)",
-    dim_names=("num_tokens", "k_row", "v_row", "k_stride", "v_stride"),
-    abi=(
-        AbiArg("k", "ptr", "in"),
-        AbiArg("v", "ptr", "in"),
-        AbiArg("k_cache", "ptr", "inout"),
-        AbiArg("v_cache", "ptr", "inout"),
-        AbiArg("indices", "ptr", "in"),
-        AbiArg("num_tokens", "i64"),
-        AbiArg("k_row", "i64"),
-        AbiArg("v_row", "i64"),
-        AbiArg("k_stride", "i64"),
-        AbiArg("v_stride", "i64"),
-        AbiArg("size_limit", "i64"),
-        AbiArg("reserved_skip_index", "i64"),
-        AbiArg("dtype", "i32"),
-    ),
-    variants=(
-        Variant(
-            name="jit",
-            description="SGLang JIT StoreKVCacheKernel (0.5.17: store_kvcache, split warps per row; "
-            "0.5.23: store_kvcache_kernel, kNumThreads per row), int64 indices",
-            provenance="sglang/kernels/ops/kvcache/kvcache.py store_cache -> _jit_kvcache_module(row_bytes, ...)"
-            ".store_cache -> csrc/elementwise/kvcache.cuh StoreKVCacheKernel<...>::run (called from "
-            "sglang/srt/mem_cache/memory_pool.py _set_kv_buffer_impl, MHATokenToKVPool.set_kv_buffer)",
-            sources=(SourceFile("sglang_jit", "csrc/elementwise/kvcache.cuh"),),
-            include_roots=("tvm_ffi", "dlpack"),
-            launcher="launch_jit.cu.in",
-            flag_profile="sglang_jit",
-            source_facts=(
-                (
-                    "csrc/elementwise/kvcache.cuh",
-                    r"struct StoreKVCacheParams \{\s*const void\* __restrict__ k;\s*const void\* __restrict__ v;\s*"
-                    r"void\* __restrict__ k_cache;\s*void\* __restrict__ v_cache;\s*const void\* __restrict__ indices;\s*"
-                    r"int64_t stride_k_bytes;\s*int64_t stride_v_bytes;\s*(?://[^\n]*\s*)*"
-                    r"int64_t stride_k_cache_bytes;\s*int64_t stride_v_cache_bytes;\s*int64_t stride_indices;\s*"
-                    r"uint32_t batch_size;\s*int64_t size_limit;\s*int64_t reserved_skip_index;\s*\};",
-                    "StoreKVCacheParams fields, in the order the launcher sets them (strides in bytes)",
-                ),
-                (
-                    "csrc/elementwise/kvcache.cuh",
-                    # 0.5.17: store_kvcache<K, V, kSplit, pdl, T>, kNumWarps-warp blocks;
-                    # 0.5.23: store_kvcache_kernel<K, V, kNumThreads, pdl, T>, (32, num_warps) blocks
-                    r"__global__ void (?P<KV_KERNEL>store_kvcache_kernel|store_kvcache)\(",
-                    "which store kernel generation the source has (the launcher carries both launch paths)",
-                ),
+    dim_names=DIM_NAMES,
+    pointers=(("k", "in"), ("v", "in"), ("k_cache", "inout"), ("v_cache", "inout"), ("indices", "in")),
+    scalar_args=(("size_limit", "i64"), ("reserved_skip_index", "i64")),
+    variant=qkv.jit_variant(
+        _KV,
+        description="SGLang JIT StoreKVCacheKernel (0.5.17: store_kvcache, split warps per row; "
+        "0.5.23: store_kvcache_kernel, kNumThreads per row), int64 indices",
+        provenance="sglang/kernels/ops/kvcache/kvcache.py store_cache -> _jit_kvcache_module(row_bytes, ...)"
+        ".store_cache -> csrc/elementwise/kvcache.cuh StoreKVCacheKernel<...>::run (called from "
+        "sglang/srt/mem_cache/memory_pool.py _set_kv_buffer_impl, MHATokenToKVPool.set_kv_buffer)",
+        source_facts=(
+            (
+                _KV,
+                r"struct StoreKVCacheParams \{\s*const void\* __restrict__ k;\s*const void\* __restrict__ v;\s*"
+                r"void\* __restrict__ k_cache;\s*void\* __restrict__ v_cache;\s*const void\* __restrict__ indices;\s*"
+                r"int64_t stride_k_bytes;\s*int64_t stride_v_bytes;\s*(?://[^\n]*\s*)*"
+                r"int64_t stride_k_cache_bytes;\s*int64_t stride_v_cache_bytes;\s*int64_t stride_indices;\s*"
+                r"uint32_t batch_size;\s*int64_t size_limit;\s*int64_t reserved_skip_index;\s*\};",
+                "StoreKVCacheParams fields, in the order the launcher sets them (strides in bytes)",
             ),
-            dtypes=("fp16", "bf16"),
-            supports=_supports,
+            (
+                _KV,
+                # 0.5.17: store_kvcache<K, V, kSplit, pdl, T>, kNumWarps-warp blocks;
+                # 0.5.23: store_kvcache_kernel<K, V, kNumThreads, pdl, T>, (32, num_warps) blocks
+                r"__global__ void (?P<KV_KERNEL>store_kvcache_kernel|store_kvcache)\(",
+                "which store kernel generation the source has (the launcher carries both launch paths)",
+            ),
         ),
+        supports=_supports,
     ),
-    default_variant=lambda roots: "jit",
-    dtypes=("fp16", "bf16"),
-    corpus=_corpus(),
+    corpus=qkv.corpus(KV_MODELS, _dims),
     edge_shapes=EDGE,
+    # an exact copy: outputs must match bit for bit
     tolerance=Tolerance(k=1.0, floor={"fp32": 0.0, "fp16": 0.0, "bf16": 0.0}),
     make_inputs=make_inputs,
     reference=reference,

@@ -8,45 +8,24 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, PREFILL_TOKENS
-from astra_sglang.spec import (
-    DTYPE_BYTES,
-    AbiArg,
-    OpSpec,
-    Shape,
-    SourceFile,
-    Tolerance,
-    Variant,
-    dedupe_shapes,
-)
+from astra_sglang.families import qkv, rmsnorm
+from astra_sglang.spec import DTYPE_BYTES, Shape
 
 EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
 HEAD_DIMS = (64, 128, 256, 512, 1024)  # sglang models/utils.py can_use_fused_inplace_qknorm
 
-# Models that run the q/k norm (config.json): name, q heads, kv heads, head_dim, TP degrees served with.
-# KV heads are replicated when TP exceeds them (SGLang: max(1, kv_heads // tp)).
-QK_NORM_MODELS: Tuple[Tuple[str, int, int, int, Tuple[int, ...]], ...] = (
-    ("qwen3-8b", 32, 8, 128, (1, 2)),
-    ("qwen3-32b", 64, 8, 128, (2, 4, 8)),
-    ("qwen3-30b-a3b", 32, 4, 128, (1, 2, 4)),
-    ("qwen3-235b-a22b", 64, 4, 128, (4, 8)),
+# Models that run the q/k norm, and the TP degrees they are served with.
+QK_NORM_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
+    ("qwen3-8b", (1, 2)),
+    ("qwen3-32b", (2, 4, 8)),
+    ("qwen3-30b-a3b", (1, 2, 4)),
+    ("qwen3-235b-a22b", (4, 8)),
 )
 
 
 def _dims(tokens: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    stride = (hq + 2 * hk) * d  # q and k are column blocks of the fused qkv output
+    stride = qkv.qkv_stride(hq, hk, d)
     return (tokens, hq, hk, d, stride, stride)
-
-
-def _corpus() -> Tuple[Shape, ...]:
-    shapes = []
-    for name, hq, hk, d, tps in QK_NORM_MODELS:
-        for tp in tps:
-            q, k = hq // tp, max(1, hk // tp)
-            src = f"{name} tp{tp}"
-            shapes += [Shape(_dims(t, q, k, d), ("decode",), src) for t in DECODE_TOKENS]
-            shapes += [Shape(_dims(t, q, k, d), ("prefill",), src) for t in PREFILL_TOKENS]
-    return dedupe_shapes(shapes)
 
 
 EDGE = (
@@ -87,8 +66,7 @@ def _norm_rows(x, heads: int, d: int, w, eps: float):
     rows = x.shape[0]
     out = x.clone()
     blk = x[:, : heads * d].reshape(rows, heads, d)
-    r = (blk.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    out[:, : heads * d] = (blk * r * w.reshape(1, 1, d)).reshape(rows, heads * d)
+    out[:, : heads * d] = (blk * rmsnorm.rms(blk, eps) * w.reshape(1, 1, d)).reshape(rows, heads * d)
     return out
 
 
@@ -116,77 +94,58 @@ def _supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
-SPEC = OpSpec(
+_QKN = "csrc/elementwise/qknorm.cuh"
+DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride")
+
+SPEC = qkv.spec(
     name="qknorm",
     summary="Qwen3 per-head q/k RMSNorm, in place over the strided q and k blocks of the qkv output",
-    dim_names=("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride"),
-    abi=(
-        AbiArg("q", "ptr", "inout"),
-        AbiArg("k", "ptr", "inout"),
-        AbiArg("q_weight", "ptr", "in"),
-        AbiArg("k_weight", "ptr", "in"),
-        AbiArg("num_tokens", "i64"),
-        AbiArg("num_q_heads", "i64"),
-        AbiArg("num_kv_heads", "i64"),
-        AbiArg("head_dim", "i64"),
-        AbiArg("q_stride", "i64"),
-        AbiArg("k_stride", "i64"),
-        AbiArg("eps", "f64"),
-        AbiArg("dtype", "i32"),
-    ),
-    variants=(
-        Variant(
-            name="jit",
-            description="SGLang JIT QKNormKernel (fused_qknorm_warp; 0.5.23+: fused_qknorm_half_warp for "
-            "head_dim 128 on 16-byte-aligned tensors; fused_qknorm_cta for head_dim > 256)",
-            provenance="sglang/kernels/ops/layernorm/norm.py fused_inplace_qknorm -> _jit_qknorm_module(head_dim, "
-            "dtype).qknorm -> csrc/elementwise/qknorm.cuh QKNormKernel<head_dim, pdl, T>::run "
-            "(called from sglang/srt/models/utils.py apply_qk_norm)",
-            sources=(SourceFile("sglang_jit", "csrc/elementwise/qknorm.cuh"),),
-            include_roots=("tvm_ffi", "dlpack"),
-            launcher="launch_jit.cu.in",
-            flag_profile="sglang_jit",
-            source_facts=(
-                (
-                    "csrc/elementwise/qknorm.cuh",
-                    r"struct QKNormParams \{\s*void\* __restrict__ q;\s*void\* __restrict__ k;[^\n]*\s*"
-                    r"int64_t q_stride;\s*int64_t k_stride;\s*uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*"
-                    r"float eps;\s*const void\* __restrict__ q_weight;\s*const void\* __restrict__ k_weight;\s*"
-                    r"uint32_t num_tokens;\s*\};",
-                    "QKNormParams fields, in the order the launcher initializes them (k pre-offset, strides in elements)",
-                ),
-                (
-                    "csrc/elementwise/qknorm.cuh",
-                    r"\.k = pointer::offset\(k\.data_ptr\(\), -2 \* static_cast<int64_t>\(num_qo_heads\) \* kHeadDim\)",
-                    "k is passed pre-offset by -num_qo_heads * head_dim elements",
-                ),
-                (
-                    "csrc/elementwise/qknorm.cuh",
-                    r"constexpr uint32_t kWarpsPerBlock = (?P<WARPS_PER_BLOCK>\d+);",
-                    "warps per block of the warp kernels",
-                ),
-                (
-                    "csrc/elementwise/qknorm.cuh",
-                    r"std::min\(kNumSM \* max_occupancy, needed_blocks\)",
-                    "persistent grid: min(SMs * occupancy, div_ceil(rows, warps per block))",
-                ),
-                (
-                    "csrc/elementwise/qknorm.cuh",
-                    # the first of the two names: the half-warp kernel (0.5.23+) is defined before the
-                    # warp kernel's host struct, older sources only have the struct
-                    r"(?P<QK_FIRST>fused_qknorm_half_warp|QKNormKernelWarp)\b",
-                    "which warp kernels the source has (half-warp head_dim-128 kernel or not)",
-                ),
+    dim_names=DIM_NAMES,
+    pointers=(("q", "inout"), ("k", "inout"), ("q_weight", "in"), ("k_weight", "in")),
+    scalar_args=(("eps", "f64"),),
+    variant=qkv.jit_variant(
+        _QKN,
+        description="SGLang JIT QKNormKernel (fused_qknorm_warp; 0.5.23+: fused_qknorm_half_warp for "
+        "head_dim 128 on 16-byte-aligned tensors; fused_qknorm_cta for head_dim > 256)",
+        provenance="sglang/kernels/ops/layernorm/norm.py fused_inplace_qknorm -> _jit_qknorm_module(head_dim, "
+        "dtype).qknorm -> csrc/elementwise/qknorm.cuh QKNormKernel<head_dim, pdl, T>::run "
+        "(called from sglang/srt/models/utils.py apply_qk_norm)",
+        source_facts=(
+            (
+                _QKN,
+                r"struct QKNormParams \{\s*void\* __restrict__ q;\s*void\* __restrict__ k;[^\n]*\s*"
+                r"int64_t q_stride;\s*int64_t k_stride;\s*uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*"
+                r"float eps;\s*const void\* __restrict__ q_weight;\s*const void\* __restrict__ k_weight;\s*"
+                r"uint32_t num_tokens;\s*\};",
+                "QKNormParams fields, in the order the launcher initializes them (k pre-offset, strides in elements)",
             ),
-            dtypes=("fp16", "bf16"),
-            supports=_supports,
+            (
+                _QKN,
+                r"\.k = pointer::offset\(k\.data_ptr\(\), -2 \* static_cast<int64_t>\(num_qo_heads\) \* kHeadDim\)",
+                "k is passed pre-offset by -num_qo_heads * head_dim elements",
+            ),
+            (
+                _QKN,
+                r"constexpr uint32_t kWarpsPerBlock = (?P<WARPS_PER_BLOCK>\d+);",
+                "warps per block of the warp kernels",
+            ),
+            (
+                _QKN,
+                r"std::min\(kNumSM \* max_occupancy, needed_blocks\)",
+                "persistent grid: min(SMs * occupancy, div_ceil(rows, warps per block))",
+            ),
+            (
+                _QKN,
+                # the first of the two names: the half-warp kernel (0.5.23+) is defined before the
+                # warp kernel's host struct, older sources only have the struct
+                r"(?P<QK_FIRST>fused_qknorm_half_warp|QKNormKernelWarp)\b",
+                "which warp kernels the source has (half-warp head_dim-128 kernel or not)",
+            ),
         ),
+        supports=_supports,
     ),
-    default_variant=lambda roots: "jit",
-    dtypes=("fp16", "bf16"),
-    corpus=_corpus(),
+    corpus=qkv.corpus(QK_NORM_MODELS, _dims),
     edge_shapes=EDGE,
-    tolerance=Tolerance(k=2.0),
     make_inputs=make_inputs,
     reference=reference,
     scalars=lambda dims: {"eps": EPS},

@@ -11,47 +11,27 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.models import DECODE_TOKENS, PREFILL_TOKENS
-from astra_sglang.spec import (
-    DTYPE_BYTES,
-    AbiArg,
-    OpSpec,
-    Shape,
-    SourceFile,
-    Tolerance,
-    Variant,
-    dedupe_shapes,
-)
+from astra_sglang.families import qkv
+from astra_sglang.spec import DTYPE_BYTES, Shape
 
 ROPE_DIMS = (32, 64, 128, 256)  # rope_dim instantiations the launchers carry
-MAX_POSITION = 8192  # cos_sin_cache rows in the harness (positions drawn below it)
+# cos_sin_cache rows in the harness (positions drawn below it); a module global: CPU tests shrink it
+MAX_POSITION = 8192
 
-# Models whose attention runs RotaryEmbedding.forward_cuda without the fused KV store (config.json):
-# name, q heads, kv heads, head_dim, TP degrees. KV heads are replicated past TP = kv heads.
+# Models whose attention runs RotaryEmbedding.forward_cuda without the fused KV store, and the TP degrees.
 # (Qwen3-MoE and gpt-oss take the fused rope + KV store path on a bf16 KV cache instead.)
-ROPE_MODELS: Tuple[Tuple[str, int, int, int, Tuple[int, ...]], ...] = (
-    ("llama-3-8b", 32, 8, 128, (1, 2)),
-    ("llama-3-70b", 64, 8, 128, (4, 8)),
-    ("qwen3-8b", 32, 8, 128, (1,)),
-    ("qwen3-32b", 64, 8, 128, (2, 4)),
-    ("qwen2.5-7b", 28, 4, 128, (1,)),
+ROPE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
+    ("llama-3-8b", (1, 2)),
+    ("llama-3-70b", (4, 8)),
+    ("qwen3-8b", (1,)),
+    ("qwen3-32b", (2, 4)),
+    ("qwen2.5-7b", (1,)),
 )
 
 
 def _dims(t: int, hq: int, hk: int, d: int, rope: Optional[int] = None) -> Tuple[int, ...]:
-    stride = (hq + 2 * hk) * d  # q and k are column blocks of the fused qkv output
+    stride = qkv.qkv_stride(hq, hk, d)
     return (t, hq, hk, d, rope or d, stride, stride)
-
-
-def _corpus() -> Tuple[Shape, ...]:
-    shapes = []
-    for name, hq, hk, d, tps in ROPE_MODELS:
-        for tp in tps:
-            q, k = hq // tp, max(1, hk // tp)
-            src = f"{name} tp{tp}"
-            shapes += [Shape(_dims(t, q, k, d), ("decode",), src) for t in DECODE_TOKENS]
-            shapes += [Shape(_dims(t, q, k, d), ("prefill",), src) for t in PREFILL_TOKENS]
-    return dedupe_shapes(shapes)
 
 
 # GPT-J (interleaved) style shapes: the harness runs them with is_neox = 0.
@@ -67,13 +47,7 @@ EDGE = (
 )
 
 
-def scalars(dims) -> Dict[str, Any]:
-    return {"is_neox": 0 if tuple(dims) in _GPTJ else 1}
-
-
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
-    import math
-
     import torch
 
     from astra_sglang.spec import torch_dtype
@@ -83,35 +57,13 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
     scale = 16.0 if dist == "large" else 1.0
     q = (torch.randn((t, qs), generator=gen, device=device) * scale).to(dt)
     k = (torch.randn((t, ks), generator=gen, device=device) * scale).to(dt)
-    # SGLang's cache: cos/sin of position * inv_freq (base 1e6, Qwen3's rope_theta)
-    inv = 1.0 / (1e6 ** (torch.arange(0, r, 2, device=device, dtype=torch.float64) / r))
-    ang = torch.arange(MAX_POSITION, device=device, dtype=torch.float64)[:, None] * inv[None, :]
-    cache = torch.cat([ang.cos(), ang.sin()], dim=-1).float()
+    cache = qkv.cos_sin_cache(r, MAX_POSITION, device)
     if dist == "uniform":  # any fp32 cache, not only unit-circle pairs
         cache = torch.rand((MAX_POSITION, r), generator=gen, device=device) * 2 - 1
-    pos = torch.randint(0, MAX_POSITION, (t,), generator=gen, device=device, dtype=torch.int64)
+    pos = qkv.positions(t, MAX_POSITION, gen, device)
     if t > 1:
         pos[-1] = MAX_POSITION - 1  # the last cache row
-    del math
     return {"q": q, "k": k, "cos_sin_cache": cache, "positions": pos}
-
-
-def _rotate(x, heads: int, d: int, r: int, cos, sin, neox: bool):
-    """x: [tokens, >= heads * d]; rotate the first r columns of every head."""
-    t = x.shape[0]
-    out = x.clone()
-    h = out[:, : heads * d].reshape(t, heads, d).clone()
-    c, s = cos[:, None, :], sin[:, None, :]
-    if neox:
-        a, b = h[..., : r // 2].clone(), h[..., r // 2 : r].clone()
-        h[..., : r // 2] = a * c - b * s
-        h[..., r // 2 : r] = a * s + b * c
-    else:
-        a, b = h[..., 0:r:2].clone(), h[..., 1:r:2].clone()
-        h[..., 0:r:2] = a * c - b * s
-        h[..., 1:r:2] = a * s + b * c
-    out[:, : heads * d] = h.reshape(t, heads * d)
-    return out
 
 
 def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
@@ -119,14 +71,12 @@ def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[
     _, hq, hk, d, r = dims[:5]
     neox = bool(int(scalars.get("is_neox", 1)))
     q, k = inp["q"].double(), inp["k"].double()
-    pos = inp["positions"].long()
-    cache = inp["cos_sin_cache"].double()[pos]
-    cos, sin = cache[:, : r // 2], cache[:, r // 2 : r]
+    cos, sin = qkv.cos_sin(inp, r)
     # a patch view [T, H, r] of heads d apart arrives here as a contiguous [T, H, r] copy
     dq = d if q.dim() == 2 else q.shape[-1]
     dk = d if k.dim() == 2 else k.shape[-1]
-    qo = _rotate(q.reshape(q.shape[0], -1), hq, dq, r, cos, sin, neox).reshape(q.shape)
-    ko = _rotate(k.reshape(k.shape[0], -1), hk, dk, r, cos, sin, neox).reshape(k.shape)
+    qo = qkv.rotate(q.reshape(q.shape[0], -1), hq, dq, r, cos, sin, neox).reshape(q.shape)
+    ko = qkv.rotate(k.reshape(k.shape[0], -1), hk, dk, r, cos, sin, neox).reshape(k.shape)
     return {"q": qo, "k": ko}
 
 
@@ -144,81 +94,61 @@ def _supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
-SPEC = OpSpec(
+_ROPE = "csrc/elementwise/rope.cuh"
+DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_size", "rope_dim", "q_stride", "k_stride")
+
+SPEC = qkv.spec(
     name="rope",
     summary="rotary embedding of q and k in place (NeoX or GPT-J style), cos/sin rows from an fp32 cache",
-    dim_names=("num_tokens", "num_q_heads", "num_kv_heads", "head_size", "rope_dim", "q_stride", "k_stride"),
-    abi=(
-        AbiArg("q", "ptr", "inout"),
-        AbiArg("k", "ptr", "inout"),
-        AbiArg("cos_sin_cache", "ptr", "in"),
-        AbiArg("positions", "ptr", "in"),
-        AbiArg("num_tokens", "i64"),
-        AbiArg("num_q_heads", "i64"),
-        AbiArg("num_kv_heads", "i64"),
-        AbiArg("head_size", "i64"),
-        AbiArg("rope_dim", "i64"),
-        AbiArg("q_stride", "i64"),
-        AbiArg("k_stride", "i64"),
-        AbiArg("is_neox", "i64"),
-        AbiArg("dtype", "i32"),
-    ),
-    variants=(
-        Variant(
-            name="jit",
-            description="SGLang JIT FusedRopeKernel::run (fused_rope_kernel), int64 positions",
-            provenance="sglang/kernels/ops/attention/rope.py apply_rope_with_cos_sin_cache_inplace -> apply_rope_inplace "
-            "-> _jit_fused_rope_module(is_neox, rope_dim, dtype, q_dtype).run_rope -> csrc/elementwise/rope.cuh "
-            "FusedRopeKernel<is_neox, rope_dim, pdl, T>::run (called from sglang/srt/layers/rotary_embedding/"
-            "base.py RotaryEmbedding.forward_cuda)",
-            sources=(SourceFile("sglang_jit", "csrc/elementwise/rope.cuh"),),
-            include_roots=("tvm_ffi", "dlpack"),
-            launcher="launch_jit.cu.in",
-            flag_profile="sglang_jit",
-            source_facts=(
-                (
-                    "csrc/elementwise/rope.cuh",
-                    r"struct FusedRopeParams \{\s*void\* __restrict__ q_ptr;\s*void\* __restrict__ k_ptr;[^\n]*\s*"
-                    r"const void\* __restrict__ cos_sin_cache_ptr;\s*const void\* __restrict__ positions;\s*"
-                    r"int64_t q_stride_bytes;\s*int64_t k_stride_bytes;\s*int64_t head_stride_bytes;\s*"
-                    r"uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*uint32_t num_tokens;\s*\};",
-                    "FusedRopeParams fields, in the order the launcher sets them (strides in bytes)",
-                ),
-                (
-                    "csrc/elementwise/rope.cuh",
-                    r"const int64_t k_offset = static_cast<int64_t>\(num_qo_heads\) \* head_stride_bytes;",
-                    "k is passed pre-offset by -num_qo_heads * head_stride bytes",
-                ),
-                (
-                    "csrc/elementwise/rope.cuh",
-                    r"constexpr uint32_t kBlockSize = (?P<BLOCK_SIZE>\d+);",
-                    "threads per block",
-                ),
-                (
-                    "csrc/elementwise/rope.cuh",
-                    r"needed_blocks = div_ceil\(num_works, \(kBlockSize / kWorkThreads\)\);\s*"
-                    r"const auto num_blocks = std::min\(max_blocks, needed_blocks\);",
-                    "persistent grid: min(SMs * occupancy, div_ceil(heads, heads per block))",
-                ),
-                (
-                    "csrc/elementwise/rope.cuh",
-                    r"template <bool kIsNeox, int64_t kRopeDim, bool kUsePDL, typename DType, typename QDType = DType>\s*"
-                    r"struct FusedRopeKernel",
-                    "FusedRopeKernel's template parameters",
-                ),
+    dim_names=DIM_NAMES,
+    pointers=(("q", "inout"), ("k", "inout"), ("cos_sin_cache", "in"), ("positions", "in")),
+    scalar_args=(("is_neox", "i64"),),
+    variant=qkv.jit_variant(
+        _ROPE,
+        description="SGLang JIT FusedRopeKernel::run (fused_rope_kernel), int64 positions",
+        provenance="sglang/kernels/ops/attention/rope.py apply_rope_with_cos_sin_cache_inplace -> apply_rope_inplace "
+        "-> _jit_fused_rope_module(is_neox, rope_dim, dtype, q_dtype).run_rope -> csrc/elementwise/rope.cuh "
+        "FusedRopeKernel<is_neox, rope_dim, pdl, T>::run (called from sglang/srt/layers/rotary_embedding/"
+        "base.py RotaryEmbedding.forward_cuda)",
+        source_facts=(
+            (
+                _ROPE,
+                r"struct FusedRopeParams \{\s*void\* __restrict__ q_ptr;\s*void\* __restrict__ k_ptr;[^\n]*\s*"
+                r"const void\* __restrict__ cos_sin_cache_ptr;\s*const void\* __restrict__ positions;\s*"
+                r"int64_t q_stride_bytes;\s*int64_t k_stride_bytes;\s*int64_t head_stride_bytes;\s*"
+                r"uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*uint32_t num_tokens;\s*\};",
+                "FusedRopeParams fields, in the order the launcher sets them (strides in bytes)",
             ),
-            dtypes=("fp16", "bf16"),
-            supports=_supports,
+            (
+                _ROPE,
+                r"const int64_t k_offset = static_cast<int64_t>\(num_qo_heads\) \* head_stride_bytes;",
+                "k is passed pre-offset by -num_qo_heads * head_stride bytes",
+            ),
+            (
+                _ROPE,
+                r"constexpr uint32_t kBlockSize = (?P<BLOCK_SIZE>\d+);",
+                "threads per block",
+            ),
+            (
+                _ROPE,
+                r"needed_blocks = div_ceil\(num_works, \(kBlockSize / kWorkThreads\)\);\s*"
+                r"const auto num_blocks = std::min\(max_blocks, needed_blocks\);",
+                "persistent grid: min(SMs * occupancy, div_ceil(heads, heads per block))",
+            ),
+            (
+                _ROPE,
+                r"template <bool kIsNeox, int64_t kRopeDim, bool kUsePDL, typename DType, typename QDType = DType>\s*"
+                r"struct FusedRopeKernel",
+                "FusedRopeKernel's template parameters",
+            ),
         ),
+        supports=_supports,
     ),
-    default_variant=lambda roots: "jit",
-    dtypes=("fp16", "bf16"),
-    corpus=_corpus(),
+    corpus=qkv.corpus(ROPE_MODELS, _dims),
     edge_shapes=EDGE,
-    tolerance=Tolerance(k=2.0),
     make_inputs=make_inputs,
     reference=reference,
-    scalars=scalars,
+    scalars=qkv.neox_scalars(_GPTJ),
     bytes_moved=bytes_moved,
     distributions=("normal", "large", "uniform"),
     replaces=(

@@ -1,0 +1,126 @@
+"""Ops over the q/k/v column blocks of the fused qkv projection: qknorm, rope, rope_store, kv_store.
+
+They share the head layout (per-rank heads of a model at a TP degree, token rows (q + 2 kv) * head_dim
+apart), the corpus rule over it, the KV pool of the harness, the rotary math (rope, rope_store) and the
+shape of SGLang's JIT variant (one csrc/elementwise header, tvm-ffi launcher). The op's spec keeps its dims,
+inputs, provenance, source facts and what its launcher supports.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from ..models import DECODE_TOKENS, PREFILL_TOKENS, ModelConfig, model
+from ..spec import OpSpec, Shape, SourceFile, Tolerance, Variant, dedupe_shapes
+from . import abi
+
+DTYPES = ("fp16", "bf16")
+
+
+def per_rank_heads(m: ModelConfig, tp: int) -> Tuple[int, int]:
+    """(q heads, kv heads) on one rank: KV heads are replicated past TP = kv heads (SGLang: max(1, kv // tp))."""
+    return m.num_heads // tp, max(1, m.num_kv_heads // tp)
+
+
+def qkv_stride(q_heads: int, kv_heads: int, head_dim: int) -> int:
+    """Elements between token rows of q, k and v: they are column blocks of the fused qkv output."""
+    return (q_heads + 2 * kv_heads) * head_dim
+
+
+def corpus(models: Sequence[Tuple[str, Sequence[int]]],
+           dims: Callable[[int, int, int, int], Tuple[int, ...]]) -> Tuple[Shape, ...]:
+    """Decode batches and prefill chunks of each (model, TP degrees); dims(tokens, q_heads, kv_heads, head_dim)
+    is the op's shape. Heads and head_dim come from the model's config."""
+    shapes = []
+    for name, tps in models:
+        m = model(name)
+        for tp in tps:
+            q, k = per_rank_heads(m, tp)
+            src = f"{name} tp{tp}"
+            shapes += [Shape(dims(t, q, k, m.head_dim), ("decode",), src) for t in DECODE_TOKENS]
+            shapes += [Shape(dims(t, q, k, m.head_dim), ("prefill",), src) for t in PREFILL_TOKENS]
+    return dedupe_shapes(shapes)
+
+
+def cache_slots(tokens: int) -> int:
+    """KV-pool rows in the harness: room for the batch twice over, at least 4096 (the real pool is larger;
+    only the touched rows cost anything)."""
+    return max(4096, 2 * tokens)
+
+
+def cos_sin_cache(rope_dim: int, rows: int, device: str):
+    """SGLang's fp32 cache: cos | sin of position * inv_freq (base 1e6, Qwen3's rope_theta), one row a position."""
+    import torch
+
+    inv = 1.0 / (1e6 ** (torch.arange(0, rope_dim, 2, device=device, dtype=torch.float64) / rope_dim))
+    ang = torch.arange(rows, device=device, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=-1).float()
+
+
+def positions(tokens: int, rows: int, gen, device: str):
+    """int64 positions drawn below `rows` (the cache's)."""
+    import torch
+
+    return torch.randint(0, rows, (tokens,), generator=gen, device=device, dtype=torch.int64)
+
+
+def cos_sin(inp, rope_dim: int):
+    """fp64 cos and sin rows ([tokens, rope_dim / 2] each) at each token's position."""
+    cache = inp["cos_sin_cache"].double()[inp["positions"].long()]
+    return cache[:, : rope_dim // 2], cache[:, rope_dim // 2 : rope_dim]
+
+
+def rotate(x, heads: int, d: int, r: int, cos, sin, neox: bool):
+    """x: [tokens, >= heads * d]; rotate the first r columns of every head (NeoX halves or GPT-J pairs)."""
+    t = x.shape[0]
+    out = x.clone()
+    h = out[:, : heads * d].reshape(t, heads, d).clone()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        a, b = h[..., : r // 2].clone(), h[..., r // 2 : r].clone()
+        h[..., : r // 2] = a * c - b * s
+        h[..., r // 2 : r] = a * s + b * c
+    else:
+        a, b = h[..., 0:r:2].clone(), h[..., 1:r:2].clone()
+        h[..., 0:r:2] = a * c - b * s
+        h[..., 1:r:2] = a * s + b * c
+    out[:, : heads * d] = h.reshape(t, heads * d)
+    return out
+
+
+def store_rows(cache, slots, rows):
+    """A copy of cache with `rows` written at `slots` (rows of the cache's [slots, row] view)."""
+    out = cache.clone()
+    out.reshape(out.shape[0], -1)[slots] = rows
+    return out
+
+
+def neox_scalars(gptj: Sequence[Tuple[int, ...]]) -> Callable[[Tuple[int, ...]], Dict[str, Any]]:
+    """scalars(dims): is_neox = 0 for the GPT-J (interleaved) shapes listed, else 1 (NeoX halves)."""
+    gptj = frozenset(tuple(d) for d in gptj)
+    return lambda dims: {"is_neox": 0 if tuple(dims) in gptj else 1}
+
+
+def jit_variant(header: str, description: str, provenance: str, source_facts,
+                supports: Optional[Callable[[Tuple[int, ...], str], Optional[str]]] = None) -> Variant:
+    """SGLang's JIT kernel of csrc/elementwise/<header> with a tvm-ffi launcher (launch_jit.cu.in)."""
+    return Variant(name="jit", description=description, provenance=provenance,
+                   sources=(SourceFile("sglang_jit", header),), include_roots=("tvm_ffi", "dlpack"),
+                   launcher="launch_jit.cu.in", flag_profile="sglang_jit",
+                   source_facts=tuple(source_facts),
+                   dtypes=DTYPES, supports=supports)
+
+
+def spec(*, name: str, summary: str, dim_names: Tuple[str, ...], pointers: Sequence[Tuple[str, str]],
+         scalar_args: Sequence[Tuple[str, str]], variant: Variant, corpus: Tuple[Shape, ...],
+         edge_shapes: Tuple[Shape, ...], make_inputs: Callable[..., Dict[str, Any]],
+         reference: Callable[..., Dict[str, Any]], scalars: Callable[[Tuple[int, ...]], Dict[str, Any]],
+         bytes_moved: Callable[[Tuple[int, ...], str], int], distributions: Tuple[str, ...],
+         replaces: Tuple[str, ...], kernel_symbols: Tuple[str, ...],
+         tolerance: Tolerance = Tolerance(k=2.0)) -> OpSpec:
+    return OpSpec(
+        name=name, summary=summary, dim_names=dim_names, abi=abi(pointers, dim_names, scalar_args),
+        variants=(variant,), default_variant=lambda roots: "jit", dtypes=DTYPES, corpus=corpus,
+        edge_shapes=edge_shapes, tolerance=tolerance, make_inputs=make_inputs, reference=reference,
+        scalars=scalars, bytes_moved=bytes_moved, distributions=distributions, replaces=replaces,
+        kernel_symbols=kernel_symbols,
+    )
