@@ -139,9 +139,11 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
         v = ex.choose_variant(spec, local, variant)
         return missing_roots(local, v, f"{op} variant {v.name}")
 
-    # 2. what extract needs, every missing piece at once
-    require(arch_need, "nvcc", sources_need, *(["pip"] if fetching else []))
-    ex.check_arch(find_nvcc(), target[0])
+    # 2. what extract needs, every missing piece at once (an installed variant needs no nvcc: nothing is built)
+    installed = not download and ex.choose_variant(spec, local, variant).installed
+    require(arch_need, *([] if installed else ["nvcc"]), sources_need, *(["pip"] if fetching else []))
+    if not installed:
+        ex.check_arch(find_nvcc(), target[0])
 
     # 3. the sources (downloaded: network), then the workspace, built before it moves into place
     click.echo(f"extracting {op} for {target[0].sm} into {dest}", err=True)
@@ -167,7 +169,7 @@ def extract(op, list_, variant, out_root, sglang_src, flashinfer_src, tvm_ffi_sr
         built.append((res, res.library.relative_to(tmp)))
 
     ex.extract(spec, sources, dest, target[0], variant=variant, force=force, progress=_progress,
-               build=None if no_build else build_in)
+               build=None if no_build or installed else build_in)
     if built:
         res, lib = built[0]
         click.echo(f"  · cold build {res.seconds:.1f}s -> {dest / lib}", err=True)

@@ -18,7 +18,8 @@ def op_rows() -> List[Dict[str, Any]]:
     for name in op_names():
         spec = get_op(name)
         d = op_dir(name)
-        launchers = [v.name for v in spec.variants if (d / v.launcher).is_file()]
+        # an installed variant (SGLang's callable is production) has no launcher to ship
+        launchers = [v.name for v in spec.variants if v.installed or (d / v.launcher).is_file()]
         row: Dict[str, Any] = {
             "op": name,
             "summary": spec.summary,

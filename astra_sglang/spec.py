@@ -84,6 +84,16 @@ class Variant:
     # supports(dims, dtype) -> None when this production path handles the shape,
     # else the reason it does not (production routes such shapes elsewhere).
     supports: Optional[Callable[[Tuple[int, ...], str], Optional[str]]] = None
+    # An *installed* variant ("module:function"): production is SGLang's installed Python callable (a Triton
+    # or torch.compile path extract cannot turn into CUDA), bound to the ABI by the op's adapter. Its
+    # workspace holds a manifest (the callable, the source facts checked) and no baseline.cu; check and bench
+    # run the callable as the production implementation (harness/installed.py). `sources`/`excerpts` stay
+    # empty; `source_facts` name files relative to the sglang package (root "sglang_py").
+    callable: str = ""
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.callable)
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,12 @@ def extract(
     lost = missing_roots(sources, v, f"{spec.name} variant {v.name}")
     if lost:
         raise AstraError(*lost)
+    if v.installed:  # SGLang's installed callable is production: a manifest, no CUDA to copy or build
+        from .installed import extract_installed
+
+        check_dest(dest, force)
+        flags = compile_flags(v.flag_profile, arch, v.extra_flags) if arch is not None else []
+        return extract_installed(spec, v, sources, dest, arch.sm if arch is not None else None, flags, progress)
     roots: List[Root] = []
     names = [sf.root for sf in v.sources] + list(v.include_roots) + [e.source.root for e in v.excerpts]
     for name in list(dict.fromkeys(names)):

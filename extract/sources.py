@@ -50,6 +50,8 @@ def missing_message(name: str, why: str) -> str:
 _MISSING = {
     "sglang_jit": "SGLang's JIT kernel sources not found: pass --download (fetches the wheels), "
     "`pip install sglang`, or --sglang-src (a git checkout or an unpacked sglang wheel)",
+    "sglang_py": "SGLang's Python package not found: `pip install sglang` (its installed callable is the production "
+    "baseline), or --sglang-src (an unpacked sglang wheel: the source facts only)",
     "sglang_checkout": "sgl-kernel's csrc is only in an SGLang git checkout: pass --sglang-src PATH/TO/sglang",
     "flashinfer": "FlashInfer headers not found: pass --download (fetches the wheels), "
     "`pip install flashinfer-python`, or --flashinfer-src (a checkout or an unpacked flashinfer-python wheel)",
@@ -191,6 +193,8 @@ def discover(
         pkg, checkout = _pkg_dir("sglang"), None
         origin = "installed"
         ver = _dist_version("sglang") or (_version_near(pkg, ("sglang",)) if pkg else "unknown")
+    if pkg is not None and (pkg / "srt").is_dir():  # installed variants: facts from SGLang's Python sources
+        s.roots["sglang_py"] = Root("sglang_py", pkg, (".",), ver, origin)
     if pkg is not None and (pkg / "kernels" / "jit" / "include").is_dir():
         s.roots["sglang_jit"] = Root("sglang_jit", pkg / "kernels" / "jit", ("include", "."), ver, origin)
     if checkout is not None:

@@ -56,6 +56,15 @@ class OpAdapter:
     normalize: Callable[[Dict[str, Any]], Any] = None  # type: ignore[assignment]
     returns: Callable[[Dict[str, Any]], Any] = lambda c: None
     jit_routes: Mapping[str, Tuple[JitRoute, ...]] = field(default_factory=dict)
+    # For callables that *return* the op's outputs instead of writing arguments (fused_topk returns
+    # (topk_weights, topk_ids)): the returned value -> {canonical output: tensor}. The original's result is
+    # then copied into the canonical outputs wherever SGLang's original serves a call (fallback, self-check)
+    # and where the harness runs it as a baseline (harness/installed.py). None: outputs are arguments.
+    outputs_of: Optional[Callable[[Any], Dict[str, Any]]] = None
+    # Parameters that are not the op's but follow from its canonical arguments (fused_topk's hidden_states,
+    # only read for its row count): param -> fn(canonical dict), set on every call of the original (the
+    # self-check's row sample, the harness's installed baseline, compiled graphs' self-check).
+    bare_args: Mapping[str, Callable[[Dict[str, Any]], Any]] = field(default_factory=dict)
 
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
@@ -237,12 +246,20 @@ class Binder:
         for p, c in self.canon_of.items():
             if c in canon:
                 kw[p] = canon[c]
+        for p, make in self.adapter.bare_args.items():
+            if p in self.params:
+                kw[p] = make(canon)
         pos = []
         for p in self.positional:  # leading positional run; the rest go by keyword
             if p not in kw:
                 break
             pos.append(kw.pop(p))
-        return fn(*pos, **kw)
+        ret = fn(*pos, **kw)
+        if self.adapter.outputs_of is not None:  # returned outputs land in the canonical ones
+            for n, t in self.adapter.outputs_of(ret).items():
+                if canon.get(n) is not None and canon[n] is not t:
+                    canon[n].copy_(t)
+        return ret
 
 
 class _No:

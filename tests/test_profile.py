@@ -43,7 +43,7 @@ LLAMA = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json
     ("void cublasLt::splitKreduce_kernel<32, 16>(...)", "gemm", "gemm", False, False),
     ("fused_moe_kernel", "moe_gemm", "gemm", False, False),
     ("_fwd_grouped_kernel_stage1", "attention", "attention", False, False),
-    ("_router_triton_kernel", "moe_routing", "op", False, False),
+    ("_router_triton_kernel", "moe_routing", "op", None, False),
     ("void moe_align_block_size_kernel<int>(...)", "moe_align", "op", None, False),
     ("triton_per_fused_copy__mul_sum_0", "moe_combine", "op", None, False),
     ("GemmaFusedAddRMSNormKernel", "gemma_fused_add_rmsnorm", "op", None, False),

@@ -47,8 +47,14 @@ class Workspace:
         return self.manifest["variant"]
 
     @property
+    def installed(self) -> str:
+        """'module:function' of SGLang's installed callable when production is that (an installed variant,
+        extract/installed.py: no baseline.cu), else ''."""
+        return str(self.manifest.get("callable", "")) if self.manifest.get("kind") == "installed" else ""
+
+    @property
     def include_dirs(self) -> List[Path]:
-        return [self.path / d for d in self.manifest["include_dirs"]]
+        return [self.path / d for d in self.manifest.get("include_dirs", [])]
 
     @property
     def flags(self) -> List[str]:
@@ -64,6 +70,9 @@ class Workspace:
 
     def build(self, source: Optional[Path] = None, timeout: float = 600.0) -> BuildResult:
         """Build `source` (default: the baseline) with the production flags and include dirs."""
+        if source is None and self.installed:
+            raise AstraError(f"workspace {self.path} has no baseline to build: production is SGLang's installed "
+                             f"{self.installed} (harness/installed.py)")
         return build_shared(
             Path(source) if source else self.baseline,
             self.include_dirs,

@@ -18,6 +18,9 @@ class Impl:
         self.ref = ref
         self.spec = spec
         kind, _, rest = ref.partition(":")
+        # installed callables that return their outputs: the copies into the ABI buffers alone (bench times
+        # them to take them out of production's time); None for everything else
+        self.binding = None
         if kind == "lib":
             from ..build.loader import KernelLib
 
@@ -38,6 +41,7 @@ class Impl:
 
             self._lib = InstalledImpl(rest, spec)
             self._py = None
+            self.binding = self._lib.binding if self._lib.returns_outputs else None
         else:
             raise AstraError(f"unknown implementation reference {ref!r}")
 

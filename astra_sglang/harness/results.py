@@ -21,6 +21,7 @@ class CheckResult:
     candidate: Optional[str] = None  # path of the candidate (None: the production baseline)
     candidate_sha256: str = ""
     variant: str = ""
+    production: str = ""  # what production is: the extracted baseline or SGLang's installed callable
     stage: str = ""  # where it ended: static | build | run | sanitize | done
     static: List[Dict[str, Any]] = field(default_factory=list)  # static-check findings
     notes: List[str] = field(default_factory=list)
@@ -112,6 +113,9 @@ class BenchRow:
     context_installed_us: Optional[float] = None
     installed_bitwise_equal: Optional[bool] = None  # extracted production == installed, bit for bit
     installed_mismatches: Dict[str, int] = field(default_factory=dict)  # per output: elements that differ
+    # production is an installed callable that returns its outputs: the copies into the ABI buffers, timed
+    # alone (µs per call), already taken out of prod_us (chained) and context_base_us (in context)
+    prod_binding_us: Optional[float] = None
 
     @property
     def pct_of_ceiling(self) -> Optional[float]:
@@ -183,6 +187,7 @@ class BenchReport:
     l2_bytes: int = 0
     sm_count: int = 0
     installed: str = ""  # --baseline installed: the SGLang callable timed beside the extracted baseline
+    production: str = ""  # what production is: the extracted baseline or SGLang's installed callable
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -293,6 +298,11 @@ class BenchReport:
         if has_ctx:
             foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM reading "
                         "its outputs (cuBLAS via torch), one CUDA graph; marginal µs = with op - neighbours alone")
+        if self.production.startswith("installed"):
+            b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
+            foot.append(f"production: {self.production}"
+                        + (f"; its returned outputs are copied into the ABI buffers: those copies, timed alone "
+                           f"({min(b):.2f}-{max(b):.2f} µs), are taken out of the prod columns" if b else ""))
         if has_i:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")
@@ -363,6 +373,8 @@ class BenchReport:
 def format_check(result: Any, verbose: bool = False) -> str:
     """Human-readable lines for a CheckResult."""
     lines = [result.summary()]
+    if getattr(result, "production", ""):
+        lines.append(f"  production: {result.production}")
     if not result.ok and len(result.failures) > 1:
         for f in result.failures[1:6]:
             lines.append(f"  also: {f}")
