@@ -423,3 +423,62 @@ def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     sym = subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
     assert "astra_moe_router" in sym
+
+
+def _warp_emulation(row, topk):
+    """The shipped kernel's selection (kernel.cu) for one row, lane by lane: lane l holds experts l, l + 32, ...;
+    NaN -> -1e30, -0 -> +0; each round a lane's strict-> local best, then two max reductions over the warp on the
+    order-preserving key of the value and on 0xFFFF - id among the lanes at the maximum; the winner -> -inf."""
+    import math
+    import struct
+
+    e = len(row)
+    v_per = 1
+    while 32 * v_per < e:
+        v_per *= 2
+
+    def key(f):
+        b = struct.unpack("<I", struct.pack("<f", f))[0]
+        return (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
+
+    v = [[-math.inf] * v_per for _ in range(32)]
+    for lane in range(32):
+        for j in range(v_per):
+            i = j * 32 + lane
+            if i < e:
+                x = row[i]
+                x = -1e30 if x != x else x
+                v[lane][j] = 0.0 if x == 0 else x
+    ids = []
+    for _ in range(topk):
+        best = []
+        for lane in range(32):
+            bv, bi = v[lane][0], lane
+            for j in range(1, v_per):
+                if v[lane][j] > bv:
+                    bv, bi = v[lane][j], j * 32 + lane
+            best.append((key(struct.unpack("<f", struct.pack("<f", bv))[0]), bi))
+        top = max(k for k, _ in best)
+        bi = 0xFFFF - max((0xFFFF - i) if k == top else 0 for k, i in best)
+        v[bi % 32][bi // 32] = -math.inf
+        ids.append(bi)
+    return ids
+
+
+@pytest.mark.parametrize("e,k", [(8, 2), (32, 4), (60, 4), (128, 8), (1000, 16), (3, 5)])
+def test_the_kernels_warp_selection_is_sglangs(e, k):
+    g = torch.Generator().manual_seed(e * 100 + k)
+    rows = [torch.randn(e, generator=g), torch.randint(-2, 3, (e,), generator=g).float(),
+            torch.randn(e, generator=g).to(torch.bfloat16).float()]
+    special = torch.randn(e, generator=g)
+    special[::3] = 0.0
+    special[1::3] = -0.0
+    special[e // 2] = float("nan")
+    special[-1] = float("-inf")
+    rows.append(special)
+    mostly_masked = torch.full((e,), float("-inf"))
+    mostly_masked[e // 3] = 1.0  # fewer finite logits than topk: 0.5.17 repeats the lowest -inf id
+    rows.append(mostly_masked)
+    for row in rows:
+        want = triton_like(row[None], k, True)[1][0].tolist()
+        assert _warp_emulation([float(x) for x in row.float()], k) == want, (e, k, row[:8])

@@ -16,7 +16,8 @@
 //  * Softmax in fp32: warp max, p = expf(s - max) (precise expf, IEEE division), warp sum for the unnormalized
 //    weights.
 //  * topk rounds of a warp argmax on (value, id): larger value wins, equal values the lower id, exactly SGLang's
-//    `min(where(is_max, n, N + 1))`; the winner leaves the race as -inf, as in the Triton kernel (so a row with
+//    `min(where(is_max, n, N + 1))`, as two __reduce_max_sync on order-preserving integer keys (value, then
+//    0xFFFF - id among the lanes holding the maximum) instead of a 5-step shuffle tree of pairs; the winner leaves the race as -inf, as in the Triton kernel (so a row with
 //    fewer finite logits than topk repeats the lowest -inf id, as production does). NaN logits rank as -1e30.
 //    Slot r's weight and id stay in lane r's registers; each lane writes its own slot.
 //  * Programmatic dependent launch on sm_90+ (house style, kernels/fused_add_rmsnorm): every read and write sits
@@ -48,6 +49,24 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+constexpr int kIdBase = 0xFFFF;  // ids (and padded lane ids) stay below 1024: kIdBase - id > 0
+
+// An unsigned key with the order of the float (-0 and +0 equal: canonicalized by the caller; no NaN here).
+__device__ __forceinline__ unsigned ordered_key(float f) {
+  const unsigned b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned warp_max(unsigned x) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  return __reduce_max_sync(kFull, x);
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+#endif
+}
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -76,7 +95,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moe_router_kernel(const T
   float m = -INFINITY;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    v[j] = (s[j] == s[j]) ? s[j] : -1e30f;
+    v[j] = (s[j] == s[j]) ? s[j] : -1e30f;  // NaN ranks as -1e30 (SGLang's kernel)
+    if (v[j] == 0.f) v[j] = 0.f;              // -0 == +0: equal keys, the lower id wins
     m = fmaxf(m, s[j]);
   }
 #pragma unroll
@@ -89,7 +109,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moe_router_kernel(const T
     total += p[j];
   }
 
-  float my_w = 0.f, routed = 0.f;
+  float my_w = 0.f;
   int my_id = 0;
   for (int r = 0; r < topk; ++r) {
     // this lane's best: ids rise with j, so a strict > keeps the lowest id among equals
@@ -102,15 +122,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moe_router_kernel(const T
         bi = j * 32 + lane;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(kFull, bv, o);
-      const int oi = __shfl_xor_sync(kFull, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    // the warp's best (value, then lowest id): two integer max reductions on order-preserving keys
+    const unsigned key = ordered_key(bv);
+    const unsigned top = warp_max(key);
+    bi = kIdBase - static_cast<int>(warp_max(key == top ? static_cast<unsigned>(kIdBase - bi) : 0u));
     float w = 0.f;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -120,14 +135,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moe_router_kernel(const T
       }
     }
     w = __shfl_sync(kFull, w, bi & 31);
-    routed += w;
     if (lane == r) {
       my_w = w;
       my_id = bi;
     }
   }
+  // warp sums: the chosen weights (lanes >= topk hold 0) and the whole row's exponentials
+  float routed = lane < topk ? my_w : 0.f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(kFull, total, o);
+  for (int o = 16; o > 0; o >>= 1) {
+    routed += __shfl_xor_sync(kFull, routed, o);
+    total += __shfl_xor_sync(kFull, total, o);
+  }
   if (lane < topk) {
     const float den = renormalize ? (routed > 0.f ? routed : 1.f) : total;
     weights[row * topk + lane] = my_w / den;
