@@ -482,3 +482,10 @@ def test_the_kernels_warp_selection_is_sglangs(e, k):
     for row in rows:
         want = triton_like(row[None], k, True)[1][0].tolist()
         assert _warp_emulation([float(x) for x in row.float()], k) == want, (e, k, row[:8])
+
+
+def test_reference_without_scalars_uses_the_shapes_renormalize():
+    x = torch.randn(3, 60, dtype=torch.float64)
+    a = SPEC.reference({"scores": x}, (3, 60, 4), {})["topk_weights"]
+    b = SPEC.reference({"scores": x}, (3, 60, 4), SPEC.scalars((3, 60, 4)))["topk_weights"]
+    assert torch.equal(a, b) and float(a.sum(-1).max()) < 1  # Qwen1.5-MoE: not renormalized
