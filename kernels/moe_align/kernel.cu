@@ -11,6 +11,7 @@
 #include <cstdint>
 
 namespace astra_malign {
+namespace {  // internal linkage: the library exports only astra_moe_align
 
 constexpr int kMaxThreads = 1024;
 constexpr int kItems = 4;  // ids per thread held in registers on the one-launch path
@@ -204,6 +205,7 @@ cudaError_t allow_smem(Kernel kernel, size_t smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
+}  // namespace
 }  // namespace astra_malign
 
 extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_ids, void* expert_ids,
