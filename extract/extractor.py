@@ -45,7 +45,13 @@ def available_variants(spec: OpSpec, sources: Sources) -> List[Tuple[Variant, bo
         if v.requires_root:
             need.add(v.requires_root)
         missing = [n for n in sorted(need) if not sources.has(n)]
-        out.append((v, not missing, "" if not missing else "missing " + ", ".join(missing)))
+        why = "missing " + ", ".join(missing) if missing else ""
+        if not missing and (v.sources or v.excerpts):  # present, but the source the launcher was written against?
+            try:
+                _check_facts(v, sources)
+            except (AstraError, OSError) as e:
+                why = str(e).split(": ", 1)[-1] if isinstance(e, AstraError) else f"unreadable source: {e}"
+        out.append((v, not why, why))
     return out
 
 

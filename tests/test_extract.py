@@ -94,6 +94,11 @@ def built(wheel_sources, wheel_roots, tmp_path_factory):
 # --------------------------------------------------------------------------- real wheels
 
 
+# ops whose launcher was written against SGLang 0.5.17 (the serving version on the GPU machines) and
+# refuses the pinned newer wheel's source by its source facts, as `extract --list` says
+NEEDS_LAUNCHER_UPDATE = {"moe_align": "0.5.23's JIT align kernel takes new template flags and a rounded buffer"}
+
+
 @pytest.mark.wheels
 def test_wheel_variants_are_the_defaults_plus_every_available(wheel_roots):
     found = set()
@@ -101,6 +106,9 @@ def test_wheel_variants_are_the_defaults_plus_every_available(wheel_roots):
         spec = get_op(op)
         default = spec.default_variant({n: True for n in wheel_roots.roots})
         avail = {v.name: (ok, why) for v, ok, why in available_variants(spec, wheel_roots)}
+        if op in NEEDS_LAUNCHER_UPDATE:
+            assert not avail[default][0] and "needs a launcher update" in avail[default][1], (op, avail[default])
+            continue
         assert avail[default][0], (op, default, avail[default][1])
         if op not in DEFAULTS_FROM_WHEELS:
             continue  # a newer op: its own tests cover its variants

@@ -424,7 +424,7 @@ def test_extracted_production_launchers_pass(wheel_sources, tmp_path):
     for op in op_names():
         spec = get_op(op)
         for v, ok, _ in available_variants(spec, roots):
-            if not ok:
+            if not ok or getattr(v, "callable", None):  # unusable here, or the installed callable: no source
                 continue
             dest = tmp_path / v.name / op
             extract(spec, roots, dest, Arch(9, 0), variant=v.name)
