@@ -94,3 +94,14 @@ def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):
     bad.write_text("void f(){ cudaDeviceSynchronize(); }\n")
     rep = bench("merge_state", ws, bad, dtypes=("fp16", "fp32"))  # static rejection: no build, no GPU
     assert not rep.ok and "host-sync" in rep.reason
+
+
+def test_bench_default_shapes_are_paper_else_decode():
+    """bench without --shapes: the paper's shapes where an op has them; the MoE ops have none, so decode
+    (it stopped with an error before)."""
+    from astra_sglang.harness.cases import default_bench_shapes, select_shapes
+    from astra_sglang.registry import get_op
+
+    for op, want in (("silu_and_mul", "paper"), ("moe_router", "decode"), ("moe_align", "decode")):
+        spec = get_op(op)
+        assert default_bench_shapes(spec) == want and select_shapes(spec, want), op

@@ -30,7 +30,7 @@ from ..build.cache import cache_root
 from ..build.workspace import open_workspace
 from ..errors import AstraError
 from ..spec import Shape
-from .cases import case_seed, production_skips, select_shapes, workspace_dtypes
+from .cases import case_seed, default_bench_shapes, production_skips, select_shapes, workspace_dtypes
 from .guards import GuardedSet
 from .impl import Impl
 from .installed import bitwise_mismatches, resolve_installed
@@ -429,7 +429,7 @@ def bench(
     workspace: Any,
     candidate: Optional[Union[str, Path]] = None,
     *,
-    shapes: Union[str, Sequence[Shape]] = "paper",
+    shapes: Optional[Union[str, Sequence[Shape]]] = None,
     dtypes: Optional[Sequence[str]] = None,
     l2: str = "cold",
     replays: int = DEFAULT_REPLAYS,
@@ -471,7 +471,7 @@ def bench(
     prod_ref = verify_installed(ws) if ws.installed else ""  # no sglang / a broken fact: one error: line
     # production already is the installed callable: no second column of the same
     installed = resolve_installed(spec) if baseline == "installed" and not ws.installed else ""
-    shape_list = select_shapes(spec, shapes)
+    shape_list = select_shapes(spec, default_bench_shapes(spec) if shapes is None else shapes)
     have = workspace_dtypes(spec, ws.manifest)
     if dtypes is None:  # the serving dtypes where the op has them (an integer op has only its own)
         dtypes = [d for d in ("fp16", "bf16") if d in have] or have

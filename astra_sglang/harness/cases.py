@@ -40,6 +40,11 @@ def select_shapes(spec: OpSpec, selector: Union[str, Sequence[Shape]] = "check",
     return order_small_first(dedupe(out))
 
 
+def default_bench_shapes(spec: OpSpec) -> str:
+    """bench without --shapes: the paper's shapes where the op has them (the MoE ops have none), else decode."""
+    return "paper" if any("paper" in sh.tags for sh in spec.corpus) else "decode"
+
+
 def numel(dims: Sequence[int]) -> int:
     n = 1
     for d in dims:

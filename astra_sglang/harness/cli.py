@@ -88,8 +88,9 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
 @click.argument("op")
 @click.option("--candidate", type=click.Path(path_type=Path), help="Candidate .cu (default: production only).")
 @_with(_ws_opts)
-@click.option("--shapes", default="paper", show_default=True,
-              help="paper | corpus | decode | prefill | edge | check | AxB,... (join with +)")
+@click.option("--shapes", default=None,
+              help="paper | corpus | decode | prefill | edge | check | AxB,... (join with +); default: paper, or "
+                   "decode for an op without paper shapes")
 @click.option("--dtype", "dtypes", multiple=True, help="Default: fp16,bf16 (those the workspace has; an op "
               "with neither, e.g. moe_align's int32, its own).")
 @click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
