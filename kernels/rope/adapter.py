@@ -43,7 +43,7 @@ def _rope_normalize(c):
 
 
 # `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
-DEFAULT_OFF = "not yet timed in context (the 2026-11-23 H200 bench refused its rows on a harness drift, since fixed)"
+DEFAULT_OFF = ("no gain in context: decode geomean 1.001x on the H200, most 1-16 token rows 0.70-0.95x (results/2026-11-23-h200/kernels/all_ops/)")
 
 ADAPTER = OpAdapter(
     op="rope",
