@@ -106,7 +106,7 @@ def test_adapter_binds_every_sglang_signature_and_normalizes():
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
     ad = op_part("moe_combine", "adapter")
-    assert ad.DEFAULT_OFF == "not yet measured on a GPU"
+    assert "not yet measured" in ad.DEFAULT_OFF  # off until the decode route is timed
     assert adapter_mismatch(SPEC, ad.ADAPTER) is None
     x, out = torch.randn(3, 8, 64), torch.empty(3, 64)
     for fn in _sglang_signatures():
