@@ -785,3 +785,21 @@ def test_validate_default_dtypes_are_per_op():
     assert by_op == {"silu_and_mul": {"fp16", "bf16"}, "moe_align": {"int32"}}
     with pytest.raises(AstraError, match="moe_align has no dtype fp16"):
         build_cases(["moe_align"], ["fp16"], "decode")
+
+
+def test_merge_state_leaves_the_token_counts_it_loses_in_context_to_sglang():
+    """0.84x in context at 64 and 256 tokens on the H200: those calls stay SGLang's (a fallback with its
+    reason); 1-16 tokens (1.84-1.88x) and prefill sizes are routed."""
+    torch = pytest.importorskip("torch")
+    from astra_sglang.kernels.merge_state.adapter import _merge_normalize
+
+    def call(t):
+        v = torch.zeros(t, 8, 128, dtype=torch.bfloat16)
+        s = torch.zeros(t, 8)
+        return _merge_normalize({"v_a": v, "s_a": s, "v_b": v.clone(), "s_b": s.clone(),
+                                 "v_out": v.clone(), "s_out": s.clone()})
+
+    for t in (64, 256):
+        assert isinstance(call(t), str) and "slower than SGLang's kernel in context" in call(t)
+    for t in (1, 16, 1024):
+        assert not isinstance(call(t), str), t
