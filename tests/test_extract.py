@@ -15,7 +15,6 @@ import pytest
 
 from astra_sglang.build import nvcc as build_mod
 from astra_sglang.build import Arch
-from astra_sglang.cli import main
 from astra_sglang.errors import AstraError
 from astra_sglang.extract import available_variants, discover, extract
 from astra_sglang.extract import extractor as extractor_mod
@@ -23,6 +22,7 @@ from astra_sglang.extract import sources as sources_mod
 from astra_sglang.extract.extractor import validate_dtype
 from astra_sglang.registry import get_op, op_names
 from astra_sglang.build.workspace import Workspace
+from cli_run import one_error, run_cli  # noqa: E402
 
 # Every variant extractable from the wheels alone (merge_state's sgl_kernel needs a checkout).
 WHEEL_VARIANTS: List[Tuple[str, str]] = [
@@ -39,26 +39,6 @@ COLD_BUILD_LIMIT_S = 180.0  # what the test enforces (CI machines vary; the real
 
 def _src_args(ws: Dict[str, Path]) -> List[str]:
     return ["--sglang-src", str(ws["sglang"]), "--flashinfer-src", str(ws["flashinfer"]), "--tvm-ffi-src", str(ws["tvm"])]
-
-
-def _run_cli(args: List[str], capsys) -> Tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _assert_one_error_line(err: str, *needles: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in errors[0], errors[0]
-    return errors[0]
 
 
 def _tree_digest(root: Path) -> Dict[str, str]:
@@ -185,7 +165,7 @@ def test_manifest_records_versions_hashes_and_flags(built, wheel_sources):
 @pytest.mark.wheels
 @pytest.mark.nvcc
 def test_cli_extracts_and_builds_the_default_variant(wheel_sources, tmp_path, capsys):
-    code, out, err = _run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path)]
+    code, out, err = run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path)]
                               + _src_args(wheel_sources), capsys)
     assert code == 0, err
     assert out.strip() == str(tmp_path / "merge_state")
@@ -196,7 +176,7 @@ def test_cli_extracts_and_builds_the_default_variant(wheel_sources, tmp_path, ca
 
 @pytest.mark.wheels
 def test_list_shows_ops_variants_and_sources(wheel_sources, capsys):
-    code, out, err = _run_cli(["extract", "--list"] + _src_args(wheel_sources), capsys)
+    code, out, err = run_cli(["extract", "--list"] + _src_args(wheel_sources), capsys)
     assert code == 0, err
     for op in op_names():
         assert f"\n{op}\n" in f"\n{out}"
@@ -209,10 +189,10 @@ def test_list_shows_ops_variants_and_sources(wheel_sources, capsys):
 
 
 def test_unknown_op_lists_the_known_ones(capsys):
-    code, _, err = _run_cli(["extract", "no_such_op", "--arch", "sm_90"], capsys)
+    code, _, err = run_cli(["extract", "no_such_op", "--arch", "sm_90"], capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1
-    _assert_one_error_line(err, "unknown op 'no_such_op'", *op_names())
+    one_error(err, "unknown op 'no_such_op'", *op_names())
 
 
 def test_unknown_op_via_the_console_script():
@@ -225,17 +205,17 @@ def test_unknown_op_via_the_console_script():
 
 @pytest.mark.parametrize("arch,needle", [("sm_70", "sm_80 or newer"), ("hopper", "unsupported arch"), ("sm_9", "unsupported arch")])
 def test_unsupported_arch(arch, needle, capsys, tmp_path):
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", arch, "--out", str(tmp_path)], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", arch, "--out", str(tmp_path)], capsys)
     assert code != 0
-    _assert_one_error_line(err, needle)
+    one_error(err, needle)
     assert not any(tmp_path.iterdir())
 
 
 def test_no_gpu_and_no_arch_says_pass_arch(monkeypatch, capsys, tmp_path, wheel_sources):
     monkeypatch.setattr(build_mod.shutil, "which", lambda name: None)  # no nvidia-smi
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--out", str(tmp_path)] + _src_args(wheel_sources), capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--out", str(tmp_path)] + _src_args(wheel_sources), capsys)
     assert code == 2
-    _assert_one_error_line(err, "--arch sm_90")
+    one_error(err, "--arch sm_90")
     assert not any(tmp_path.iterdir())
 
 
@@ -253,29 +233,29 @@ def test_unsupported_dtype_is_one_clear_line():
 
 
 def test_unknown_variant_lists_the_known_ones(capsys, tmp_path, wheel_sources):
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--variant", "triton", "--arch", "sm_90", "--out",
+    code, _, err = run_cli(["extract", "silu_and_mul", "--variant", "triton", "--arch", "sm_90", "--out",
                              str(tmp_path)] + _src_args(wheel_sources), capsys)
     assert code != 0
-    _assert_one_error_line(err, "unknown variant 'triton'", "jit", "aot")
+    one_error(err, "unknown variant 'triton'", "jit", "aot")
 
 
 @pytest.mark.parametrize("flag", ["--sglang-src", "--flashinfer-src", "--tvm-ffi-src"])
 def test_source_path_that_does_not_exist(flag, capsys, tmp_path):
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", "sm_90", flag, str(tmp_path / "nope")], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", flag, str(tmp_path / "nope")], capsys)
     assert code != 0
-    line = _assert_one_error_line(err)
+    line = one_error(err)
     assert "nope" in line and ("does not exist" in line or "no tvm/ffi headers" in line)
 
 
 def test_source_dirs_without_sources_say_what_was_expected(capsys, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--sglang-src", str(empty)], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--sglang-src", str(empty)], capsys)
     assert code != 0
-    _assert_one_error_line(err, "neither an SGLang checkout nor an unpacked sglang wheel")
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--flashinfer-src", str(empty)], capsys)
+    one_error(err, "neither an SGLang checkout nor an unpacked sglang wheel")
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--flashinfer-src", str(empty)], capsys)
     assert code != 0
-    _assert_one_error_line(err, "holds no FlashInfer headers")
+    one_error(err, "holds no FlashInfer headers")
 
 
 def _nothing_installed(monkeypatch):
@@ -284,27 +264,27 @@ def _nothing_installed(monkeypatch):
 
 def test_sglang_not_found_says_how_to_install(monkeypatch, capsys, tmp_path, wheel_sources):
     _nothing_installed(monkeypatch)
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--out", str(tmp_path),
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--out", str(tmp_path),
                              "--flashinfer-src", str(wheel_sources["flashinfer"]),
                              "--tvm-ffi-src", str(wheel_sources["tvm"])], capsys)
     assert code != 0
-    _assert_one_error_line(err, "pip install sglang", "--sglang-src")
+    one_error(err, "pip install sglang", "--sglang-src")
 
 
 def test_flashinfer_not_found_says_how_to_install(monkeypatch, capsys, tmp_path, wheel_sources):
     _nothing_installed(monkeypatch)
-    code, _, err = _run_cli(["extract", "fused_add_rmsnorm", "--arch", "sm_90", "--out", str(tmp_path),
+    code, _, err = run_cli(["extract", "fused_add_rmsnorm", "--arch", "sm_90", "--out", str(tmp_path),
                              "--sglang-src", str(wheel_sources["sglang"]),
                              "--tvm-ffi-src", str(wheel_sources["tvm"])], capsys)
     assert code != 0
-    _assert_one_error_line(err, "pip install flashinfer-python", "--flashinfer-src")
+    one_error(err, "pip install flashinfer-python", "--flashinfer-src")
 
 
 def test_sgl_kernel_variant_without_checkout_says_pass_one(capsys, tmp_path, wheel_sources):
-    code, _, err = _run_cli(["extract", "merge_state", "--variant", "sgl_kernel", "--arch", "sm_90", "--out",
+    code, _, err = run_cli(["extract", "merge_state", "--variant", "sgl_kernel", "--arch", "sm_90", "--out",
                              str(tmp_path)] + _src_args(wheel_sources), capsys)
     assert code != 0
-    _assert_one_error_line(err, "git checkout", "--sglang-src")
+    one_error(err, "git checkout", "--sglang-src")
 
 
 def test_nvcc_missing(monkeypatch, capsys, tmp_path, wheel_sources):
@@ -315,39 +295,39 @@ def test_nvcc_missing(monkeypatch, capsys, tmp_path, wheel_sources):
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(build_mod, "FALLBACK_NVCC", ())
     out = tmp_path / "ws"
-    code, _, err = _run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--out", str(out)]
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--out", str(out)]
                             + _src_args(wheel_sources), capsys)
     assert code != 0
-    _assert_one_error_line(err, "nvcc not found", "CUDA_HOME")
+    one_error(err, "nvcc not found", "CUDA_HOME")
     assert not (out / "silu_and_mul").exists()
 
 
 @pytest.mark.wheels
 def test_existing_workspace_is_never_clobbered(monkeypatch, capsys, tmp_path, wheel_sources):
     args = ["extract", "silu_and_mul", "--arch", "sm_90", "--out", str(tmp_path), "--no-build"] + _src_args(wheel_sources)
-    code, _, err = _run_cli(args, capsys)
+    code, _, err = run_cli(args, capsys)
     assert code == 0, err
     ws = tmp_path / "silu_and_mul"
     (ws / "candidates" / "round_1.cu").write_text("// the user's work\n")
     before = _tree_digest(ws)
 
-    code, _, err = _run_cli(args, capsys)  # again, without --force
+    code, _, err = run_cli(args, capsys)  # again, without --force
     assert code != 0
-    _assert_one_error_line(err, "already exists", "--force")
+    one_error(err, "already exists", "--force")
     assert _tree_digest(ws) == before
 
     def boom(*a, **k):
         raise AstraError("launcher exploded")
 
     monkeypatch.setattr(extractor_mod, "render_launcher", boom)
-    code, _, err = _run_cli(args + ["--force"], capsys)  # --force, but extraction fails midway
+    code, _, err = run_cli(args + ["--force"], capsys)  # --force, but extraction fails midway
     assert code != 0
-    _assert_one_error_line(err, "launcher exploded")
+    one_error(err, "launcher exploded")
     assert _tree_digest(ws) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["silu_and_mul"]  # no half-written temp dirs
 
     monkeypatch.undo()
-    code, _, err = _run_cli(args + ["--force", "--variant", "aot"], capsys)
+    code, _, err = run_cli(args + ["--force", "--variant", "aot"], capsys)
     assert code == 0, err
     assert json.loads((ws / "manifest.json").read_text())["variant"] == "aot"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["silu_and_mul"]
@@ -459,7 +439,7 @@ def test_csrc_only_checkout(tmp_path):
 @pytest.mark.nvcc
 def test_sgl_kernel_variant_from_a_checkout_compiles(tmp_path, capsys):
     co = _fake_checkout(tmp_path / "sglang")
-    code, out, err = _run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, out, err = run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                                "--sglang-src", str(co)], capsys)
     assert code == 0, err
     ws = Workspace.open("merge_state", path=tmp_path / "ws" / "merge_state")
@@ -481,8 +461,8 @@ def test_changed_sgl_kernel_source_fails_loudly(tmp_path, capsys):
     cu = co / "sgl-kernel" / "csrc" / "attention" / "merge_attn_states.cu"
     cu.write_text(cu.read_text().replace("prefix_lse[token_idx * num_heads + head_idx]",
                                          "prefix_lse[head_idx * num_tokens + token_idx]"))
-    code, _, err = _run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, _, err = run_cli(["extract", "merge_state", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(co), "--no-build"], capsys)
     assert code != 0
-    _assert_one_error_line(err, "lse layout [num_tokens, num_heads]", "needs a launcher update")
+    one_error(err, "lse layout [num_tokens, num_heads]", "needs a launcher update")
     assert not (tmp_path / "ws" / "merge_state").exists()

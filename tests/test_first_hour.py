@@ -9,45 +9,17 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 
 from astra_sglang import preconditions as pre
-from astra_sglang.cli import main
 from astra_sglang.errors import AstraError
 from astra_sglang.extract import download as dl
 from astra_sglang.extract import extractor as extractor_mod
 from astra_sglang.extract import sources as sources_mod
 
 from conftest import CACHE
-
-
-def _run(args: List[str], capsys) -> Tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _errors(err: str) -> List[str]:
-    """The error lines, asserting stderr ends with them and holds no traceback."""
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    errs = [ln for ln in lines if ln.startswith("error: ")]
-    assert errs and lines[-len(errs):] == errs, err
-    assert "Traceback" not in err
-    return errs
-
-
-def _one_error(err: str, *needles: str) -> str:
-    errs = _errors(err)
-    assert len(errs) == 1, err
-    for n in needles:
-        assert n in errs[0], errs[0]
-    return errs[0]
+from cli_run import error_lines, one_error, run_cli  # noqa: E402
 
 
 @pytest.fixture
@@ -172,18 +144,18 @@ def test_real_checks_answer_on_this_machine():
     (["extract"], ("give an op to extract",)),
 ])
 def test_bad_arguments_are_one_line_before_the_network(args, needles, capsys, no_network, cache, tmp_path):
-    code, out, err = _run(args + ["--out", str(tmp_path / "ws")], capsys)
+    code, out, err = run_cli(args + ["--out", str(tmp_path / "ws")], capsys)
     assert code == 2, err
-    _one_error(err, *needles)
+    one_error(err, *needles)
     assert not (tmp_path / "ws").exists() and not cache.exists()
 
 
 def test_out_that_is_a_file(capsys, tmp_path, no_network):
     f = tmp_path / "ws"
     f.write_text("not a directory\n")
-    code, _, err = _run(["extract", "silu_and_mul", "--arch", "sm_90", "--download", "--out", str(f)], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--download", "--out", str(f)], capsys)
     assert code == 2
-    _one_error(err, "is not a directory")
+    one_error(err, "is not a directory")
     assert f.read_text() == "not a directory\n"
 
 
@@ -191,9 +163,9 @@ def test_existing_workspace_is_refused_before_the_download(capsys, tmp_path, no_
     ws = tmp_path / "silu_and_mul"
     ws.mkdir()
     (ws / "mine.cu").write_text("// the user's\n")
-    code, _, err = _run(["extract", "silu_and_mul", "--arch", "sm_90", "--sglang", "0.5.23", "--out", str(tmp_path)], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_90", "--sglang", "0.5.23", "--out", str(tmp_path)], capsys)
     assert code == 2
-    _one_error(err, "already exists", "--force")
+    one_error(err, "already exists", "--force")
 
 
 def test_every_missing_piece_at_once(monkeypatch, capsys, tmp_path, no_network):
@@ -208,9 +180,9 @@ def test_every_missing_piece_at_once(monkeypatch, capsys, tmp_path, no_network):
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(nvcc_mod, "FALLBACK_NVCC", ())
     out = tmp_path / "ws"
-    code, _, err = _run(["extract", "silu_and_mul", "--out", str(out)], capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--out", str(out)], capsys)
     assert code == 2
-    errs = _errors(err)
+    errs = error_lines(err)
     assert len(errs) == 5, err
     for needle, line in zip(["--arch sm_90", "nvcc not found", "SGLang's JIT kernel sources", "FlashInfer headers",
                              "tvm-ffi headers"], errs):
@@ -226,9 +198,9 @@ def test_every_missing_piece_at_once(monkeypatch, capsys, tmp_path, no_network):
 def test_arch_nvcc_cannot_build_is_refused_up_front(capsys, tmp_path, wheel_sources):
     args = ["--sglang-src", str(wheel_sources["sglang"]), "--flashinfer-src", str(wheel_sources["flashinfer"]),
             "--tvm-ffi-src", str(wheel_sources["tvm"])]
-    code, _, err = _run(["extract", "silu_and_mul", "--arch", "sm_999", "--out", str(tmp_path)] + args, capsys)
+    code, _, err = run_cli(["extract", "silu_and_mul", "--arch", "sm_999", "--out", str(tmp_path)] + args, capsys)
     assert code == 2
-    _one_error(err, "cannot build sm_999", "sm_90")
+    one_error(err, "cannot build sm_999", "sm_90")
     assert not any(tmp_path.iterdir())
 
 
@@ -244,16 +216,16 @@ def test_failed_build_leaves_nothing_and_the_rerun_needs_no_force(monkeypatch, c
         return "#error astra-test: this baseline does not compile\n" + real(*a, **k)
 
     monkeypatch.setattr(extractor_mod, "render_launcher", broken)
-    code, _, err = _run(args, capsys)
+    code, _, err = run_cli(args, capsys)
     assert code == 2
-    line = _one_error(err, "does not compile", "astra-test", "is left as it was")
+    line = one_error(err, "does not compile", "astra-test", "is left as it was")
     log = Path(line.split("nvcc log: ")[1].split(";")[0])
     assert "astra-test" in log.read_text()
     log.unlink()
     assert not (tmp_path / "ws").exists() or not any((tmp_path / "ws").iterdir())  # no workspace, no temp dirs
 
     monkeypatch.undo()
-    code, out, err = _run(args + ["--no-build"], capsys)  # the corrected rerun: no --force needed
+    code, out, err = run_cli(args + ["--no-build"], capsys)  # the corrected rerun: no --force needed
     assert code == 0, err
     assert out.strip() == str(tmp_path / "ws" / "silu_and_mul")
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["silu_and_mul"]
@@ -308,7 +280,7 @@ def test_download_unpacks_the_pinned_wheels_into_the_cache(monkeypatch, capsys, 
     assert dl.listing() == ["0.5.23"]
 
     # --list says where every source came from
-    code, out, err = _run(["extract", "--list", "--sglang", "0.5.23"], capsys)
+    code, out, err = run_cli(["extract", "--list", "--sglang", "0.5.23"], capsys)
     assert code == 0, err
     assert calls == []
     for name, ver in (("sglang_jit", "0.5.23"), ("flashinfer", "0.7.2"), ("tvm_ffi", "0.1.11"), ("dlpack", "0.1.11")):
@@ -339,7 +311,7 @@ def test_a_half_unpacked_release_is_not_taken_for_complete(monkeypatch, cache, w
 def test_extract_from_downloaded_sources_records_them(monkeypatch, capsys, cache, tmp_path, wheel_sources):
     monkeypatch.setattr(dl, "_pip_download", _wheel_from_test_cache)
     _nothing_installed(monkeypatch)  # as on a machine without SGLang
-    code, out, err = _run(["extract", "fused_add_rmsnorm", "--download", "--sglang", "0.5.23", "--arch", "sm_90",
+    code, out, err = run_cli(["extract", "fused_add_rmsnorm", "--download", "--sglang", "0.5.23", "--arch", "sm_90",
                            "--no-build", "--out", str(tmp_path / "ws")], capsys)
     assert code == 0, err
     m = json.loads((tmp_path / "ws" / "fused_add_rmsnorm" / "manifest.json").read_text())
@@ -366,7 +338,7 @@ def test_pip_failure_is_one_line(monkeypatch, tmp_path):
 @pytest.mark.network
 def test_download_from_the_registry(capsys, cache, tmp_path):
     """The real thing: pip fetches sglang 0.5.23's pinned wheels (CI may run it; it needs the registry)."""
-    code, out, err = _run(["extract", "--list", "--sglang", "0.5.23"], capsys)
+    code, out, err = run_cli(["extract", "--list", "--sglang", "0.5.23"], capsys)
     if code != 0 and "pip could not download" in err and not __import__("os").environ.get("CI"):
         pytest.skip(f"no registry: {err.strip()}")
     assert code == 0, err
@@ -401,27 +373,27 @@ def bare_machine(monkeypatch):
 
 def test_e2e_without_sglang_is_named_up_front_and_leaves_no_out_dir(bare_machine, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = _run(["e2e", "--model-path", "llama3-8b", "--ops", "silu_and_mul"], capsys)
+    code, _, err = run_cli(["e2e", "--model-path", "llama3-8b", "--ops", "silu_and_mul"], capsys)
     assert code == 2
-    assert _errors(err)[0] == "error: SGLang is not installed (stand-in)"
+    assert error_lines(err)[0] == "error: SGLang is not installed (stand-in)"
     assert list(tmp_path.iterdir()) == []  # no e2e-out/
 
 
 def test_patch_serve_without_sglang_is_one_line(bare_machine, capsys, tmp_path):
-    code, _, err = _run(["patch", "--serve", "--ops", "none", "--", "--model-path", str(tmp_path)], capsys)
+    code, _, err = run_cli(["patch", "--serve", "--ops", "none", "--", "--model-path", str(tmp_path)], capsys)
     assert code == 2
-    _one_error(err, "SGLang is not installed (stand-in)")
+    one_error(err, "SGLang is not installed (stand-in)")
 
 
 def test_validate_names_every_missing_piece(bare_machine, capsys):
-    code, _, err = _run(["validate", "--ops", "silu_and_mul"], capsys)
+    code, _, err = run_cli(["validate", "--ops", "silu_and_mul"], capsys)
     assert code == 2
-    assert _errors(err) == ["error: SGLang is not installed (stand-in)", "error: no NVIDIA GPU found (stand-in)",
+    assert error_lines(err) == ["error: SGLang is not installed (stand-in)", "error: no NVIDIA GPU found (stand-in)",
                             "error: torch is a CPU-only build (stand-in)"]
 
 
 def test_optimize_names_an_unknown_op_before_the_api_key(capsys, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    code, _, err = _run(["optimize", "no_such_op", "--rounds", "1", "--model", "o4-mini"], capsys)
+    code, _, err = run_cli(["optimize", "no_such_op", "--rounds", "1", "--model", "o4-mini"], capsys)
     assert code == 2
-    _one_error(err, "unknown op 'no_such_op'")
+    one_error(err, "unknown op 'no_such_op'")

@@ -7,32 +7,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 
-from astra_sglang.cli import main
 from astra_sglang.registry import get_op, op_part
+from cli_run import one_error, run_cli  # noqa: E402
 
 SPEC = get_op("moe_combine")
-
-
-def _run_cli(args: List[str], capsys) -> Tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _one_error(err: str, *needles: str) -> None:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], err
-    for n in needles:
-        assert n in errors[0], errors[0]
 
 
 # --------------------------------------------------------------------------- spec
@@ -250,7 +231,7 @@ def _fake_checkout(root: Path, text: str = SYNTHETIC_MSR_CU) -> Path:
 @pytest.mark.nvcc
 def test_sgl_kernel_variant_from_a_checkout_compiles(tmp_path, capsys):
     co = _fake_checkout(tmp_path / "sglang")
-    code, _, err = _run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, _, err = run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(co)], capsys)
     assert code == 0, err
     m = json.loads((tmp_path / "ws" / "moe_combine" / "manifest.json").read_text())
@@ -264,17 +245,17 @@ def test_sgl_kernel_variant_from_a_checkout_compiles(tmp_path, capsys):
 @pytest.mark.nvcc  # extract checks for nvcc before reading sources
 def test_changed_dispatch_fails_loudly(tmp_path, capsys):
     co = _fake_checkout(tmp_path / "sglang", SYNTHETIC_MSR_CU.replace("(token_num > 128)", "(token_num > 128 + x)"))
-    code, _, err = _run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, _, err = run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(co), "--no-build"], capsys)
     assert code != 0
-    _one_error(err, "warp-per-token kernels above WARP_MIN_TOKENS", "needs a launcher update")
+    one_error(err, "warp-per-token kernels above WARP_MIN_TOKENS", "needs a launcher update")
     assert not (tmp_path / "ws" / "moe_combine").exists()
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not os.environ.get("ASTRA_SGL_CHECKOUT"), reason="ASTRA_SGL_CHECKOUT names no sglang checkout")
 def test_sgl_kernel_variant_from_a_real_checkout(tmp_path, capsys):
-    code, _, err = _run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, _, err = run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", os.environ["ASTRA_SGL_CHECKOUT"]], capsys)
     assert code == 0, err
 
@@ -284,7 +265,7 @@ def test_sgl_kernel_variant_from_a_real_checkout(tmp_path, capsys):
 def test_jit_topk_sum_variant_from_both_wheels(tmp_path, capsys, wheel_sources, sglang_0_5_17_source):
     for i, src in enumerate((sglang_0_5_17_source, wheel_sources["sglang"])):
         out = tmp_path / f"ws{i}"
-        code, _, err = _run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(out), "--sglang-src",
+        code, _, err = run_cli(["extract", "moe_combine", "--arch", "sm_90", "--out", str(out), "--sglang-src",
                                  str(src), "--flashinfer-src", str(wheel_sources["flashinfer"]), "--tvm-ffi-src",
                                  str(wheel_sources["tvm"])], capsys)
         assert code == 0, err

@@ -9,40 +9,19 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 import torch
 
-from astra_sglang.cli import main
 from astra_sglang.registry import get_op, op_part
+from cli_run import one_error, run_cli  # noqa: E402
 
 SPEC = get_op("moe_router")
 SPEC_MOD = __import__("astra_sglang.kernels.moe_router.spec", fromlist=["x"])
-
-
-def _run_cli(args: List[str], capsys) -> Tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _one_error(err: str, *needles: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], err
-    for n in needles:
-        assert n in errors[0], errors[0]
-    return errors[0]
 
 
 # A literal re-statement of _router_triton_kernel's softmax path (moe_fused_gate.py, 0.5.17) in torch fp32:
@@ -155,7 +134,7 @@ def _wheel(sglang_0_5_17_source, wheel_sources, which):
 def test_extract_installed_writes_a_manifest_and_no_cuda(which, bias, route, tmp_path, capsys,
                                                           sglang_0_5_17_source, wheel_sources):
     src = _wheel(sglang_0_5_17_source, wheel_sources, which)
-    code, out, err = _run_cli(["extract", "moe_router", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, out, err = run_cli(["extract", "moe_router", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                                "--sglang-src", str(src)], capsys)
     assert code == 0, err
     ws = tmp_path / "ws" / "moe_router"
@@ -188,10 +167,10 @@ def test_extract_installed_fails_on_a_changed_tie_rule(tmp_path, capsys, sglang_
         shutil.copy(Path(sglang_0_5_17_source) / "sglang" / rel, pkg / rel)
     gate = pkg / "kernels/ops/moe/moe_fused_gate.py"
     gate.write_text(gate.read_text().replace("tl.min(lane_id, axis=1)", "tl.max(lane_id, axis=1)"))
-    code, _, err = _run_cli(["extract", "moe_router", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    code, _, err = run_cli(["extract", "moe_router", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(src)], capsys)
     assert code == 2
-    _one_error(err, "moe_fused_gate.py", "lowest expert id")
+    one_error(err, "moe_fused_gate.py", "lowest expert id")
     assert not (tmp_path / "ws" / "moe_router").exists()
 
 
@@ -216,9 +195,9 @@ def test_check_and_bench_say_one_error_without_sglang(cmd, tmp_path, capsys, mon
 
     ws = _installed_ws(tmp_path)
     monkeypatch.setattr(sources, "_pkg_dir", lambda name: None)
-    code, _, err = _run_cli([cmd, "moe_router", "--workspace", str(ws)], capsys)
+    code, _, err = run_cli([cmd, "moe_router", "--workspace", str(ws)], capsys)
     assert code == 2
-    _one_error(err, "sglang is not installed", "sglang.srt.layers.moe.topk:fused_topk")
+    one_error(err, "sglang is not installed", "sglang.srt.layers.moe.topk:fused_topk")
 
 
 @pytest.mark.wheels
@@ -242,9 +221,9 @@ def test_check_re_reads_the_facts_from_the_installed_sglang(tmp_path, capsys, mo
     gate = (Path(sglang_0_5_17_source) / "sglang/kernels/ops/moe/moe_fused_gate.py").read_text()
     (broken / "kernels/ops/moe/moe_fused_gate.py").write_text(gate.replace("activated = exp_row / row_sum", "x"))
     monkeypatch.setattr(sources, "_pkg_dir", lambda name: broken)
-    code, _, err = _run_cli(["check", "moe_router", "--workspace", str(ws.path)], capsys)
+    code, _, err = run_cli(["check", "moe_router", "--workspace", str(ws.path)], capsys)
     assert code == 2
-    _one_error(err, "softmax weights", "the installed sglang")
+    one_error(err, "softmax weights", "the installed sglang")
 
 
 # --------------------------------------------------------------------------- the harness on the installed callable
