@@ -82,3 +82,11 @@ def sglang_0_5_17_source():
         if os.environ.get("CI"):
             raise
         pytest.skip(f"cannot fetch the sglang 0.5.17 wheel: {e}")
+
+
+@pytest.fixture(params=["0.5.17", "0.5.23"])
+def sglang_pkg(request):
+    """The unpacked sglang wheel of each version the adapters must bind: 0.5.17 (served) and 0.5.23 (pinned)."""
+    if request.param == "0.5.23":
+        return Path(request.getfixturevalue("wheel_sources")["sglang"])
+    return Path(request.getfixturevalue("sglang_0_5_17_source"))

@@ -6,7 +6,6 @@ checkout synthesized at test time from that wheel's kernel text); the adapter bi
 signatures. No kernel runs here (no GPU)."""
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from astra_sglang.registry import get_op, op_part
+from sglang_signatures import real_function  # noqa: E402
 
 SPEC_MOD = op_part("moe_align", "spec")
 
@@ -354,33 +354,13 @@ def test_sgl_kernel_ignore_invalid_expert_fact_reads_both_signatures():
 
 
 # ------------------------------------------------------------------------------------------ adapter
-def _real_function(pkg_root: Path, module: str, name: str):
-    path = pkg_root / (module.replace(".", "/") + ".py")
-    if not path.exists():
-        path = pkg_root / module.replace(".", "/") / "__init__.py"
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-    stub = ast.FunctionDef(name=name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
-                           type_params=[])
-    ns = {"torch": torch, "Optional": object}
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), str(path), "exec"), ns)
-    return ns[name]
-
-
-@pytest.fixture(params=["0.5.17", "0.5.23"])
-def sglang_pkg(request):
-    if request.param == "0.5.23":
-        return Path(request.getfixturevalue("wheel_sources")["sglang"])
-    return Path(request.getfixturevalue("sglang_0_5_17_source"))
-
-
 @pytest.mark.parametrize("module", ["sglang.kernels.ops.moe", "sglang.kernels.ops.moe.moe_align"])
 def test_adapter_binds_sglangs_calls(sglang_pkg, module):
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
     spec, ad = get_op("moe_align"), op_part("moe_align", "adapter").ADAPTER
     assert adapter_mismatch(spec, ad) is None
-    b = Binder(_real_function(sglang_pkg, module, "moe_align_block_size"), ad, spec)
+    b = Binder(real_function(sglang_pkg, module, "moe_align_block_size"), ad, spec)
     assert b.ok, b.problem
     ids = torch.randint(0, 128, (4, 8), dtype=torch.int32)
     bufs = (torch.empty(2000, dtype=torch.int32), torch.empty(125, dtype=torch.int32),

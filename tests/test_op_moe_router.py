@@ -7,7 +7,6 @@ installed baseline run by the check harness on the CPU (a stand-in module with f
 as a unit test of the binding), and the shipped kernel's sm_90a build."""
 from __future__ import annotations
 
-import ast
 import json
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import torch
 
 from astra_sglang.registry import get_op, op_part
 from cli_run import one_error, run_cli  # noqa: E402
+from sglang_signatures import real_function  # noqa: E402
 
 SPEC = get_op("moe_router")
 SPEC_MOD = __import__("astra_sglang.kernels.moe_router.spec", fromlist=["x"])
@@ -285,25 +285,9 @@ def test_installed_impl_binding_copies_what_a_call_copies(tmp_path, monkeypatch)
 
 
 # --------------------------------------------------------------------------- adapter / layer / discovery
-def _real_function(pkg_root: Path, module: str, name: str):
-    path = pkg_root / (module.replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-    body = ast.parse("return (torch.full((gating_output.shape[0], topk), 0.5), "
-                     "torch.zeros((gating_output.shape[0], topk), dtype=torch.int32))").body
-    stub = ast.FunctionDef(name=name, args=fn.args, body=body, decorator_list=[], returns=None, type_params=[])
-    ns = {"torch": torch, "Optional": object}
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), str(path), "exec"), ns)
-    return ns[name]
-
-
-@pytest.fixture(params=["0.5.17", "0.5.23"])
-def sglang_pkg(request):
-    if request.param == "0.5.23":
-        return Path(request.getfixturevalue("wheel_sources")["sglang"])
-    return Path(request.getfixturevalue("sglang_0_5_17_source"))
-
-
+# what the stand-in fused_topk returns: SGLang's (weights, ids) shapes and dtypes
+FUSED_TOPK_RETURNS = ("return (torch.full((gating_output.shape[0], topk), 0.5), "
+                      "torch.zeros((gating_output.shape[0], topk), dtype=torch.int32))")
 def test_adapter_binds_fused_topk_as_select_experts_calls_it(sglang_pkg):
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
@@ -311,7 +295,7 @@ def test_adapter_binds_fused_topk_as_select_experts_calls_it(sglang_pkg):
     assert ad.DEFAULT_OFF == "not yet measured on a GPU"
     A = ad.ADAPTER
     assert adapter_mismatch(SPEC, A) is None
-    fn = _real_function(sglang_pkg, "sglang.srt.layers.moe.topk", "fused_topk")
+    fn = real_function(sglang_pkg, "sglang.srt.layers.moe.topk", "fused_topk", body=FUSED_TOPK_RETURNS)
     b = Binder(fn, A, SPEC)
     assert b.ok, b.problem
     x = torch.randn(5, 128, dtype=torch.bfloat16)

@@ -6,7 +6,6 @@ formulations and drive the check harness on CPU; the patch adapters bind SGLang'
 No kernel runs here (no GPU in CI): the GPU records are under results/2026-11-23-h200/kernels/<op>/."""
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from astra_sglang.registry import get_op, op_part, shipped_kernel
+from sglang_signatures import real_function  # noqa: E402
 
 OPS = ("qknorm", "rope", "kv_store", "rope_store")
 # (op, sglang version): the serving version for all three; 0.5.23 where its kernel source differs
@@ -229,19 +229,7 @@ def test_corpus_comes_from_real_configs_and_every_shape_is_supported(op):
 
 
 # ------------------------------------------------------------------------------------------ adapters
-def _real_function(src_root: Path, module: str, name: str):
-    """A stand-in with the exact signature of `module.name` as the wheel's source defines it."""
-    path = src_root.parent / (module.replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-    stub = ast.FunctionDef(name=name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
-                           type_params=[])
-    mod = ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[]))
-    ns = {"torch": torch, "Optional": object, "FusedSetKVBufferArg": object}
-    exec(compile(mod, str(path), "exec"), ns)
-    return ns[name]
-
-
+ANNOTATIONS = {"FusedSetKVBufferArg": object}  # a type the rope signatures name
 @pytest.fixture(params=["0.5.17", "0.5.23"])
 def sglang_src(request):
     return _sglang_src(request.param, request) / "sglang"
@@ -258,7 +246,8 @@ def _binder(op, fn):
 
 
 def test_qknorm_binds_apply_qk_norm_s_call(sglang_src):
-    fn = _real_function(sglang_src, "sglang.kernels.ops.layernorm.norm", "fused_inplace_qknorm")
+    fn = real_function(sglang_src.parent, "sglang.kernels.ops.layernorm.norm",
+                       "fused_inplace_qknorm", names=ANNOTATIONS)
     b, ad = _binder("qknorm", fn)
     qkv = torch.randn(3, (8 + 2 * 2) * 128, dtype=torch.bfloat16)
     q, k = qkv[:, :1024].view(3, -1, 128), qkv[:, 1024:1280].view(3, -1, 128)
@@ -274,7 +263,8 @@ def test_qknorm_binds_apply_qk_norm_s_call(sglang_src):
 
 
 def test_rope_binds_forward_cuda_s_call_and_leaves_the_fused_store_to_sglang(sglang_src):
-    fn = _real_function(sglang_src, "sglang.kernels.ops.attention.rope", "apply_rope_with_cos_sin_cache_inplace")
+    fn = real_function(sglang_src.parent, "sglang.kernels.ops.attention.rope",
+                       "apply_rope_with_cos_sin_cache_inplace", names=ANNOTATIONS)
     b, ad = _binder("rope", fn)
     qkv = torch.randn(2, (4 + 2 * 1) * 128, dtype=torch.float16)
     q = qkv[:, :512].view(2, -1, 128)[..., :64]  # partial rotary: forward_cuda slices [..., :rotary_dim]
@@ -291,7 +281,8 @@ def test_rope_binds_forward_cuda_s_call_and_leaves_the_fused_store_to_sglang(sgl
 
 
 def test_kv_store_binds_set_kv_buffer_s_call(sglang_src):
-    fn = _real_function(sglang_src, "sglang.kernels.ops.kvcache.kvcache", "store_cache")
+    fn = real_function(sglang_src.parent, "sglang.kernels.ops.kvcache.kvcache",
+                       "store_cache", names=ANNOTATIONS)
     b, ad = _binder("kv_store", fn)
     qkv = torch.randn(4, (8 + 2 * 2) * 128, dtype=torch.bfloat16)
     k, v = qkv[:, 1024:1280], qkv[:, 1280:1536]
@@ -309,7 +300,8 @@ def test_kv_store_binds_set_kv_buffer_s_call(sglang_src):
 
 
 def test_rope_store_binds_the_fused_call(sglang_src):
-    fn = _real_function(sglang_src, "sglang.kernels.ops.attention.rope", "apply_rope_inplace_with_kvcache")
+    fn = real_function(sglang_src.parent, "sglang.kernels.ops.attention.rope",
+                       "apply_rope_inplace_with_kvcache", names=ANNOTATIONS)
     b, ad = _binder("rope_store", fn)
     qkv = torch.randn(3, (8 + 2 * 2) * 128, dtype=torch.bfloat16)
     q, k, v = qkv[:, :1024].view(3, -1, 128), qkv[:, 1024:1280].view(3, -1, 128), qkv[:, 1280:]
