@@ -312,3 +312,22 @@ def test_timed_graph_recheck_judges_repeated_in_place_outputs_normwise():
         wrong[n] = set_references(spec, fresh, dims, [k - 1], None)[0][0][n].to(torch.bfloat16)
     f_wrong, _ = judge_sets(spec, "production", [wrong], fresh, refs, "bf16", None, "t", dims=dims, repeats=[k])
     assert f_wrong and "normwise error" in f_wrong[0]
+
+
+def test_calls_seen_names_how_often_the_in_place_op_ran():
+    """The timed-graph re-check's diagnosis: a set left as after 3 calls, where the graph holds 4, reads
+    'closest to 3'; an untouched set reads 'closest to 0'."""
+    import torch
+
+    from astra_sglang.harness.bench import _calls_seen
+    from astra_sglang.harness.graphcheck import fresh_inputs, set_references
+
+    spec = get_op("rope")
+    dims = (4, 2, 1, 128, 128, 256, 128)
+    fresh = fresh_inputs(spec, dims, "bf16", "normal", [11], device="cpu")
+    after3 = dict(fresh[0])
+    for n in ("q", "k"):
+        after3[n] = set_references(spec, fresh, dims, [3], None)[0][0][n].to(torch.bfloat16)
+    assert "closest to 3 application(s)" in _calls_seen(spec, [after3], fresh, dims, 4, None, "candidate")
+    assert "closest to 0 application(s)" in _calls_seen(spec, [dict(fresh[0])], fresh, dims, 4, None, "production")
+    assert _calls_seen(get_op("silu_and_mul"), [{}], [{}], (1, 8), 4, None, "candidate") == ""

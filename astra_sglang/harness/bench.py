@@ -366,20 +366,22 @@ def _calls_seen(spec, sets, fresh, dims, expected: int, prod_attrs, who: str) ->
     """For an in-place op that failed the timed-graph re-check: how many applications of the op the
     first input set's in-place outputs look like (a replay that ran the op more or fewer times than
     the graph holds, or a stale buffer, shows here). '' for other ops."""
-    from .graphcheck import _flat, set_references
+    from .graphcheck import _flat
+    from .inputs import reference_kwargs
     from .numerics import rel_err
+    from .oracle import reference_walk
 
     inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
     if not inout:
         return ""
-    pick = 1 if who == "production" else 0
-    errs = {}
-    for k in range(0, 2 * expected + 2):
-        if k == 0:
-            ref = {n: fresh[0][n] for n in inout}
-        else:
-            ref = set_references(spec, fresh[:1], dims, [k], prod_attrs)[0][pick]
-        errs[k] = max(rel_err(_flat([sets[0][n]]), _flat([ref[n]]))["norm"] for n in inout if n in ref)
+
+    def norm(ref) -> float:
+        return max(rel_err(_flat([sets[0][n]]), _flat([ref[n]]))["norm"] for n in inout if n in ref)
+
+    kw = reference_kwargs(spec, prod_attrs) if who == "production" else {}
+    walk = reference_walk(spec, fresh[0], dims, spec.scalars(tuple(dims)), **kw)  # one chain, k = 1, 2, ...
+    errs = {0: norm({n: fresh[0][n] for n in inout})}
+    errs.update({k: norm(next(walk)) for k in range(1, 2 * expected + 2)})
     best = min(errs, key=errs.get)
     return (f" [set 1 is closest to {best} application(s) of the op (normwise {errs[best]:.3g}); the graph holds "
             f"{expected} per set; 0 applications: {errs[0]:.3g}]")

@@ -2,7 +2,9 @@
 in-place side effect compared with the fp64 reference and with production (numerics.py)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import itertools
+
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..spec import OpSpec
 from .guards import GuardedSet
@@ -105,27 +107,30 @@ def run_case(
     return details, failures + f2, notes + n2
 
 
+def reference_walk(spec: OpSpec, inputs: Dict[str, Any], dims, scalars: Dict[str, Any], **kw: Any) -> Iterator[Dict[str, Any]]:
+    """The op applied again and again to one input set, as a graph that calls it repeatedly does: the fp64
+    result after each call. What feeds the next call is what a correct kernel stored: the in-place outputs
+    rounded to the buffer's dtype (an fp64 chain drifts from any real kernel as the calls add up)."""
+    import torch
+
+    inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
+    cur = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+    while True:
+        r = spec.reference(cur, tuple(dims), scalars, **kw)
+        yield r
+        cur.update({n: r[n].to(inputs[n].dtype).to(torch.float64) for n in inout if n in r})
+
+
 def references(spec: OpSpec, inputs: Dict[str, Any], dims, scalars: Dict[str, Any],
                prod_attrs: Optional[Dict[str, Any]], repeats: int = 1) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """fp64 references for the candidate (the op's semantics) and production (its variant's semantics).
     `repeats` > 1: the op applied that many times in a row (in-place outputs feed the next call), what a
     graph that calls it repeatedly on one input set leaves behind."""
-    import torch
-
-    inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
-    ref_in = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+    inout = any(a.ctype == "ptr" and a.role == "inout" for a in spec.abi)
+    n_rep = max(1, repeats) if inout else 1
     kw = reference_kwargs(spec, prod_attrs)
-    outs = []
-    for k in ([{}, kw] if kw else [{}]):
-        cur = dict(ref_in)
-        n_rep = max(1, repeats) if inout else 1
-        for i in range(n_rep):
-            r = spec.reference(cur, tuple(dims), scalars, **k)
-            # what feeds the next call is what a correct kernel stored: the result rounded to the
-            # buffer's dtype (an fp64 chain drifts from any real kernel as the repeats grow)
-            cur.update({n: (r[n].to(inputs[n].dtype).to(torch.float64) if i + 1 < n_rep else r[n])
-                        for n in inout if n in r})
-        outs.append(r)
+    outs = [next(itertools.islice(reference_walk(spec, inputs, dims, scalars, **k), n_rep - 1, None))
+            for k in ([{}, kw] if kw else [{}])]
     return outs[0], outs[-1]
 
 
