@@ -175,12 +175,13 @@ def format_results(cases: Sequence[Case]) -> str:
 def build_cases(ops: Sequence[str], dtypes: Optional[Sequence[str]], shapes: str) -> List[Case]:
     """Every (op, shape, dtype, distribution) validate runs, in a fixed order (parent and child agree).
     dtypes None: each op's fp16/bf16, or its own dtypes where it has neither (moe_align: int32)."""
+    from astra_sglang.harness.cases import default_dtypes
     from astra_sglang.registry import get_op
 
     cases: List[Case] = []
     for op in ops:
         spec = get_op(op)
-        dts = list(dtypes) if dtypes else ([d for d in ("fp16", "bf16") if d in spec.dtypes] or list(spec.dtypes))
+        dts = list(dtypes) if dtypes else default_dtypes(spec.dtypes)
         bad = [d for d in dts if d not in spec.dtypes]
         if bad:
             raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")

@@ -30,7 +30,8 @@ from ..build.cache import cache_root
 from ..build.workspace import open_workspace
 from ..errors import AstraError
 from ..spec import Shape
-from .cases import case_seed, default_bench_shapes, production_skips, select_shapes, workspace_dtypes
+from .cases import (case_seed, default_bench_shapes, default_dtypes, production_skips, select_shapes,
+                    workspace_dtypes)
 from .guards import GuardedSet
 from .impl import Impl
 from .installed import bitwise_mismatches, resolve_installed
@@ -475,8 +476,8 @@ def bench(
     installed = resolve_installed(spec) if baseline == "installed" and not ws.installed else ""
     shape_list = select_shapes(spec, default_bench_shapes(spec) if shapes is None else shapes)
     have = workspace_dtypes(spec, ws.manifest)
-    if dtypes is None:  # the serving dtypes where the op has them (an integer op has only its own)
-        dtypes = [d for d in ("fp16", "bf16") if d in have] or have
+    if dtypes is None:
+        dtypes = default_dtypes(have)
     dts = [d for d in dtypes if d in have]
     if not dts:
         raise AstraError(f"none of the dtypes {', '.join(dtypes)} is supported by this {op} workspace "

@@ -40,6 +40,12 @@ def select_shapes(spec: OpSpec, selector: Union[str, Sequence[Shape]] = "check",
     return order_small_first(dedupe(out))
 
 
+def default_dtypes(available: Sequence[str]) -> List[str]:
+    """Without a dtype asked for: the serving dtypes fp16/bf16 among those available, else all of them (an
+    integer op such as moe_align has only its own)."""
+    return [d for d in ("fp16", "bf16") if d in available] or list(available)
+
+
 def default_bench_shapes(spec: OpSpec) -> str:
     """bench without --shapes: the paper's shapes where the op has them (the MoE ops have none), else decode."""
     return "paper" if any("paper" in sh.tags for sh in spec.corpus) else "decode"
