@@ -6,7 +6,8 @@
 #                                           default check,decode,prefill)
 #   OPS="merge_state" bash kernels/gpu_run.sh decode      (a subset of the ops, in this order)
 #   VARIANT_merge_state=flashinfer bash kernels/gpu_run.sh (another production variant for one op)
-#   DTYPES=bf16 DEADLINE=480 bash kernels/gpu_run.sh       (dtypes to bench; skip what would start late)
+#   DTYPES=bf16 DEADLINE=480 bash kernels/gpu_run.sh       (dtypes to bench where the op has them; skip what
+#                                                           would start late)
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces
@@ -47,6 +48,12 @@ for op in $ops; do
   [ -f "$(ws_of $op)/manifest.json" ] || { echo "no workspace $(ws_of $op) (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>)"; status=1; }
 done
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
+# the DTYPES the op takes; none of them (moe_align is int32) -> empty: bench takes the op's own defaults
+dtypes_of() { [ -n "${DTYPES:-}" ] || return 0; python3 -c '
+import sys
+from astra_sglang.registry import get_op
+have = get_op(sys.argv[1]).dtypes
+print(",".join(d for d in sys.argv[2].split(",") if d in have))' "$1" "$DTYPES"; }
 for ph in ${phases//,/ }; do
   if [ "$ph" = check ]; then
     t "check: ${ops//$'\n'/ } ($CHECK_JOBS at a time)"
@@ -70,8 +77,9 @@ for ph in ${phases//,/ }; do
     t "$ph $op"
     case $ph in paper) reps=30 ;; *) reps=${REPLAYS:-8} ;; esac
     lim=$(( DEADLINE + 60 - $(el) )); [ $lim -le 540 ] || lim=540   # a late bench still ends near the deadline
+    dt=$(dtypes_of $op)
     timeout $lim $AS bench $op --workspace "$ws" --candidate "kernels/$op/kernel.cu" --shapes $ph --replays $reps \
-      ${DTYPES:+--dtype $DTYPES} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
+      ${dt:+--dtype $dt} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     summary "$ph $op rc=$rc: $(grep -E '^geomean|refused|error' "$R/${ph}_$op.log" | head -2 | tr '\n' ' ' | cut -c1-200)"
   done
