@@ -166,17 +166,23 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "replay so launch latency stays outside the GPU timer (0: none).")
 @click.option("--aa-floor", type=click.Path(path_type=Path, exists=True), help="--step: summary.json (or --out dir) of "
               "an earlier --aa run: its CI half-widths are the noise floor beside each Δ.")
+@click.option("--tp", default=1, show_default=True, help="Tensor parallel size (GPUs 0..TP-1): servers get --tp-size; "
+              "--step workers spawn one process per rank, as SGLang's one-batch benchmark does.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
-            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, worker_module):
+            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, tp, worker_module):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
     from .stats import ab_schedule
 
     stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
+    if tp < 1:
+        raise AstraError("--tp must be >= 1")
+    if tp > 1 and not step:
+        extra = ("--tp-size", str(tp), *extra)
     # the arguments first, then what is missing, then the first write
     if not analyze_path:
         if not model_path:
@@ -233,7 +239,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       port=port, mem_fraction=mem_fraction if mem_fraction != 0.85 else 0.9,
                       prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
                       self_check=self_check, tokenizer_path=tokenizer_path, procs=procs, procs_at_once=procs_at_once,
-                      warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor)
+                      warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor,
+                      tp=tp)
         click.echo(md)
         return
     out_dir = out_dir.resolve()

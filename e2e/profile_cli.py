@@ -12,6 +12,7 @@ check/bench/optimize --shapes FILE), the traces.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -34,7 +35,13 @@ def _speedups(results):
     return SpeedupTable.from_dirs([Path(r) for r in results] or default_results_dirs())
 
 
-def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict, model: str) -> dict:
+def trace_rank(name: str) -> str:
+    """SGLang names each rank's trace `<id>-TP-<r>[-EP-<e>]....trace.json.gz`: -> "TP1" ("server" if none)."""
+    m = re.search(r"TP-(\d+)", name)
+    return f"TP{m.group(1)}" if m else "server"
+
+
+def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict, model: str, tp: int = 1) -> dict:
     from .profile import META
     from .trace import find_traces
 
@@ -54,17 +61,20 @@ def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict,
     traces = []
     while time.monotonic() < end:
         traces = find_traces(tdir)
-        if traces:
+        if len(traces) >= tp:       # one trace per TP rank
             time.sleep(3)   # let the writer finish
+            traces = find_traces(tdir)
             break
         time.sleep(2)
     if not traces:
         raise AstraError(f"no trace in {tdir} after {timeout:.0f}s: did the server run {num_steps} steps, and "
                          "does it share this file system?")
+    if len(traces) < tp:
+        _say(f"only {len(traces)} of {tp} ranks wrote a trace in {timeout:.0f}s")
     caps = [{"stage": "server", "batch_size": 0, "tokens": 0, "steps": num_steps,
-             "trace": str(t.relative_to(out)), "arm": "server"} for t in traces]
+             "trace": str(t.relative_to(out)), "arm": trace_rank(t.name)} for t in traces]
     meta = {"model": model, "url": url, "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-            "config": cfg, "captures": caps}
+            "config": cfg, "captures": caps, "tp": tp}
     (out / META).write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -73,8 +83,8 @@ def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict,
 @click.option("--model-path", help="Model dir (config.json) or a shipped config name (e2e/configs).")
 @click.option("--batch-size", "batch_sizes", default="1,8,32,64", show_default=True)
 @click.option("--input-len", default=256, show_default=True, help="Prompt tokens per request (prefill, KV length).")
-@click.option("--tp", default=1, show_default=True, help="Tensor parallel size (the in-process path runs tp 1; "
-              "profile a TP server with --url).")
+@click.option("--tp", default=1, show_default=True, help="Tensor parallel size: in process, one worker per rank on "
+              "GPUs 0..TP-1 (each rank's captures are arm A-TP<r>); with --url, the server's TP size (one trace per rank).")
 @click.option("--ops", default="none", show_default=True, help="Ops patched in the profiled process (none: SGLang as shipped).")
 @click.option("--steps", default=20, show_default=True, help="Decode steps per capture.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("profile-out"), show_default=True)
@@ -122,14 +132,13 @@ def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url
         if steps < 1:
             raise AstraError("--steps must be >= 1")
         out_dir.mkdir(parents=True, exist_ok=True)
-        _profile_url(url, out_dir, steps, startup_timeout, cfg, model)
+        _profile_url(url, out_dir, steps, startup_timeout, cfg, model, tp)
         pdir = out_dir
     else:
         if not model_path:
             raise AstraError("give --model-path, --url or --analyze")
-        if tp != 1:
-            raise AstraError(f"--tp {tp}: the in-process profile runs one GPU; start a TP server "
-                             f"(--tp {tp}) and profile it with --url")
+        if tp < 1:
+            raise AstraError("--tp must be >= 1")
         from .step import Session, kv_tokens_needed, parse_sizes, profile_arms, worker_server_args
         from .tokenizer import model_dir_with_tokenizer
 
@@ -142,12 +151,14 @@ def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url
         arm = "A" if ops.strip() == "none" else "B"
         arm_ops = "none" if arm == "A" else ("all" if ops.strip() == "all" else [o.strip() for o in ops.split(",")])
         kv = kv_tokens_needed(sizes, input_len, 2, steps)
+        tp_args = ["--tp-size", str(tp)] if tp > 1 else []
         session = Session({arm: (arm, arm_ops)}, mdir, tok, out_dir, python_exe, worker_module,
-                          lambda i: worker_server_args(max(sizes), sizes, kv, 0.85, 30300, False, extra), max(sizes))
+                          lambda i: worker_server_args(max(sizes), sizes, kv, 0.85, 30300, False, [*tp_args, *extra]),
+                          max(sizes), tp=tp)
         try:
             session.wait_ready(startup_timeout)
             profile_arms(session, [arm], sizes, input_len, steps, out_dir,
-                         cfg, {"model": model, "tp": 1, "GPU": session.ready[arm].get("gpu", ""),
+                         cfg, {"model": model, "tp": tp, "GPU": session.ready[arm].get("gpu", ""),
                                "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                                "command": "astra-sglang profile " + " ".join(sys.argv[2:])}, 3600)
         finally:

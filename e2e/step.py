@@ -156,7 +156,7 @@ class Session:
 
     def __init__(self, procs: Dict[str, Tuple[str, object]], model_dir: Path, tokenizer: str, out: Path, python: str,
                  module: str, server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first",
-                 gpu_pad_us: float = 100.0, port_base: int = 0):
+                 gpu_pad_us: float = 100.0, port_base: int = 0, tp: int = 1):
         self.out = out
         self.arm_of = {name: arm for name, (arm, _) in procs.items()}
         self.workers: Dict[str, WorkerProc] = {}
@@ -168,7 +168,7 @@ class Session:
         for i, (name, (arm, ops)) in enumerate(procs.items()):
             spec = {"name": name, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
                     "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(port_base + i),
-                    "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us}
+                    "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us, "tp": tp}
             _say(f"{name} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
             self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log", env, cwd)
 
@@ -200,7 +200,7 @@ def profile_arms(session: Session, procs: Sequence[str], batch_sizes: Sequence[i
         for bs in batch_sizes:
             r = session.workers[name].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
                                             "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
-            caps += r["captures"]
+            caps += r["captures"] + r.get("rank_captures", [])   # tensor parallel: arm "A-TP1" is rank 1's
             _say(f"profiled {name} batch {bs} ({r['seconds']:.1f}s)")
     pm = {**meta, "config": cfg, "captures": caps}
     (pdir / META).write_text(json.dumps(pm, indent=1))
@@ -272,7 +272,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
              startup_timeout: float = 900.0, cmd_timeout: float = 600.0, results_dirs: Sequence[Path] = (),
              self_check: str = "first", tokenizer_path: Optional[str] = None, procs: int = 2,
              procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
-             gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None) -> str:
+             gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1) -> str:
     from . import step_stats as ss
     from .model_configs import resolve_model_path
     from .profile import analyze_dir, write_outputs
@@ -289,6 +289,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         raise AstraError("--warmup-rounds and --skip-steps must be >= 0")
     if skip_steps >= output_len - 1:
         raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
+    if tp < 1:
+        raise AstraError("--tp must be >= 1")
     arms = arms_for(ops, aa, calibrate)
     floors = load_floors(aa_floor)
     src = resolve_model_path(model_path)
@@ -300,11 +302,13 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     cfg = json.loads((src / "config.json").read_text())
     max_bs = max(batch_sizes)
     kv = kv_tokens_needed(batch_sizes, input_len, output_len, profile_steps)
-    sargs = lambda i: worker_server_args(max_bs, batch_sizes, kv, mem_fraction, port + 20 * i, prefill_graph, extra)  # noqa: E731
+    tp_args = ["--tp-size", str(tp)] if tp > 1 else []   # each worker spawns its other ranks (step_worker)
+    sargs = lambda i: worker_server_args(max_bs, batch_sizes, kv, mem_fraction, port + 20 * i, prefill_graph,  # noqa: E731
+                                         [*tp_args, *extra])
     wave_list = ss.waves(procs, procs_at_once or procs)
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
-            "processes per arm": procs, "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
+            "processes per arm": procs, "tensor parallel": tp, "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
             "rounds": rounds, "warm-up rounds (dropped)": warmup_rounds, "steps dropped per run": skip_steps,
             "spin pad before each timed replay (µs)": gpu_pad_us, "server args (first process)": " ".join(sargs(0)),
@@ -319,7 +323,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     for w, idxs in enumerate(wave_list):
         names = {proc_name(a, i): (a, o) for i in idxs for a, o in arms.items()}
         session = Session(names, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check, gpu_pad_us,
-                          port_base=len(names) * w)
+                          port_base=len(names) * w, tp=tp)
         try:
             session.wait_ready(startup_timeout)
             first = next(iter(session.ready.values()))
@@ -335,7 +339,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
                     rec = {"arm": arm, "proc": name, "proc_index": i, "wave": w, "round": grnd, "batch_size": bs,
                            "input_len": input_len, "output_len": output_len, "skip_steps": skip_steps,
                            **{k: r.get(k) for k in ("prefill_s", "gpu_step_s", "decode_wall_s", "decode_steps",
-                                                    "timer", "replays_per_step", "tokens", "decode_s")
+                                                    "timer", "replays_per_step", "tokens", "decode_s",
+                                                    "gpu_step_s_by_rank", "tokens_match_by_rank")
                               if r.get(k) is not None}}
                     records.append(rec)
                     st = ss.run_stats(rec)
@@ -347,7 +352,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
                 # overhead (measured 2026-11-23: ~0.2 ms per host-timed step)
                 prof = [proc_name("A", idxs[0])] + [proc_name(a, idxs[0]) for a in patched_arms]
                 profile_arms(session, prof, batch_sizes, input_len, profile_steps, out / "profile",
-                             cfg, {**meta, "tp": 1}, cmd_timeout)
+                             cfg, {**meta, "tp": tp}, cmd_timeout)
         finally:
             codes.update(session.stop())
     meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())
@@ -358,7 +363,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         for arm in arms:
             d = out / f"counters-{arm}"
             if d.is_dir():
-                counters[arm] = {"totals": totals(d), "shapes": shape_totals(d)}
+                counters[arm] = {"totals": totals(d), "shapes": shape_totals(d), "by_rank": counters_by_rank(d)}
         (out / "counters.json").write_text(json.dumps(counters, indent=1))
     except Exception as e:  # noqa: BLE001 - the timings stand without the counters
         meta["counters"] = f"unreadable: {e}"
@@ -374,6 +379,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     md = ss.report_markdown(summary, meta)
+    if tp > 1:
+        md += rank_report(records, counters)
     if counters:
         md += "\nastra counters (calls from Python incl. capture; graph replays not counted): " + "; ".join(
             f"{arm}: " + ", ".join(f"{op} calls={c.get('calls', 0)} captured={c.get('captured', 0)} "
@@ -386,6 +393,37 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
     (out / "report.md").write_text(md)
     return md
+
+
+def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:
+    """rank ("TP1"; "pid N" where the process named none) -> op -> counts, summed over its processes."""
+    from astra_sglang.patch.counters import read_counters
+
+    out: Dict[str, Dict[str, Dict[str, int]]] = {}
+    for p in read_counters(directory):
+        acc = out.setdefault(p.rank or f"pid {p.pid}", {})
+        for op, c in p.counts.items():
+            a = acc.setdefault(op, {})
+            for k, v in c.items():
+                a[k] = max(a.get(k, 0), v) if k == "disabled" else a.get(k, 0) + v
+    return out
+
+
+def rank_report(records: Sequence[dict], counters: Dict[str, dict]) -> str:
+    """Tensor parallel: did every rank sample the same ids, and does every rank run each op astra runs?"""
+    bad = sorted({f"{r['proc']} bs {r['batch_size']} TP{k}" for r in records
+                  for k, same in (r.get("tokens_match_by_rank") or {}).items() if not same})
+    lines = ["", "### Tensor-parallel ranks", "",
+             "Ids sampled by every rank identical to rank 0's: " + ("yes, in every run" if not bad else
+                                                                     "NO: " + ", ".join(bad)), "",
+             "| arm | rank | op | calls | checks passed | fallbacks | disabled |", "|---|---|---|---:|---:|---:|---:|"]
+    for arm, v in counters.items():
+        for rank, ops in sorted(v.get("by_rank", {}).items()):
+            for op, c in sorted(ops.items()):
+                if any(c.values()):
+                    lines.append(f"| {arm} | {rank} | {op} | {c.get('calls', 0)} | {c.get('checks_passed', 0)} | "
+                                 f"{c.get('fallbacks', 0)} | {c.get('disabled', 0)} |")
+    return "\n".join(lines) + "\n"
 
 
 def default_results_dirs() -> List[Path]:

@@ -3,7 +3,11 @@
     python -m astra_sglang.e2e.step_worker '<json spec>'
 
 The spec: {"name", "model_path", "tokenizer_path", "ops" ("none" or a list), "counter_dir",
-"server_args" [launch_server flags], "gpu_pad_us"}. With ops other than "none" the worker patches itself with
+"server_args" [launch_server flags], "gpu_pad_us", "tp"}. With "tp" > 1 this process is rank 0 on
+GPU 0: it spawns ranks 1..tp-1 (one process per GPU, as the one-batch benchmark does), forwards every
+command to them over a pipe and runs it itself; the collectives of each forward keep the ranks in step.
+Each rank patches itself and writes its own counters, under the process title
+`sglang::astra_step_TP<r>` that names its rank there. With ops other than "none" the worker patches itself with
 `astra_sglang.patch.apply_astra_kernels` BEFORE SGLang loads (the one-batch path loads no
 plugins). It then loads the model exactly as `sglang.benchmark.one_batch` (0.5.17+;
 `sglang.bench_one_batch` before) does: its load_model (ModelRunner, memory pool, attention
@@ -32,7 +36,7 @@ import shutil
 import sys
 import time
 import traceback
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 REPLY = "@@astra-step "
 
@@ -146,8 +150,9 @@ class GpuTimer:
 
 
 class Worker:
-    def __init__(self, spec: dict):
+    def __init__(self, spec: dict, rank: int = 0):
         self.spec = spec
+        self.rank = rank
         ops = spec.get("ops", "none")
         self.patcher = None
         if ops not in ("none", None, []):
@@ -178,15 +183,19 @@ class Worker:
             if hasattr(mod, init):
                 getattr(mod, init)(server_args)
         if hasattr(mod, "configure_logger"):
-            mod.configure_logger(server_args, prefix=" TP0")
+            mod.configure_logger(server_args, prefix=f" TP{rank}")
         t0 = time.monotonic()
-        self.runner, _tok = mod.load_model(server_args, port_args, 0, 0)
+        self.runner, _tok = mod.load_model(server_args, port_args, rank, rank)   # gpu_id = tp_rank
         self.load_s = time.monotonic() - t0
         self.server_args = server_args
         self.timer = GpuTimer(torch, float(spec.get("gpu_pad_us", 100.0)))
         self.timer.install(self.model_runner)
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def gpu_name(self) -> str:
+        return self.torch.cuda.get_device_name(self.rank)
+
     @property
     def model_runner(self):
         return getattr(self.runner, "torch_runner", self.runner)
@@ -285,17 +294,124 @@ class Worker:
         return {"captures": caps + [dec]}
 
 
+    def execute(self, cmd: dict) -> dict:
+        fn = {"run": self.run, "profile": self.profile}[cmd["cmd"]]
+        args = {k: v for k, v in cmd.items() if k != "cmd"}
+        if self.rank and cmd["cmd"] == "profile":
+            args["prefix"] = f"{args.get('prefix', 'A')}-TP{self.rank}"   # its own trace files
+        return fn(**args)
+
+
+# ---------------------------------------------------------------------- tensor parallel ranks
+def _set_title(rank: int) -> None:
+    """Name the rank in the process title, as SGLang's schedulers do (`sglang::scheduler_TP1`): the
+    patch's counters read the rank from there."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"sglang::astra_step_TP{rank}")
+    except ImportError:
+        pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """A rank > 0 must not outlive rank 0 (which the driver may kill): PR_SET_PDEATHSIG."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _rank_main(spec: dict, rank: int, conn) -> None:
+    """Rank `rank` > 0: the same Worker, fed rank 0's commands over `conn`; replies go back on it."""
+    _die_with_parent()
+    _set_title(rank)
+    try:
+        w = Worker(spec, rank)
+    except BaseException as e:  # noqa: BLE001
+        conn.send({"event": "fatal", "rank": rank, "error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc()[-4000:]})
+        os._exit(1)
+    conn.send({"event": "ready", "rank": rank, "load_s": w.load_s})
+    while True:
+        cmd = conn.recv()
+        if cmd.get("cmd") == "quit":
+            break
+        try:
+            conn.send({"event": "done", "rank": rank, **w.execute(cmd)})
+        except Exception as e:  # noqa: BLE001
+            conn.send({"event": "error", "rank": rank, "error": f"{type(e).__name__}: {e}"})
+    os._exit(0)
+
+
+class Ranks:
+    """Ranks 1..tp-1 of a tensor-parallel worker, as child processes on GPUs 1..tp-1."""
+
+    def __init__(self, spec: dict, tp: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")   # no CUDA state is inherited
+        self.conns = []
+        for r in range(1, tp):
+            parent, child = ctx.Pipe()
+            ctx.Process(target=_rank_main, args=(spec, r, child), daemon=True).start()
+            self.conns.append((r, parent))
+
+    def collect(self, timeout: float = 3600.0) -> Dict[int, dict]:
+        out = {}
+        for r, conn in self.conns:
+            if not conn.poll(timeout):
+                raise RuntimeError(f"TP rank {r} sent nothing for {timeout:.0f}s")
+            msg = conn.recv()
+            if msg.get("event") in ("fatal", "error"):
+                raise RuntimeError(f"TP rank {r}: {msg.get('error')}")
+            out[r] = msg
+        return out
+
+    def send(self, cmd: dict) -> None:
+        for _, conn in self.conns:
+            conn.send(cmd)
+
+
+def _rank_summary(cmd: str, out0: dict, replies: Dict[int, dict]) -> dict:
+    """What rank 0's reply carries of the other ranks: their step times, whether they sampled the
+    same ids (every rank samples the full vocabulary after the all-gather), their trace files."""
+    if cmd == "run":
+        return {"gpu_step_s_by_rank": {str(r): m.get("gpu_step_s") for r, m in replies.items()},
+                "tokens_match_by_rank": {str(r): m.get("tokens") == out0.get("tokens") for r, m in replies.items()}}
+    return {"rank_captures": [c for m in replies.values() for c in m.get("captures", [])]}
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    tp = int(spec.get("tp", 1) or 1)
+    ranks = None
     try:
+        if tp > 1:
+            # every rank joins one NCCL group: they must agree on its port
+            spec = {**spec, "server_args": [*spec.get("server_args", []), "--nccl-port", str(_free_port())]}
+            _set_title(0)
+            ranks = Ranks(spec, tp)
         w = Worker(spec)
+        if ranks:
+            ranks.collect(timeout=float(spec.get("rank_timeout", 1800)))
     except BaseException as e:  # noqa: BLE001 - tell the driver, then die
         reply({"event": "fatal", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]})
-        raise SystemExit(1)
-    import torch
-
-    reply({"event": "ready", "load_s": w.load_s, "gpu": torch.cuda.get_device_name(), "timer": w.timer.hook,
-           "pad_cycles": w.timer.pad_cycles,
+        sys.stdout.flush()
+        os._exit(1)
+    reply({"event": "ready", "load_s": w.load_s, "gpu": w.gpu_name, "timer": w.timer.hook,
+           "pad_cycles": w.timer.pad_cycles, "tp": tp,
            "max_total_num_tokens": getattr(w.model_runner, "max_total_num_tokens", None),
            "patched": spec.get("ops", "none")})
     for line in sys.stdin:
@@ -305,11 +421,18 @@ def main() -> None:
         try:
             cmd = json.loads(line)
             if cmd.get("cmd") == "quit":
+                if ranks:
+                    ranks.send(cmd)
                 reply({"event": "bye"})
                 break
-            fn = {"run": w.run, "profile": w.profile}[cmd["cmd"]]
+            if cmd.get("cmd") not in ("run", "profile"):
+                raise KeyError(cmd.get("cmd"))
             t0 = time.monotonic()
-            out = fn(**{k: v for k, v in cmd.items() if k != "cmd"})
+            if ranks:
+                ranks.send(cmd)
+            out = w.execute(cmd)
+            if ranks:
+                out.update(_rank_summary(cmd["cmd"], out, ranks.collect()))
             reply({"event": "done", "cmd": cmd["cmd"], "seconds": time.monotonic() - t0, **out})
         except Exception as e:  # noqa: BLE001 - one failed command is reported, the worker lives on
             reply({"event": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]})

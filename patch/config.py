@@ -33,7 +33,24 @@ ENV_ARCH = "ASTRA_SGLANG_ARCH"
 # Discovery plan (JSON written by the CLI): JIT factories to wrap, sites to expect.
 ENV_PLAN = "ASTRA_SGLANG_PLAN"
 
+# Test flag, for fault drills only: "op[@RANK][,op2[@RANK]]" makes the self-check of each named op
+# fail in the processes of that rank ("TP1"; every process without @RANK) by corrupting the astra
+# kernel's output after it ran, so the whole failure path runs for real: the mismatch is found,
+# SGLang's original serves that call and the op is disabled in that process, loudly.
+ENV_FAULT_DRILL = "ASTRA_SGLANG_FAULT_DRILL"
+
 SELF_CHECK_MODES = ("first", "always", "off")
+
+
+def fault_drill(op: str, rank: Optional[str], environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ENV_FAULT_DRILL asks `op`'s self-check to fail in a process of `rank` ("TP1 EP1")."""
+    text = (environ if environ is not None else os.environ).get(ENV_FAULT_DRILL, "")
+    ranks = (rank or "").split()
+    for item in text.replace(";", ",").split(","):
+        name, _, want = item.strip().partition("@")
+        if name == op and (not want or want.strip() in ranks):
+            return True
+    return False
 
 
 def disabled(environ: Optional[Mapping[str, str]] = None) -> bool:

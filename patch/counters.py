@@ -132,10 +132,18 @@ class CounterFile:
         self._lock = threading.Lock()
         self._open()
 
+    def note_rank(self) -> None:
+        """Rewrite the meta file once this process's rank is known (SGLang titles its scheduler
+        processes after the patch has activated); called from rare paths such as a self-check."""
+        if self.rank is None and process_rank() is not None:
+            with self._lock:
+                self._write_meta()
+
     def _write_meta(self) -> None:
+        self.rank = process_rank()
         meta = {
             "pid": self.pid,
-            "rank": process_rank(),
+            "rank": self.rank,
             "ppid": os.getppid(),
             "argv": sys.argv[:8],
             "started": time.time(),
@@ -172,18 +180,27 @@ class ProcessCounters:
     rank: Optional[str] = None
 
 
+def _title(pid: str = "self") -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def rank_from_title(title: str) -> Optional[str]:
+    """"sglang::scheduler_TP1_EP1" -> "TP1 EP1"; None for a title that names no rank."""
+    m = re.search(r"((?:[TPDE]P\d+[ _]?)+)", title.rsplit("::", 1)[-1]) if "sglang::" in title else None
+    return m.group(1).replace("_", " ").strip() if m else None
+
+
 def process_rank() -> Optional[str]:
     """This process's tensor-parallel rank as SGLang names it ("TP1", "TP0 EP0"), or None.
 
     SGLang titles each scheduler process `sglang::scheduler_TP<r>...` (setproctitle rewrites
     /proc/self/cmdline); torch.distributed's rank is the fallback once it is initialized."""
-    try:
-        title = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        title = ""
-    m = re.search(r"((?:[TPDE]P\d+[ _]?)+)", title.rsplit("::", 1)[-1]) if "sglang::" in title else None
-    if m:
-        return m.group(1).replace("_", " ").strip()
+    rank = rank_from_title(_title())
+    if rank:
+        return rank
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -241,8 +258,10 @@ def read_counters(directory: Optional[Path] = None) -> List[ProcessCounters]:
                 meta = json.loads(meta_p.read_text())
             except (OSError, ValueError):
                 meta = {}
-        procs.append(ProcessCounters(pid, _alive(pid), counts, meta.get("status", {}), meta.get("argv", []),
-                                     meta.get("rank")))
+        alive = _alive(pid)
+        # the patch may activate before SGLang titles the process: a live one's title names its rank now
+        rank = meta.get("rank") or (rank_from_title(_title(str(pid))) if alive else None)
+        procs.append(ProcessCounters(pid, alive, counts, meta.get("status", {}), meta.get("argv", []), rank))
     return procs
 
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 from astra_sglang.errors import AstraError
 
 from .adapters import TORCH_DTYPES, OpAdapter, abi_layout, torch_schema
-from .counters import CounterFile
+from .config import fault_drill
+from .counters import CounterFile, process_rank
 
 log = logging.getLogger("astra_sglang.patch")
 
@@ -328,6 +329,10 @@ class OpState:
             return
         self.counters.bump(self.name, "calls")
         self.counters.record_shape(self.name, dims, dt, False)
+        self.counters.note_rank()
+        if fault_drill(self.name, process_rank()):
+            for n in self.layout.mutated:      # ASTRA_SGLANG_FAULT_DRILL: a wrong kernel, simulated
+                views[n].add_(1)
         got = {n: (views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
                    else views[n]) for n in self.layout.mutated}
         sdims = (len(idx),) + tuple(dims[1:]) if idx is not None else tuple(dims)
@@ -354,7 +359,8 @@ class OpState:
             return
         self.disabled = reason
         self.counters.set_status(self.name, state="disabled", reason=reason)
-        msg = (f"astra-sglang: PATCH DISABLED for {self.name} in pid {_pid()}: {reason}. "
+        rank = process_rank()
+        msg = (f"astra-sglang: PATCH DISABLED for {self.name} in pid {_pid()}{f' ({rank})' if rank else ''}: {reason}. "
                f"SGLang's original kernel serves {self.name} from now on.")
         if log.hasHandlers():
             log.error(msg)

@@ -349,6 +349,41 @@ print(json.dumps(dict(ok=ok, counters=counters({str(tmp_path)!r}), status=st)))
     assert "PATCH DISABLED for fused_add_rmsnorm" in proc.stderr
 
 
+@pytest.mark.parametrize("drill,title,disabled", [
+    ("fused_add_rmsnorm@TP1", "sglang::scheduler_TP1", True),      # the named rank: its self-check fails
+    ("fused_add_rmsnorm@TP1", "sglang::scheduler_TP0", False),     # another rank: untouched
+    ("silu_and_mul", "sglang::scheduler_TP1", False),              # another op
+])
+def test_fault_drill_fails_one_ranks_self_check(sglang_root, tmp_path, drill, title, disabled):
+    """ASTRA_SGLANG_FAULT_DRILL: a correct kernel's output is corrupted after it ran, in the named rank
+    only; the real failure path follows (mismatch, original's result served, op disabled, loudly)."""
+    res, proc = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import astra_sglang.patch.counters
+CNT = sys.modules["astra_sglang.patch.counters"]         # (the package exports a counters() function too)
+CNT._title = lambda pid="self": {title!r}                      # as SGLang titles a scheduler process
+import sglang.srt.layers.layernorm as L
+L.is_batch_invariant_mode_enabled = lambda: False
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(), counter_dir={str(tmp_path)!r},
+                    propagate=False)
+g = torch.Generator().manual_seed(1)
+n = L.RMSNorm(64)
+h, r = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g)
+o = n.forward_cuda(h.clone(), r.clone())
+s = h + r
+ok = torch.allclose(o[1], s) and torch.allclose(o[0], s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-4)
+p = CNT.read_counters({str(tmp_path)!r})[0]
+print(json.dumps(dict(ok=bool(ok), counters=counters({str(tmp_path)!r}), status=p.status["fused_add_rmsnorm"], rank=p.rank)))
+""", env={"ASTRA_SGLANG_FAULT_DRILL": drill})
+    c = res["counters"]["fused_add_rmsnorm"]
+    assert res["ok"], "the drill must never serve a wrong result"
+    assert res["rank"] == title.split("_")[-1]
+    assert c["disabled"] == int(disabled) and c["checks_failed"] == int(disabled)
+    assert c["checks_passed"] == int(not disabled)
+    if disabled:
+        assert res["status"]["state"] == "disabled" and "self-check mismatch" in res["status"]["reason"]
+        assert f"PATCH DISABLED for fused_add_rmsnorm in pid" in proc.stderr and "(TP1)" in proc.stderr
+
+
 def test_jit_silu_extra_arguments_fall_back(sglang_root, tmp_path):
     """The JIT silu_and_mul's MoE arguments, strided views and other dtypes are not the op's
     contract: SGLang's original gets those calls (on CPU it then raises, which shows it ran)."""

@@ -283,7 +283,7 @@ def test_profile_cli_analyze_and_errors(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "o" / "profile.md").is_file() and "fused_add_rmsnorm" in r.stdout
     for args, msg in ((["--model-path", "nope-model"], "no such directory or shipped config"),
-                      (["--model-path", "llama3-8b", "--tp", "2"], "--tp 2"),
+                      (["--model-path", "llama3-8b", "--tp", "0"], "--tp must be >= 1"),
                       (["--model-path", "llama3-8b", "--batch-size", "1,x"], "--batch-size"),
                       (["--analyze", str(tmp_path)], "no profile-meta.json"),
                       (["--from-counters", str(tmp_path)], "no shape telemetry"),
