@@ -39,7 +39,7 @@ for ph in "$@"; do
         tar -C "$RUNS" --exclude="drill/*/run" -czf "$RES/tp-drill.tar.gz" drill 2>/dev/null ;;
     validate)
         # Llama-3-70B at TP 2: norms over hidden 8192 (not sharded), SiLU over 28672 / 2 = 14336 per rank
-        (cd "$RUNS" && timeout 240 python3 -m astra_sglang.cli validate --ops silu_and_mul,fused_add_rmsnorm,rmsnorm \
+        (cd "$RUNS" && timeout "${VALIDATE_S:-240}" python3 -m astra_sglang.cli validate --ops silu_and_mul,fused_add_rmsnorm,rmsnorm \
             --dtypes bf16 --shapes "${VALIDATE_SHAPES:-1x8192,8x8192,64x8192,1x14336,8x14336,64x14336}" 2>&1) \
             | tee "$RES/validate-tp.log" | tail -30 || status=1 ;;
     *) echo "unknown phase $ph (install, step, drill, validate)"; status=2 ;;
