@@ -235,10 +235,23 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
         return ad.returns(canon)
 
     functools.update_wrapper(replacement, orig)
+    resolve_signature(replacement, orig)
     replacement.__astra_original__ = orig  # type: ignore[attr-defined]
     replacement.__astra_op__ = st.name  # type: ignore[attr-defined]
     replacement.__astra_target__ = target  # type: ignore[attr-defined]
     return replacement
+
+
+def resolve_signature(wrapper: Callable, orig: Callable) -> None:
+    """update_wrapper leads inspect to `orig`'s signature, whose annotations are strings where its module
+    has `from __future__ import annotations`; torch.library.infer_schema evaluates them in the
+    *wrapper's* globals (SGLang 0.5.17 registers the patched fused_inplace_qknorm as a custom op at
+    import: NameError 'torch', the server died). The wrapper gets the signature with its annotations
+    evaluated where `orig` was defined."""
+    try:
+        wrapper.__signature__ = inspect.signature(orig, eval_str=True)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: keep what update_wrapper gave
+        pass
 
 
 # ---------------------------------------------------------------------- JIT factories

@@ -141,3 +141,27 @@ def test_e2e_tp_must_be_positive(tmp_path, args):
     p = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "e2e", "--model-path", "llama3-8b", *args,
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60, cwd="/")
     assert p.returncode != 0 and "--tp must be >= 1" in p.stderr and not (tmp_path / "o").exists()
+
+
+def test_patched_function_keeps_a_signature_torch_can_register(tmp_path, monkeypatch):
+    """SGLang 0.5.17 registers models/utils.fused_inplace_qknorm as a torch custom op at import; its
+    module has string annotations; a patched replacement must still give infer_schema real types."""
+    import functools
+
+    import torch
+
+    from astra_sglang.patch.apply import resolve_signature
+
+    (tmp_path / "sgl_like.py").write_text("from __future__ import annotations\nimport torch\n\n"
+                                          "def qknorm(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, *, "
+                                          "head_dim: int = 0) -> None:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import sgl_like
+
+    ns: dict = {}
+    exec("def replacement(*args, **kwargs):\n    return None\n", ns)     # globals without torch, like patch/apply
+    wrapper = functools.update_wrapper(ns["replacement"], sgl_like.qknorm)
+    with pytest.raises(ValueError, match="Unsupported type annotation"):
+        torch.library.infer_schema(wrapper, mutates_args=["q", "k"])
+    resolve_signature(wrapper, sgl_like.qknorm)
+    assert torch.library.infer_schema(wrapper, mutates_args=["q", "k"]).startswith("(Tensor(a0!) q, Tensor(a1!) k")
