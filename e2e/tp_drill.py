@@ -212,8 +212,10 @@ def judge(results: Dict[str, dict], tp: int, drill_op: str, drill_rank: str) -> 
         p += [f"request failed: {e}" for e in r.get("request_errors", [])]
         if "tokens" in r and not r.get("alive_after", False):
             p.append("the server died during the run")
-        if arm != "A" and "A" in results and "tokens" in results["A"] and "tokens" in r:
-            p += parity(results["A"]["tokens"], r["tokens"])
+        # greedy parity against the unpatched arm; without one (--arms B,C), the drill against plain patched
+        ref = "A" if "A" in results else ("B" if arm == "C" else None)
+        if ref and arm != ref and "tokens" in results[ref] and "tokens" in r:
+            p += parity(results[ref]["tokens"], r["tokens"])
         if arm == "B" and "ranks" in r:
             p += check_every_rank(r["ranks"], tp)
         if arm == "C" and "ranks" in r:

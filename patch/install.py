@@ -69,7 +69,10 @@ def install(module: types.ModuleType, name: str, original: Any, replacement: Any
         registry.apply_hooks()
         if getattr(module, name, None) is not original:
             inst.bound, inst.via = getattr(module, name), VIA_SGLANG
-            inst.bound.__dict__.update({k: v for k, v in vars(replacement).items() if k.startswith("__astra_")})
+            # SGLang's REPLACE wrapper is functools.wraps(original) in a module without torch: our resolved
+            # signature must travel, or torch.library.infer_schema fails on it (see apply.resolve_signature)
+            inst.bound.__dict__.update({k: v for k, v in vars(replacement).items()
+                                        if k.startswith("__astra_") or k == "__signature__"})
         else:  # SGLang could not apply it (and logged why): do it ourselves
             _withdraw(inst)
     if inst.via == VIA_ASTRA:
