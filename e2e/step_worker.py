@@ -149,6 +149,15 @@ class GpuTimer:
         return sum(s.elapsed_time(e) for s, e in evs) / 1e3
 
 
+def ops_to_patch(ops) -> List[str]:
+    """"all" means what `patch --serve --ops all` patches: every patchable op except those whose adapter
+    keeps them off by default (DEFAULT_OFF: slower in context, or not yet measured there)."""
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.config import default_ops
+
+    return default_ops(patchable_ops()) if ops == "all" else list(ops)
+
+
 class Worker:
     def __init__(self, spec: dict, rank: int = 0):
         self.spec = spec
@@ -158,7 +167,7 @@ class Worker:
         if ops not in ("none", None, []):
             from astra_sglang.patch import apply_astra_kernels
 
-            self.patcher = apply_astra_kernels(ops=None if ops == "all" else list(ops),
+            self.patcher = apply_astra_kernels(ops=ops_to_patch(ops),
                                                self_check=spec.get("self_check", "first"),
                                                counter_dir=spec.get("counter_dir"))
         import argparse

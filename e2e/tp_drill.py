@@ -102,7 +102,9 @@ def parity(ref: List[List[int]], got: List[List[int]]) -> List[str]:
 
 
 def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, prompts, w: Workload, env: dict,
-            startup_timeout: float, profile_steps: int = 0) -> dict:
+            startup_timeout: float, profile_steps: int = 0, into: Optional[Dict[str, dict]] = None) -> dict:
+    """One server's run; `into[arm]` holds what is known so far (a run cut off while the server stops
+    keeps its tokens and counters)."""
     cdir = out / f"counters-{arm}"
     cdir.mkdir(parents=True, exist_ok=True)
     args = server_args(model, "dummy", port, 16384, 0.85, 8, ["--tp-size", str(tp), "--disable-piecewise-cuda-graph"])
@@ -110,6 +112,8 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
     _say(f"arm {arm}: {' '.join(cmd)}")
     s = Server(arm, cmd, port, out / f"server-{arm}.log", env, cdir)
     res: dict = {"arm": arm, "ops": ops, "drill": env.get("ASTRA_SGLANG_FAULT_DRILL", "")}
+    if into is not None:
+        into[arm] = res
     try:
         try:
             wait_ready("127.0.0.1", port, startup_timeout, s.alive)
@@ -148,8 +152,8 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
         res["alive_after"] = s.alive()
         res["ranks"] = read_ranks(cdir)      # while alive: the process titles name the ranks
     finally:
+        (out / f"counters-{arm}.json").write_text(json.dumps(res.get("ranks", {}), indent=1))
         res["exit_code"] = s.stop()
-    (out / f"counters-{arm}.json").write_text(json.dumps(res.get("ranks", {}), indent=1))
     return res
 
 
@@ -191,15 +195,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             "workload": w.describe()}
     results: Dict[str, dict] = {}
     checks: Dict[str, List[str]] = {}
-    for i, arm in enumerate(x.strip() for x in a.arms.split(",")):
-        ops, env = arms[arm]
-        results[arm] = run_arm(arm, ops, model, a.tp, a.port + 10 * i, out, prompts, w, {**base_env, **env},
-                               a.startup_timeout, a.profile_steps if arm == "B" else 0)
+    def save() -> Dict[str, List[str]]:
         checks = judge(results, a.tp, a.drill_op, drill_rank)
-        # after every arm: a run cut off later keeps what it had
         (out / "results.json").write_text(json.dumps({"meta": meta, "arms": results, "checks": checks}, indent=1,
                                                      default=str))
         (out / "report.md").write_text(report(meta, results, checks, a.drill_op, drill_rank))
+        return checks
+
+    try:
+        for i, arm in enumerate(x.strip() for x in a.arms.split(",")):
+            ops, env = arms[arm]
+            run_arm(arm, ops, model, a.tp, a.port + 10 * i, out, prompts, w, {**base_env, **env},
+                    a.startup_timeout, a.profile_steps if arm == "B" else 0, into=results)
+            checks = save()           # after every arm: a run cut off later keeps what it had
+    except KeyboardInterrupt:
+        meta["interrupted"] = "yes (time limit): the arms below are what had run"
+        checks = save()
     print((out / "report.md").read_text())
     return 0 if results and not any(checks.values()) else 1
 

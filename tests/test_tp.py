@@ -165,3 +165,16 @@ def test_patched_function_keeps_a_signature_torch_can_register(tmp_path, monkeyp
         torch.library.infer_schema(wrapper, mutates_args=["q", "k"])
     resolve_signature(wrapper, sgl_like.qknorm)
     assert torch.library.infer_schema(wrapper, mutates_args=["q", "k"]).startswith("(Tensor(a0!) q, Tensor(a1!) k")
+
+
+def test_step_worker_all_means_the_default_ops_like_the_server():
+    """The one-batch path patched every op for "all", DEFAULT_OFF ones too (rope ran in the H200
+    step A/B of 2026-11-23): "all" must mean what `patch --serve --ops all` patches."""
+    from astra_sglang.e2e.step_worker import ops_to_patch
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.registry import op_part
+
+    all_ops = ops_to_patch("all")
+    off = [o for o in patchable_ops() if getattr(op_part(o, "adapter"), "DEFAULT_OFF", "")]
+    assert off and not set(off) & set(all_ops) and "fused_add_rmsnorm" in all_ops
+    assert ops_to_patch(["rope"]) == ["rope"]
