@@ -54,6 +54,8 @@ KNOWN: Tuple[Rule, ...] = (
     Rule("merge_state", "op", r"merge_?state"),
     Rule("attention", "attention", r"_fwd_kernel|_fwd_grouped_kernel|decode_att|extend_att|flash_?fwd|flash::|"
                                    r"flashattn|BatchPrefill|BatchDecode|attention|fmha|mha_fwd|sdpa|paged_att"),
+    # tensor parallel: a rank's all-reduce waits for the slowest rank, so its time is skew, not work
+    Rule("tp communication", "communication", r"all_?reduce|all_?gather|reduce_?scatter|nccl|cross_device_reduce"),
     Rule("gemm", "gemm", r"nvjet|gemm|xmma|cutlass|splitk|cublas|matmul|sm90_|Kernel2\b|gemv"),
     Rule("embedding", "other", r"indexselect|index_select|embedding"),
     Rule("sampling/logits", "other", r"argmax|softmax|sampl|topk|sort|cumsum|reduce_kernel"),

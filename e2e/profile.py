@@ -218,12 +218,13 @@ PDL_NOTE = ("Times are exclusive: with programmatic dependent launch a kernel ca
 
 
 def summary_table(analysis: dict) -> str:
-    lines = ["| stage | batch | kernel µs/step | GEMM | attention | small ops | covered | predicted gain |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| stage | batch | kernel µs/step | GEMM | attention | TP communication | small ops | covered | "
+             "predicted gain |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in analysis["captures"]:
         cat = c["categories"]
         lines.append(f"| {c['stage']} ({c['arm']}) | {c['batch_size']} | {c['kernel_us_per_step']:.0f} | "
                      f"{_pct(cat.get('gemm', {}).get('share', 0))} | {_pct(cat.get('attention', {}).get('share', 0))} | "
+                     f"{_pct(cat.get('communication', {}).get('share', 0))} | "
                      f"{_pct(c['small_op_share'])} | {_pct(c['covered_share'])} | {_pct(c['predicted_gain'])} |")
     return "\n".join(lines) + "\n"
 
@@ -246,7 +247,7 @@ def plot(analysis: dict, path: str, stage: str = "decode", top_ops: int = 8) -> 
             if r["category"] == "op":
                 small[r["op"]] += r["share"]
     named = [op for op, _ in sorted(small.items(), key=lambda kv: -kv[1])[:top_ops]]
-    segs = ["gemm", "attention"] + named + ["other small ops", "other"]
+    segs = ["gemm", "attention", "communication"] + named + ["other small ops", "other"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     labels = [f"{c['batch_size']} ({c['arm']})" if len({x['arm'] for x in caps}) > 1 else str(c["batch_size"])
               for c in caps]
@@ -256,7 +257,7 @@ def plot(analysis: dict, path: str, stage: str = "decode", top_ops: int = 8) -> 
         for i, seg in enumerate(segs):
             vals = []
             for c in caps:
-                if seg in ("gemm", "attention", "other"):
+                if seg in ("gemm", "attention", "communication", "other"):
                     v = sum(r[key] for r in c["ops"] if r["category"] == seg)
                 elif seg == "other small ops":
                     v = sum(r[key] for r in c["ops"] if r["category"] == "op" and r["op"] not in named)

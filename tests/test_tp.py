@@ -178,3 +178,14 @@ def test_step_worker_all_means_the_default_ops_like_the_server():
     off = [o for o in patchable_ops() if getattr(op_part(o, "adapter"), "DEFAULT_OFF", "")]
     assert off and not set(off) & set(all_ops) and "fused_add_rmsnorm" in all_ops
     assert ops_to_patch(["rope"]) == ["rope"]
+
+
+def test_tp_collectives_are_communication_not_sampling():
+    """A rank's all-reduce waits for the slowest rank (20 ms per step on TP0 of the H200 drill): it was
+    counted as sampling/logits."""
+    from astra_sglang.e2e.attribution import classify
+
+    for name in ("::all_reduce_kernel", "ncclDevKernel_AllGather_RING_LL", "cross_device_reduce_1stage<bf16>"):
+        assert classify(name).category == "communication", name
+    assert classify("void at::native::reduce_kernel<512, 1>(argmax)").op == "sampling/logits"
+    assert classify("moe_sum_reduce_kernel").op == "moe_combine"
