@@ -397,15 +397,11 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:
     """rank ("TP1"; "pid N" where the process named none) -> op -> counts, summed over its processes."""
-    from astra_sglang.patch.counters import read_counters
+    from astra_sglang.patch.counters import add_counts, read_counters
 
     out: Dict[str, Dict[str, Dict[str, int]]] = {}
     for p in read_counters(directory):
-        acc = out.setdefault(p.rank or f"pid {p.pid}", {})
-        for op, c in p.counts.items():
-            a = acc.setdefault(op, {})
-            for k, v in c.items():
-                a[k] = max(a.get(k, 0), v) if k == "disabled" else a.get(k, 0) + v
+        add_counts(out.setdefault(p.rank or f"pid {p.pid}", {}), p.counts)
     return out
 
 

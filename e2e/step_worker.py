@@ -302,7 +302,6 @@ class Worker:
         self.runner.cleanup(batch)
         return {"captures": caps + [dec]}
 
-
     def execute(self, cmd: dict) -> dict:
         fn = {"run": self.run, "profile": self.profile}[cmd["cmd"]]
         args = {k: v for k, v in cmd.items() if k != "cmd"}

@@ -36,7 +36,7 @@ def _say(msg: str) -> None:
 
 def read_ranks(counter_dir: Path) -> Dict[str, dict]:
     """rank -> {"pids": [...], "ops": {op: counts}, "status": {op: status}} of the processes that ran an op."""
-    from astra_sglang.patch.counters import read_counters
+    from astra_sglang.patch.counters import add_counts, read_counters
 
     out: Dict[str, dict] = {}
     for p in read_counters(counter_dir):
@@ -44,10 +44,7 @@ def read_ranks(counter_dir: Path) -> Dict[str, dict]:
             continue            # a process that only imported the patch (tokenizer, detokenizer)
         r = out.setdefault(p.rank or f"pid {p.pid}", {"pids": [], "ops": {}, "status": {}})
         r["pids"].append(p.pid)
-        for op, c in p.counts.items():
-            acc = r["ops"].setdefault(op, {})
-            for k, v in c.items():
-                acc[k] = acc.get(k, 0) + v
+        add_counts(r["ops"], p.counts)
         for op, st in p.status.items():
             if st:
                 r["status"][op] = st

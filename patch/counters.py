@@ -313,15 +313,21 @@ def shapes_corpus(directory: Optional[Path] = None, source: str = "patch counter
     return {"format": "astra-shapes/1", "source": source, "ops": ops}
 
 
+def add_counts(acc: Dict[str, Dict[str, int]], counts: Dict[str, Dict[str, int]]) -> Dict[str, Dict[str, int]]:
+    """Add one process's per-op counts into `acc` (op -> field -> value); returns acc."""
+    for op, c in counts.items():
+        a = acc.setdefault(op, {f: 0 for f in FIELDS})
+        for k, v in c.items():
+            # "disabled" is a flag: disabled in any process counts once
+            a[k] = max(a.get(k, 0), v) if k == "disabled" else a.get(k, 0) + v
+    return acc
+
+
 def totals(directory: Optional[Path] = None) -> Dict[str, Dict[str, int]]:
     """Counters summed over every process in `directory`, per op."""
     out: Dict[str, Dict[str, int]] = {}
     for p in read_counters(directory):
-        for op, c in p.counts.items():
-            acc = out.setdefault(op, {f: 0 for f in FIELDS})
-            for k, v in c.items():
-                # "disabled" is a flag: disabled in any process counts once
-                acc[k] = max(acc.get(k, 0), v) if k == "disabled" else acc.get(k, 0) + v
+        add_counts(out, p.counts)
     return out
 
 
