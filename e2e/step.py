@@ -391,8 +391,22 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\n![decode-step Δ](step.png)\n"
     if analysis:
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
+        md += consumer_report(out / "profile")
     (out / "report.md").write_text(md)
     return md
+
+
+def consumer_report(pdir: Path) -> str:
+    """The kernel after each patched op in arm A's and the patched arms' decode traces (e2e/neighbours.py);
+    also written to PDIR/neighbours.json."""
+    from .neighbours import compare_dir, report
+
+    try:
+        res = compare_dir(pdir)
+    except (OSError, ValueError, KeyError) as e:
+        return f"\nConsumer effects: not computed ({type(e).__name__}: {e})\n"
+    (pdir / "neighbours.json").write_text(json.dumps(res, indent=1))
+    return report(res)
 
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:

@@ -1,0 +1,138 @@
+"""What a patched op does to the kernel after it, in SGLang's real decode graph: arm A vs arm B.
+
+A kernel that is faster alone can still lose in serving if the kernel after it runs slower. This was
+measured on 2× H200 with Llama-3-70B layers at TP 2, batch 1: astra's fused_add_rmsnorm saved 0.6 µs
+per call, and the cuBLAS GEMM after it took 5.4 µs longer. Bench's in-context timing, with its own
+small consumer GEMM, did not show this.
+
+For every covered op, this module pairs each of its kernels with the next kernel on the same stream,
+in arm A's and arm B's decode traces. It then compares, per pair:
+  - the op's own duration;
+  - the next kernel's duration;
+  - the span from the op's start to the next kernel's end (the op plus its consumer, overlap and gap
+    included): the op's effect on what follows.
+Δ µs/step is the change of that span, times the calls per step.
+
+    python -m astra_sglang.e2e.neighbours PROFILE_DIR [--base A]   # a step or profile capture dir
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from .attribution import classify
+from .trace import KernelEvent, load_trace
+
+Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
+
+
+def pairs(kernels: Sequence[KernelEvent]) -> Dict[Tuple[str, str], List[Pair]]:
+    """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream."""
+    by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
+    for k in kernels:
+        if k.kind == "kernel":
+            by_stream[k.stream].append(k)
+    out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
+    for ks in by_stream.values():
+        ks.sort(key=lambda k: k.ts)
+        for p, n in zip(ks, ks[1:]):
+            m = classify(p.name)
+            if m.covered:
+                out[(m.op, classify(n.name).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
+    return out
+
+
+def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int) -> List[dict]:
+    """One row per (op, next op) seen in both arms, largest |Δ span per step| first."""
+    pa, pb = pairs(a), pairs(b)
+    rows = []
+    for key in sorted(set(pa) & set(pb)):
+        xa, xb = pa[key], pb[key]
+        mean = lambda xs, i: statistics.fmean(x[i] for x in xs)  # noqa: E731
+        per_step = len(xa) / max(steps, 1)
+        row = {"op": key[0], "next": key[1], "calls_per_step": per_step,
+               "op_us": (mean(xa, 0), mean(xb, 0)), "next_us": (mean(xa, 1), mean(xb, 1)),
+               "span_us": (mean(xa, 2), mean(xb, 2))}
+        row["op_delta_step_us"] = (row["op_us"][1] - row["op_us"][0]) * per_step
+        row["next_delta_step_us"] = (row["next_us"][1] - row["next_us"][0]) * per_step
+        row["span_delta_step_us"] = (row["span_us"][1] - row["span_us"][0]) * per_step
+        rows.append(row)
+    return sorted(rows, key=lambda r: -abs(r["span_delta_step_us"]))
+
+
+def table(rows: Sequence[dict]) -> str:
+    lines = ["| op → next kernel | calls/step | op µs A → B | next µs A → B | span µs A → B | "
+             "Δ op µs/step | Δ next µs/step | Δ span µs/step |", "|---|---:|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['op']} → {r['next']} | {r['calls_per_step']:.0f} | "
+                     f"{r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | {r['next_us'][0]:.2f} → {r['next_us'][1]:.2f} | "
+                     f"{r['span_us'][0]:.2f} → {r['span_us'][1]:.2f} | {r['op_delta_step_us']:+.1f} | "
+                     f"{r['next_delta_step_us']:+.1f} | {r['span_delta_step_us']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_captures(pdir: Path) -> Dict[Tuple[str, int], dict]:
+    """(arm, batch) -> its decode capture in PDIR/profile-meta.json."""
+    from .profile import META
+
+    meta = json.loads((pdir / META).read_text())
+    return {(c.get("arm", "A"), int(c.get("batch_size", 0))): c for c in meta.get("captures", [])
+            if c.get("stage") == "decode"}
+
+
+def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
+    """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows."""
+    pdir = Path(pdir)
+    caps = decode_captures(pdir)
+    out = []
+    for (arm, bs), c in sorted(caps.items()):
+        b0 = caps.get((base, bs))
+        if arm == base or b0 is None or arm.startswith(base + "-"):
+            continue
+        if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
+            continue
+        rows = consumer_effects(load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels,
+                                int(c.get("steps", 1)))
+        out.append({"base": base, "arm": arm, "batch_size": bs, "rows": rows})
+    return out
+
+
+def report(results: Sequence[dict]) -> str:
+    if not results:
+        return ""
+    md = ["", "### The kernel after each covered op, in the decode graph (arm A vs the patched arm)", "",
+          "Δ span: the op's start to the next kernel's end, per step. A kernel faster alone that slows its "
+          "consumer shows here (e2e/neighbours.py).", ""]
+    for r in results:
+        md += [f"**{r['base']} → {r['arm']}, batch {r['batch_size']}**", "", table(r["rows"])]
+    return "\n".join(md)
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    ap = argparse.ArgumentParser(prog="python -m astra_sglang.e2e.neighbours", description=__doc__.split("\n")[0])
+    ap.add_argument("profile_dir", type=Path)
+    ap.add_argument("--base", default="A")
+    ap.add_argument("--json", type=Path, help="write the rows here too")
+    a = ap.parse_args(list(argv) or None)
+    from .profile import META
+
+    if not (a.profile_dir / META).is_file():
+        print(f"error: {a.profile_dir}: no {META} (not a profile capture dir)", file=sys.stderr)
+        return 2
+    res = compare_dir(a.profile_dir, a.base)
+    if not res:
+        print(f"error: {a.profile_dir}: no decode capture of another arm beside arm {a.base}'s", file=sys.stderr)
+        return 2
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+    print(report(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

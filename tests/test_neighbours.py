@@ -1,0 +1,70 @@
+"""e2e/neighbours.py: the kernel after each covered op, arm A vs arm B (CPU, synthetic traces)."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from astra_sglang.e2e.neighbours import compare_dir, consumer_effects, pairs
+from astra_sglang.e2e.trace import KernelEvent
+
+NORM_A = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)"
+NORM_B = "void astra_fused_add_rmsnorm::(anonymous namespace)::fused_add_rmsnorm_kernel<1>(...)"
+GEMM = "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT"
+
+
+def step(norm: str, norm_us: float, gemm_us: float, steps: int = 3, stream: int = 7):
+    """steps x (norm, gemm, attention), back to back on one stream."""
+    ks, t = [], 0.0
+    for _ in range(steps):
+        for name, dur in ((norm, norm_us), (GEMM, gemm_us), ("_fwd_grouped_kernel_stage1", 5.0)):
+            ks.append(KernelEvent(name, t, dur, stream=stream))
+            t += dur
+    return ks
+
+
+def test_pairs_follow_each_stream():
+    ks = step(NORM_A, 3.0, 70.0, steps=2) + [KernelEvent(GEMM, 1.0, 9.0, stream=9)]   # another stream's kernel
+    p = pairs(ks)
+    assert list(p) == [("fused_add_rmsnorm", "gemm")]
+    assert p[("fused_add_rmsnorm", "gemm")] == [(3.0, 70.0, 73.0), (3.0, 70.0, 73.0)]
+
+
+def test_a_faster_op_that_slows_its_consumer_is_a_loss():
+    rows = consumer_effects(step(NORM_A, 3.0, 70.0), step(NORM_B, 2.5, 75.0), steps=3)
+    r = rows[0]
+    assert (r["op"], r["next"], r["calls_per_step"]) == ("fused_add_rmsnorm", "gemm", 1.0)
+    assert r["op_delta_step_us"] == pytest.approx(-0.5) and r["next_delta_step_us"] == pytest.approx(5.0)
+    assert r["span_delta_step_us"] == pytest.approx(4.5)
+
+
+def _capture_dir(tmp_path):
+    caps = []
+    for arm, norm, g in (("A", NORM_A, 70.0), ("B", NORM_B, 75.0), ("A-TP1", NORM_A, 70.0)):
+        ev = [{"ph": "X", "cat": "kernel", "name": k.name, "ts": k.ts, "dur": k.dur, "pid": 0, "tid": 7,
+               "args": {"stream": 7, "device": 0}} for k in step(norm, 3.0 if arm != "B" else 2.5, g)]
+        fn = f"{arm}-bs1-decode.trace.json.gz"
+        with gzip.open(tmp_path / fn, "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+        caps.append({"stage": "decode", "batch_size": 1, "tokens": 1, "steps": 3, "trace": fn, "arm": arm})
+    (tmp_path / "profile-meta.json").write_text(json.dumps({"captures": caps}))
+    return tmp_path
+
+
+def test_compare_dir_pairs_each_arm_with_the_base_and_skips_other_ranks(tmp_path):
+    res = compare_dir(_capture_dir(tmp_path))
+    assert [(r["arm"], r["batch_size"]) for r in res] == [("B", 1)]
+    assert res[0]["rows"][0]["span_delta_step_us"] == pytest.approx(4.5)
+
+
+def test_cli_table_and_errors(tmp_path):
+    d = _capture_dir(tmp_path / "cap") if (tmp_path / "cap").mkdir() is None else None
+    p = subprocess.run([sys.executable, "-m", "astra_sglang.e2e.neighbours", str(d)], capture_output=True, text=True,
+                       timeout=60, cwd="/")
+    assert p.returncode == 0 and "| fused_add_rmsnorm → gemm | 1 | 3.00 → 2.50 |" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "astra_sglang.e2e.neighbours", str(tmp_path)], capture_output=True,
+                       text=True, timeout=60, cwd="/")
+    assert p.returncode == 2 and p.stderr.startswith("error:")
