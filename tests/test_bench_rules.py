@@ -273,3 +273,21 @@ def test_copy_all_restores_every_tensor_in_place():
     copy_all(dst, src)
     assert [t.data_ptr() for t in dst] == ptrs and all(torch.equal(d, s) for d, s in zip(dst, src))
     copy_all([], [])
+
+
+@pytest.mark.parametrize("consumer_k", [None, 96])
+def test_in_context_neighbours_are_linear_layers_around_the_op(consumer_k):
+    """Producer and consumer are F.linear with [out, in] weights (SGLang's linear layers, cuBLAS TN);
+    --consumer-width sets the consumer's output width (a model's next GEMM)."""
+    from astra_sglang.harness.timer import CONTEXT_K, Neighbours
+
+    spec, dims, fresh, sets = _spec_and_sets(n=1, dims=(3, 64))
+    s = {k: v.float() for k, v in sets[0].items()}          # CPU matmuls in fp32
+    nb = Neighbours(spec, s, k=32, consumer_k=consumer_k)
+    assert nb.b.shape == (128, 32) and nb.c.shape == (consumer_k or 32, 64)   # silu: in 2 x 64, out 64
+    nb.produce(s, 1)
+    assert torch.allclose(s["input"], nb.a[1] @ nb.b.T)
+    s["out"].copy_(torch.randn_like(s["out"]))
+    nb.consume(s)
+    assert nb.y.shape == (3, consumer_k or 32) and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
+    assert CONTEXT_K == 4096

@@ -178,7 +178,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
-                                           restore if inout else None)
+                                           restore if inout else None, job.get("consumer_width"))
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -225,7 +225,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
-                    replays: int, before) -> str:
+                    replays: int, before, consumer_width: Optional[int] = None) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. Returns a
     note when it could not be measured ('' otherwise)."""
@@ -235,7 +235,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0])
+        nb = Neighbours(spec, sets[0], consumer_k=consumer_width)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
@@ -446,6 +446,7 @@ def bench(
     progress: Optional[Callable[[str], None]] = None,
     context: bool = True,
     baseline: str = "extracted",
+    consumer_width: Optional[int] = None,
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
 
@@ -527,9 +528,13 @@ def bench(
         "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
         "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
-        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context,
+        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": consumer_width,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
+    if context:
+        from .timer import CONTEXT_K
+
+        rep.context_consumer_width = int(consumer_width or CONTEXT_K)
     wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
     p = wr.payload or {}

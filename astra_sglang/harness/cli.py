@@ -107,12 +107,14 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
                    "graphs) and show extracted == installed in bits.")
 @click.option("--no-context", is_flag=True, help="Skip the in-context timing (producer GEMM -> op -> consumer GEMM); "
               "every row then uses the chained time.")
+@click.option("--consumer-width", type=click.IntRange(min=1), help="Output width of the in-context consumer GEMM "
+              "(default 4096): the model's next GEMM, e.g. 2 x intermediate / TP after a post-attention norm.")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds without progress before the run counts as hung.")
 def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, out, no_plot, no_recheck,
-              remeasure_ceiling, baseline, no_context, ncu, ncu_shape, timeout):
+              remeasure_ceiling, baseline, no_context, consumer_width, ncu, ncu_shape, timeout):
     """Time OP's production kernel (and a candidate) as L2-cold CUDA graphs, chained and in context: table,
     JSON, plot. Decode rows (<= 256 tokens) take their speedup from the in-context time."""
     from .bench import bench
@@ -122,7 +124,7 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
     cmd = "astra-sglang " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress,
-                context=not no_context, baseline=baseline)
+                context=not no_context, baseline=baseline, consumer_width=consumer_width)
     if out is None:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = ws.path / "bench" / f"{stamp}-{Path(candidate).stem if candidate else 'baseline'}.json"

@@ -188,6 +188,7 @@ class BenchReport:
     sm_count: int = 0
     installed: str = ""  # --baseline installed: the SGLang callable timed beside the extracted baseline
     production: str = ""  # what production is: the extracted baseline or SGLang's installed callable
+    context_consumer_width: int = 0  # output width of the in-context consumer GEMM (0: not timed in context)
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -296,8 +297,10 @@ class BenchReport:
             if has_ctx and gc and gx:
                 foot.append(f"geomean chained {gc:.3f}x, in-context {gx:.3f}x")
         if has_ctx:
-            foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM reading "
-                        "its outputs (cuBLAS via torch), one CUDA graph; marginal µs = with op - neighbours alone")
+            width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
+            foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM"
+                        f"{width} reading its outputs (F.linear, cuBLAS via torch, as SGLang's linear layers), one CUDA "
+                        "graph; marginal µs = with op - neighbours alone")
         if self.production.startswith("installed"):
             b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
             foot.append(f"production: {self.production}"

@@ -269,17 +269,20 @@ def build_helpers(arch_text: str) -> Path:
 # ------------------------------------------------------------------------------------------
 # in context: the op between the neighbours it has in a model's graph
 
-CONTEXT_K = 4096  # the producer GEMM's inner size and the consumer's output width (a model's hidden size)
+CONTEXT_K = 4096  # the producer GEMM's inner size and the consumer's default output width (a model's hidden size)
 CONTEXT_TARGET_US = 1000.0
 CONTEXT_MAX_CALLS = 256
 
 
 class Neighbours:
-    """A producer GEMM writing the op's first input ([tokens, K] x [K, width], cuBLAS through torch) and a
-    consumer GEMM reading its first output ([tokens, width] x [width, K]): what sits around a
-    memory-bound op in a decode step (o_proj -> fused_add_rmsnorm -> qkv_proj, gate_up -> silu -> down)."""
+    """A producer GEMM writing the op's first input and a consumer GEMM reading its first output, both
+    `F.linear` with [out, in] weights as SGLang's linear layers call cuBLAS (the same TN kernels): what
+    sits around a memory-bound op in a decode step (o_proj -> fused_add_rmsnorm -> qkv_proj or gate_up,
+    gate_up -> silu -> down). `consumer_k`: the consumer's output width (a model's next GEMM, e.g.
+    2 x intermediate / TP after the post-attention norm; default the hidden size CONTEXT_K)."""
 
-    def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0):
+    def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
+                 consumer_k: Optional[int] = None):
         import torch
 
         ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
@@ -292,24 +295,25 @@ class Neighbours:
         g = torch.Generator(device=src.device).manual_seed(seed)
         # two activations, alternated: consecutive calls get different inputs, so an op that reads its input
         # before the producer's write has landed (PDL prefetch before the wait) reads the previous values
+        kc = int(consumer_k or k)
         self.a = [torch.randn(rows, k, generator=g, device=src.device, dtype=src.dtype) for _ in range(2)]
-        self.b = (torch.randn(k, self.width_in, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(src.dtype)
-        self.c = (torch.randn(self.width_out, k, generator=g, device=src.device, dtype=torch.float32)
+        self.b = (torch.randn(self.width_in, k, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(src.dtype)
+        self.c = (torch.randn(kc, self.width_out, generator=g, device=src.device, dtype=torch.float32)
                   / self.width_out ** 0.5).to(dst.dtype)
-        self.y = torch.empty(dst.shape[0], k, device=dst.device, dtype=dst.dtype)
+        self.y = torch.empty(dst.shape[0], kc, device=dst.device, dtype=dst.dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
 
     def produce(self, tensors: Dict[str, Any], i: int = 0) -> None:
         import torch
 
         t = tensors[self.src_name]
-        torch.matmul(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
+        torch.nn.functional.linear(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
 
         t = tensors[self.dst_name]
-        torch.matmul(t.view(t.shape[0], self.width_out), self.c, out=self.y)
+        torch.nn.functional.linear(t.view(t.shape[0], self.width_out), self.c, out=self.y)
 
 
 def plan_context_calls(gemm_bytes: int, op_est_us: float, gbps: float, target_us: float = CONTEXT_TARGET_US,
