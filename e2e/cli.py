@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import click
 
@@ -42,9 +42,11 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
     return args + list(extra)
 
 
-def launcher_cmd(python: str, ops: str, counter_dir: Path, args: List[str], self_check: str) -> List[str]:
+def launcher_cmd(python: str, ops: str, counter_dir: Path, args: List[str], self_check: str,
+                 candidates: Optional[Dict[str, Path]] = None) -> List[str]:
+    cand = [x for op, p in (candidates or {}).items() for x in ("--candidate", f"{op}={p}")]
     return [python, "-m", "astra_sglang.cli", "patch", "--serve", "--ops", ops, "--counter-dir", str(counter_dir),
-            "--self-check", self_check, "--", *args]
+            "--self-check", self_check, *cand, "--", *args]
 
 
 class Server:
@@ -166,13 +168,17 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "replay so launch latency stays outside the GPU timer (0: none).")
 @click.option("--aa-floor", type=click.Path(path_type=Path, exists=True), help="--step: summary.json (or --out dir) of "
               "an earlier --aa run: its CI half-widths are the noise floor beside each Δ.")
+@click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
+              help="The patched arm serves OP with this kernel instead of kernels/OP/kernel.cu (repeatable): "
+                   "a candidate's serving A/B before it ships.")
 @click.option("--tp", default=1, show_default=True, help="Tensor parallel size (GPUs 0..TP-1): servers get --tp-size; "
               "--step workers spawn one process per rank, as SGLang's one-batch benchmark does.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
-            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, tp, worker_module):
+            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items, tp,
+            worker_module):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
@@ -183,6 +189,18 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--tp must be >= 1")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
+    candidates = {}
+    if candidate_items:
+        from astra_sglang.patch.cli import _candidates
+
+        candidates = {op: p.resolve() for op, p in _candidates(candidate_items).items()}
+        from astra_sglang.patch import patchable_ops
+        from astra_sglang.patch.config import default_ops, parse_ops
+
+        patched = parse_ops(ops, patchable_ops(), default_ops(patchable_ops()))
+        stray = sorted(set(candidates) - set(patched))
+        if stray:
+            raise AstraError(f"--candidate for {', '.join(stray)}, which --ops {ops} does not patch")
     # the arguments first, then what is missing, then the first write
     if not analyze_path:
         if not model_path:
@@ -240,7 +258,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
                       self_check=self_check, tokenizer_path=tokenizer_path, procs=procs, procs_at_once=procs_at_once,
                       warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor,
-                      tp=tp)
+                      tp=tp, candidates=candidates)
         click.echo(md)
         return
     out_dir = out_dir.resolve()
@@ -256,7 +274,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         **{k: v for k, v in _versions().items()},
         "model": str(model_path),
         "arm A": "astra-sglang patch --serve --ops none",
-        "arm B": f"astra-sglang patch --serve --ops {ops} --self-check {self_check}",
+        "arm B": f"astra-sglang patch --serve --ops {ops} --self-check {self_check}"
+                 + "".join(f" --candidate {op}={p}" for op, p in candidates.items()),
     }
     all_runs = []
     try:
@@ -265,7 +284,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             cdir.mkdir(exist_ok=True)
             args = server_args(model_path, load_format, p, max_total_tokens, mem_fraction, cuda_graph_max_bs,
                                list(extra))
-            cmd = launcher_cmd(python_exe, o, cdir, args, self_check)
+            cmd = launcher_cmd(python_exe, o, cdir, args, self_check, candidates if o != "none" else None)
             _say(f"arm {arm}: {' '.join(cmd)}")
             servers[arm] = Server(arm, cmd, p, out_dir / f"server-{arm}.log", env, cdir)
         meta["launch_server args"] = " ".join(server_args(model_path, load_format, port, max_total_tokens,

@@ -156,7 +156,8 @@ class Session:
 
     def __init__(self, procs: Dict[str, Tuple[str, object]], model_dir: Path, tokenizer: str, out: Path, python: str,
                  module: str, server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first",
-                 gpu_pad_us: float = 100.0, port_base: int = 0, tp: int = 1):
+                 gpu_pad_us: float = 100.0, port_base: int = 0, tp: int = 1,
+                 candidates: Optional[Dict[str, Path]] = None):
         self.out = out
         self.arm_of = {name: arm for name, (arm, _) in procs.items()}
         self.workers: Dict[str, WorkerProc] = {}
@@ -168,7 +169,8 @@ class Session:
         for i, (name, (arm, ops)) in enumerate(procs.items()):
             spec = {"name": name, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
                     "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(port_base + i),
-                    "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us, "tp": tp}
+                    "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us, "tp": tp,
+                    "candidates": {o: str(p) for o, p in (candidates or {}).items()} if ops != "none" else {}}
             _say(f"{name} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
             self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log", env, cwd)
 
@@ -272,7 +274,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
              startup_timeout: float = 900.0, cmd_timeout: float = 600.0, results_dirs: Sequence[Path] = (),
              self_check: str = "first", tokenizer_path: Optional[str] = None, procs: int = 2,
              procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
-             gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1) -> str:
+             gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1,
+             candidates: Optional[Dict[str, Path]] = None) -> str:
     from . import step_stats as ss
     from .model_configs import resolve_model_path
     from .profile import analyze_dir, write_outputs
@@ -308,7 +311,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     wave_list = ss.waves(procs, procs_at_once or procs)
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
-            "processes per arm": procs, "tensor parallel": tp, "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
+            "processes per arm": procs, "tensor parallel": tp,
+            "candidates (patched arms)": ", ".join(f"{o}={p}" for o, p in (candidates or {}).items()) or "none", "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
             "rounds": rounds, "warm-up rounds (dropped)": warmup_rounds, "steps dropped per run": skip_steps,
             "spin pad before each timed replay (µs)": gpu_pad_us, "server args (first process)": " ".join(sargs(0)),
@@ -323,7 +327,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     for w, idxs in enumerate(wave_list):
         names = {proc_name(a, i): (a, o) for i in idxs for a, o in arms.items()}
         session = Session(names, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check, gpu_pad_us,
-                          port_base=len(names) * w, tp=tp)
+                          port_base=len(names) * w, tp=tp, candidates=candidates)
         try:
             session.wait_ready(startup_timeout)
             first = next(iter(session.ready.values()))

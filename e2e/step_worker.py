@@ -3,7 +3,7 @@
     python -m astra_sglang.e2e.step_worker '<json spec>'
 
 The spec: {"name", "model_path", "tokenizer_path", "ops" ("none" or a list), "counter_dir",
-"server_args" [launch_server flags], "gpu_pad_us", "tp"}. With "tp" > 1 this process is rank 0 on
+"server_args" [launch_server flags], "gpu_pad_us", "tp", "candidates" {op: .cu}}. With "tp" > 1 this process is rank 0 on
 GPU 0: it spawns ranks 1..tp-1 (one process per GPU, as the one-batch benchmark does), forwards every
 command to them over a pipe and runs it itself; the collectives of each forward keep the ranks in step.
 Each rank patches itself and writes its own counters, under the process title
@@ -167,7 +167,7 @@ class Worker:
         if ops not in ("none", None, []):
             from astra_sglang.patch import apply_astra_kernels
 
-            self.patcher = apply_astra_kernels(ops=ops_to_patch(ops),
+            self.patcher = apply_astra_kernels(ops=ops_to_patch(ops), candidates=spec.get("candidates") or None,
                                                self_check=spec.get("self_check", "first"),
                                                counter_dir=spec.get("counter_dir"))
         import argparse

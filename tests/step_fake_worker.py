@@ -80,6 +80,9 @@ def main():
     rng = np.random.default_rng(zlib.crc32(spec["name"].encode()))
     proc_factor = 1.0 + float(os.environ.get("FAKE_PROC_SD", "0.001")) * rng.standard_normal()
     assert spec.get("gpu_pad_us", 0) >= 0
+    if os.environ.get("FAKE_SPEC_LOG"):                # the spec each worker got, for the tests
+        with open(os.environ["FAKE_SPEC_LOG"], "a") as f:
+            f.write(json.dumps(spec) + "\n")
     log = os.environ.get("FAKE_CMD_LOG")
     for line in sys.stdin:
         cmd = json.loads(line)

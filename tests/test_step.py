@@ -379,3 +379,26 @@ def test_step_bad_input_is_one_error_line(tmp_path, args, env, msg):
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert err and msg in r.stderr, r.stderr
+
+
+def test_step_candidate_reaches_the_patched_arms_only(tmp_path):
+    cand = tmp_path / "pdl1.cu"
+    cand.write_text("// a candidate\n")
+    log = tmp_path / "specs.jsonl"
+    r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--procs", "1", "--no-profile", "--candidate",
+              f"fused_add_rmsnorm={cand}", env={"FAKE_SPEC_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    specs = {s["name"]: s for s in map(json.loads, log.read_text().splitlines())}
+    assert specs["B-p1"]["candidates"] == {"fused_add_rmsnorm": str(cand.resolve())}
+    assert specs["A-p1"]["candidates"] == {}
+    assert "fused_add_rmsnorm=" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("item,msg", [("nope=x.cu", "unknown op"), ("fused_add_rmsnorm=/no/such.cu", "no such file"),
+                                      ("silu_and_mul={cand}", "which --ops fused_add_rmsnorm does not patch")])
+def test_step_candidate_errors(tmp_path, item, msg):
+    cand = tmp_path / "c.cu"
+    cand.write_text("//\n")
+    r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--candidate", item.format(cand=cand))
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("error:") and msg in r.stderr
+    assert not (tmp_path / "out").exists()
