@@ -379,6 +379,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     _dump(out, meta, records)
     pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
     predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms) if analysis else None
+    neighbours = consumer_effects_of(out / "profile") if analysis else []
+    add_consumer_prediction(predicted, neighbours)
     summary = ss.summarize(records, pairs, predicted, floors=floors)
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -395,22 +397,38 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\n![decode-step Δ](step.png)\n"
     if analysis:
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
-        md += consumer_report(out / "profile")
+        md += consumer_report(neighbours)
     (out / "report.md").write_text(md)
     return md
 
 
-def consumer_report(pdir: Path) -> str:
-    """The kernel after each patched op in arm A's and the patched arms' decode traces (e2e/neighbours.py);
-    also written to PDIR/neighbours.json."""
-    from .neighbours import compare_dir, report
+def consumer_effects_of(pdir: Path) -> List[dict]:
+    """The kernel after each patched op in arm A's and the patched arms' decode traces (e2e/neighbours.py),
+    also written to PDIR/neighbours.json; [] where it cannot be computed."""
+    from .neighbours import compare_dir
 
     try:
         res = compare_dir(pdir)
     except (OSError, ValueError, KeyError) as e:
-        return f"\nConsumer effects: not computed ({type(e).__name__}: {e})\n"
+        _say(f"consumer effects not computed ({type(e).__name__}: {e})")
+        return []
     (pdir / "neighbours.json").write_text(json.dumps(res, indent=1))
-    return report(res)
+    return res
+
+
+def add_consumer_prediction(predicted: Optional[Dict[Tuple[str, int], dict]], neighbours: Sequence[dict]) -> None:
+    """predicted[(arm, batch)]["consumer_saved_us"]: what the patched ops save with the kernels after them
+    (minus the sum of the op→next spans' change), the in-graph prediction that sees a slowed consumer."""
+    for r in neighbours:
+        p = (predicted or {}).get((r["arm"], r["batch_size"]))
+        if p is not None and r["rows"]:
+            p["consumer_saved_us"] = -sum(x["span_delta_step_us"] for x in r["rows"])
+
+
+def consumer_report(neighbours: Sequence[dict]) -> str:
+    from .neighbours import report
+
+    return report(neighbours)
 
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:
@@ -478,6 +496,7 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
         predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs],
                                            arms_from_meta(data.get("meta", {}).get("arms", "")))
+        add_consumer_prediction(predicted, consumer_effects_of(pdir))
     summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)

@@ -273,7 +273,7 @@ def summarize(records: Sequence[dict], pairs: Sequence[Tuple[str, str]],
             step = c[c["primary"]]["base"]
             if p is not None and math.isfinite(step):
                 c["predicted"] = dict(p)
-                for key in ("saved_us", "in_context_saved_us"):
+                for key in ("saved_us", "in_context_saved_us", "consumer_saved_us"):
                     if p.get(key) is not None:
                         c["predicted"][key.replace("saved_us", "delta")] = -float(p[key]) / (step * 1e3)
             rows.append(c)
@@ -330,12 +330,14 @@ def report_markdown(summary: dict, meta: Optional[dict] = None) -> str:
     out.append(method_text(summary) + "\n")
     prim = summary.get("primary", "gpu_ms")
     out.append(f"| base → other | batch | procs × rounds | {METRICS[prim]} base | other | Δ [CI] | ± | noise floor | "
-               "verdict | predicted Δ bench / in-graph | Δ host step | Δ prefill | greedy tokens identical |")
+               "verdict | predicted Δ bench / in-graph / with consumers | Δ host step | Δ prefill | "
+               "greedy tokens identical |")
     out.append("|---|---:|---:|---:|---:|---|---:|---|---|---|---|---|---|")
     for c in summary["comparisons"]:
         d = c[prim]
         pred = c.get("predicted") or {}
-        pr = f"{_pct(pred.get('delta'))} / {_pct(pred.get('in_context_delta'))}" if pred else "—"
+        pr = (f"{_pct(pred.get('delta'))} / {_pct(pred.get('in_context_delta'))} / "
+              f"{_pct(pred.get('consumer_delta'))}") if pred else "—"
         par = c["parity"]
         ptxt = f"{par['identical']}/{par['compared']}"
         if par["first_divergence"]:
