@@ -1,0 +1,136 @@
+"""The patch adapter: SGLang's biased_grouped_topk_gpu (sglang/srt/layers/moe/topk.py) onto this op's ABI.
+
+Patched: `sglang.srt.layers.moe.topk:biased_grouped_topk_gpu`. select_experts calls it through the module global
+`biased_grouped_topk` (bound to the same function at import): the install's identity sweep rebinds that alias too.
+
+Routed (the kernel computes what SGLang would): gating_output 2-D contiguous fp32 / fp16 / bf16 with at most 1024
+experts; correction_bias 1-D fp32 of the expert count (0.5.23's per-token 2-D bias is not); experts divisible by
+num_expert_group <= 32; 1 <= topk_group <= num_expert_group; 1 <= topk <= min(32, kept experts);
+renormalize true (0.5.17's flashinfer path renormalizes whatever the flag says, its Triton path does not: every
+corpus model renormalizes); num_fused_shared_experts 0 (its default: any other value is not the op's contract and
+SGLang serves the call); routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars (the
+kernel scales only when asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
+fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
+a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU."""
+from __future__ import annotations
+
+import sys
+
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+
+MAX_EXPERTS = 1024
+MAX_TOPK = 32
+MAX_GROUPS = 32
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def flashinfer_takes(e: int, k: int, g: int, tg: int) -> bool:
+    """SGLang 0.5.17's condition for flashinfer's fused_topk_deepseek (shared experts 0), shape part."""
+    if not (_pow2(e) and k <= 8 and tg <= g and tg * g >= k):
+        return False
+    epg = e // g
+    return (epg <= 32 and epg * tg <= 128) if g > 1 else e <= 384
+
+
+def _sglang_route(e: int, k: int, g: int, tg: int):
+    """Why SGLang's biased_grouped_topk_gpu would not compute this op's contract here (None: it would, or SGLang
+    is not loaded)."""
+    mod = sys.modules.get("sglang.srt.layers.moe.topk")
+    if mod is None:
+        return None
+    if getattr(mod, "_use_aiter", False):
+        return "aiter: SGLang runs aiter's biased_grouped_topk"
+    if not getattr(mod, "_is_cuda", True):
+        return "not CUDA: SGLang runs another platform's router"
+    if g <= 1:
+        return None  # flashinfer ungrouped or the Triton router: the same keys, order and ties
+    flag = getattr(getattr(mod, "envs", None), "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK", None)
+    if flag is not None:
+        try:
+            on = bool(flag.get())
+        except Exception:  # an env parser error is SGLang's to raise
+            return "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK unreadable"
+        if on:
+            return "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1: SGLang runs its Triton grouped router (other group ties)"
+    if getattr(mod, "fused_topk_deepseek", None) is None:
+        return "flashinfer's fused_topk_deepseek is missing: SGLang runs its Triton grouped router (other group ties)"
+    if not flashinfer_takes(e, k, g, tg):
+        return "outside flashinfer's limits: SGLang runs its Triton grouped router (other group ties)"
+    return None
+
+
+def _normalize(c):
+    import torch
+
+    x, b = c["scores"], c["bias"]
+    if x.dim() != 2:
+        return f"gating_output is {x.dim()}-d, not [tokens, experts]"
+    t, e = x.shape
+    if b is None or b.dim() != 1 or b.shape[0] != e:
+        return f"correction_bias {None if b is None else tuple(b.shape)} is not [{e}]"
+    if b.dtype is not torch.float32:
+        return f"correction_bias is {b.dtype}, not float32"
+    if e > MAX_EXPERTS:
+        return f"{e} experts > {MAX_EXPERTS} (one warp's registers)"
+    g = int(c["num_expert_group"] or 1)
+    tg = int(c["topk_group"] or 1)
+    k = int(c["topk"])
+    if not 1 <= g <= MAX_GROUPS or e % g:
+        return f"num_expert_group {g}: not 1..{MAX_GROUPS} dividing {e} experts"
+    if not 1 <= tg <= g:
+        return f"topk_group {tg} outside 1..{g}"
+    if not 1 <= k <= min(MAX_TOPK, tg * (e // g)):
+        return f"topk {k} outside 1..min({MAX_TOPK}, kept experts {tg * (e // g)})"
+    if not c["renormalize"]:
+        return "renormalize=False: SGLang 0.5.17's paths disagree on it (flashinfer renormalizes anyway)"
+    w, i = c["topk_weights"], c["topk_ids"]
+    if tuple(w.shape) != (t, k) or tuple(i.shape) != (t, k):
+        return f"outputs {tuple(w.shape)} / {tuple(i.shape)} != {(t, k)}"
+    if i.dtype is not torch.int32:
+        return f"topk_ids is {i.dtype}, not int32"
+    bad = contiguity_problem(c, ("scores", "bias", "topk_weights", "topk_ids"))
+    if bad:
+        return bad
+    why = _sglang_route(e, k, g, tg)
+    if why:
+        return why
+    c["num_expert_group"], c["topk_group"], c["renormalize"] = g, tg, 1
+    rsf = c["routed_scaling_factor"]
+    c["routed_scaling_factor"] = 1.0 if rsf is None else float(rsf)
+    c["apply_routed_scaling_factor_on_output"] = int(bool(c["apply_routed_scaling_factor_on_output"]))
+    return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg)
+
+
+def _alloc(dtype_name: str):
+    def make(c):
+        import torch
+
+        x = c.get("scores")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return None  # prepare() then says which argument is wrong
+        return torch.empty((x.shape[0], int(c["topk"])), dtype=getattr(torch, dtype_name), device=x.device)
+
+    return make
+
+
+# `--ops all` leaves this op out until its kernel is timed (name it to patch it anyway).
+DEFAULT_OFF = "not yet measured on a GPU"
+
+ADAPTER = OpAdapter(
+    op="moe_grouped_router",
+    data="scores",
+    same_dtype=("scores",),
+    fp32=("bias", "topk_weights"),
+    rowwise=("scores", "topk_weights", "topk_ids"),
+    aliases={"gating_output": "scores", "correction_bias": "bias"},
+    ignorable=frozenset({"hidden_states"}),
+    alloc={"topk_weights": _alloc("float32"), "topk_ids": _alloc("int32")},
+    normalize=_normalize,
+    returns=lambda c: (c["topk_weights"], c["topk_ids"]),
+    outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},
+    bare_args={"hidden_states": lambda c: c["scores"]},
+)

@@ -1,0 +1,471 @@
+"""moe_grouped_router (kernels/moe_grouped_router/): DeepSeek-V3's grouped biased sigmoid router, as SGLang 0.5.17
+runs it through biased_grouped_topk_gpu (flashinfer fused_topk_deepseek; the Triton router for Kimi-K2).
+
+Spec and reference against literal re-statements of flashinfer's packed-max selection and of the Triton router's
+loops (random, tied and peaked inputs), the ties distribution's separation, the installed-variant extract against the
+real 0.5.17 sources (and its refusal of 0.5.23 and of a changed tie rule), the adapter against the real signature and
+SGLang's route, the kernel's warp selection emulated lane by lane, and the shipped kernel's sm_90a build."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from astra_sglang.registry import get_op, op_part
+from cli_run import one_error, run_cli  # noqa: E402
+from sglang_signatures import real_function  # noqa: E402
+
+SPEC = get_op("moe_grouped_router")
+SPEC_MOD = __import__("astra_sglang.kernels.moe_grouped_router.spec", fromlist=["x"])
+OP = "moe_grouped_router"
+
+
+def keys32(scores, bias):
+    """fp32 keys as production ranks them (a correctly rounded fp32 sigmoid; production's own sigmoid may differ
+    by an ulp, which the tests keep out of play)."""
+    return (torch.sigmoid(scores.double()).float() + bias.float())
+
+
+def flashinfer_like(scores, bias, topk, g, tg, scale=1.0):
+    """deepseek_v3_topk_kernel's selection restated: (value, 65535 - index) keys reduced by max; a group scores its
+    two best keys with multiplicity; top groups; top experts among them; s * scale / (sum + 1e-20)."""
+    t, e = scores.shape
+    epg = e // g
+    k = keys32(scores, bias)
+    s = torch.sigmoid(scores.double()).float()
+    W = torch.zeros((t, topk), dtype=torch.float32)
+    I = torch.zeros((t, topk), dtype=torch.int32)
+
+    def best(cands):  # [(value, idx)] -> the max of (value, -idx)
+        return max(cands, key=lambda p: (p[0], -p[1]))
+
+    for r in range(t):
+        row = [float(v) for v in k[r]]
+        if g > 1:
+            gs = []
+            for gi in range(g):
+                c = [(row[i], i) for i in range(gi * epg, (gi + 1) * epg)]
+                b1 = best(c)
+                c2 = [p for p in c if p != b1] or [(-math.inf, 0)]
+                b2 = best(c2)
+                gs.append(float(torch.tensor(b1[0], dtype=torch.float32) + torch.tensor(b2[0], dtype=torch.float32)))
+            groups = []
+            cand = [(v, i) for i, v in enumerate(gs)]
+            for _ in range(tg):
+                w = best(cand)
+                groups.append(w[1])
+                cand.remove(w)
+            allowed = [i for gi in groups for i in range(gi * epg, (gi + 1) * epg)]
+        else:
+            allowed = list(range(e))
+        cand = [(row[i], i) for i in allowed]
+        for slot in range(topk):
+            w = best(cand)
+            I[r, slot] = w[1]
+            cand.remove(w)
+        sel = s[r, I[r].long()].double()
+        W[r] = (sel * scale / (sel.sum() + 1e-20)).float()
+    return W, I
+
+
+def triton_like(scores, bias, topk, g, tg, renormalize=True, scale=1.0, apply=False):
+    """_router_triton_kernel's sigmoid path restated (torch fp32): keys, NaN -> -1e30; grouped: top1, top2 of the
+    values strictly below top1 (`vals >= top1` dropped), keep groups by (max, lowest id); K rounds of max /
+    lowest lane / -inf; renormalize by the routed sum (1 when 0); the scale when asked."""
+    t, e = scores.shape
+    b = keys32(scores, bias)
+    act = torch.sigmoid(scores.double()).float()
+    b = torch.where(b == b, b, torch.full_like(b, -1e30))
+    lanes = torch.arange(e).expand_as(b)
+    if g > 1:
+        epg = e // g
+        gof = torch.arange(e) // epg
+        gscore = torch.full((t, g), float("-inf"))
+        for gi in range(g):
+            vals = torch.where(gof == gi, b, torch.full_like(b, float("-inf")))
+            top1 = vals.max(1, keepdim=True).values
+            top2 = torch.where(vals >= top1, torch.full_like(vals, float("-inf")), vals).max(1, keepdim=True).values
+            gscore[:, gi] = (top1 + top2)[:, 0]
+        keep = torch.zeros((t, e), dtype=torch.bool)
+        gl = torch.arange(g).expand_as(gscore)
+        for _ in range(tg):
+            m = gscore.max(1, keepdim=True).values
+            win = torch.where(gscore == m, gl, torch.full_like(gl, g + 1)).min(1, keepdim=True).values
+            keep |= gof[None, :] == win
+            gscore = torch.where(gl == win, torch.full_like(gscore, float("-inf")), gscore)
+        b = torch.where(keep, b, torch.full_like(b, float("-inf")))
+    W = torch.zeros((t, topk))
+    I = torch.zeros((t, topk), dtype=torch.int32)
+    for kk in range(topk):
+        m = b.max(1, keepdim=True).values
+        win = torch.where(b == m, lanes, torch.full_like(lanes, e + 1)).min(1).values
+        W[:, kk] = act.gather(1, win[:, None])[:, 0]
+        I[:, kk] = win.to(torch.int32)
+        b = b.scatter(1, win[:, None], float("-inf"))
+    s = W.sum(1, keepdim=True)
+    if renormalize:
+        W = W / torch.where(s > 0, s, torch.ones_like(s))
+    if apply:
+        W = W * scale
+    return W, I
+
+
+# --------------------------------------------------------------------------- spec / reference
+def test_corpus_from_real_configs_and_scalars():
+    dims = {s.dims: s for s in SPEC.corpus}
+    for name, e, k, g, tg, _ in SPEC_MOD.ROUTER_MODELS:
+        for t in SPEC_MOD.DECODE + SPEC_MOD.PREFILL:
+            assert (t, e, k, g, tg) in dims, name
+    assert "deepseek-r1" in dims[(1, 256, 8, 8, 4)].source and "kimi-k2" in dims[(64, 384, 8, 1, 1)].source
+    assert SPEC.scalars((1, 256, 8, 8, 4)) == {"topk": 8, "num_expert_group": 8, "topk_group": 4, "renormalize": 1,
+                                               "routed_scaling_factor": 2.5,
+                                               "apply_routed_scaling_factor_on_output": 0}
+    assert SPEC.scalars((1, 384, 8, 1, 1))["routed_scaling_factor"] == 2.827
+    assert SPEC.scalars(SPEC_MOD.SCALED_EDGE)["apply_routed_scaling_factor_on_output"] == 1
+    assert SPEC.bytes_moved((2, 256, 8, 8, 4), "fp32") == 2 * (1024 + 64) + 1024
+    for s in list(SPEC.corpus) + list(SPEC.edge_shapes):
+        t, e, k, g, tg = s.dims
+        assert e <= SPEC_MOD.MAX_EXPERTS and g <= SPEC_MOD.MAX_GROUPS and e % g == 0 and 1 <= tg <= g
+        assert 1 <= k <= min(SPEC_MOD.MAX_TOPK, tg * (e // g)), s
+
+
+SMALL = [(16, 256, 8, 8, 4), (12, 384, 8, 1, 1), (9, 64, 6, 8, 3), (7, 16, 4, 8, 2), (5, 32, 1, 4, 1),
+         (7, 256, 8, 8, 4), (4, 8, 8, 1, 1)]
+
+
+@pytest.mark.parametrize("dims", SMALL)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_reference_is_flashinfers_selection(dims, dtype):
+    sc = SPEC.scalars(dims)
+    scale = sc["routed_scaling_factor"] if sc["apply_routed_scaling_factor_on_output"] else 1.0
+    for seed, dist in enumerate(SPEC.distributions):
+        inp = SPEC.make_inputs(dims, dtype, torch.Generator().manual_seed(seed), dist, device="cpu")
+        ref = SPEC.reference({"scores": inp["scores"].double(), "bias": inp["bias"].double()}, dims, sc)
+        w, ids = flashinfer_like(inp["scores"], inp["bias"], dims[2], dims[3], dims[4], scale)
+        got = SPEC.canonical({"topk_weights": w, "topk_ids": ids}, dims)
+        assert torch.equal(got["topk_ids"].double(), ref["topk_ids"]), (dims, dtype, dist)
+        assert torch.allclose(w.double(), ref["topk_weights"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dims", [(12, 384, 8, 1, 1), (5, 160, 8, 1, 1), (16, 256, 8, 8, 4), (9, 64, 6, 8, 3)])
+def test_reference_is_the_triton_routers_where_no_group_maximum_ties(dims):
+    """Kimi-K2's path (one group) always; grouped rows agree wherever no group's maximum is tied."""
+    for seed, dist in enumerate(("normal", "peaked", "ties")):
+        inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(10 + seed), dist, device="cpu")
+        sc = SPEC.scalars(dims)
+        ref = SPEC.reference({"scores": inp["scores"].double(), "bias": inp["bias"].double()}, dims, sc)
+        w, ids = triton_like(inp["scores"], inp["bias"], dims[2], dims[3], dims[4])
+        got = SPEC.canonical({"topk_ids": ids}, dims)["topk_ids"].double()
+        k = keys32(inp["scores"], inp["bias"]).view(dims[0], dims[3], -1)
+        tied = (k == k.max(-1, keepdim=True).values).sum(-1).max(-1).values > 1 if dims[3] > 1 else \
+            torch.zeros(dims[0], dtype=torch.bool)
+        same = ~tied
+        assert torch.equal(got[same], ref["topk_ids"][same]), (dims, dist)
+        assert torch.allclose(w.double()[same], ref["topk_weights"][same], rtol=1e-5, atol=1e-7)
+
+
+def test_a_tied_group_maximum_counts_twice_as_in_flashinfer():
+    # 4 groups of 4, keep 1, top 2: group 0 = {0.9, 0.9, 0, 0} (sum 1.8), group 1 = {0.95, 0.8, 0, 0} (sum 1.75)
+    s = torch.full((1, 16), -30.0, dtype=torch.float64)
+    bias = torch.zeros(16)
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    s[0, 0] = s[0, 1] = logit(0.9)
+    s[0, 4], s[0, 5] = logit(0.95), logit(0.8)
+    w, ids = SPEC_MOD.route(s, bias, 2, 4, 1)
+    assert ids.tolist() == [[0, 1]]
+    assert flashinfer_like(s.float(), bias, 2, 4, 1)[1].tolist() == [[0, 1]]
+    assert triton_like(s.float(), bias, 2, 4, 1)[1].tolist() == [[4, 5]]  # Triton drops the tied 0.9: the adapter defers
+    assert torch.allclose(w, torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+
+
+def test_ties_go_to_the_lowest_group_and_expert():
+    s = torch.zeros((1, 16), dtype=torch.float64)  # every key 0.5: groups 0, 1 kept, experts 0..3 in order
+    w, ids = SPEC_MOD.route(s, torch.zeros(16), 4, 4, 2)
+    assert ids.tolist() == [[0, 1, 2, 3]]
+    bias = torch.zeros(16)
+    bias[[9, 13]] = 0.25  # groups 2 and 3 win; in them experts 9, 13 then 8, 10, ...
+    w, ids = SPEC_MOD.route(s, bias, 4, 4, 2)
+    assert ids.tolist() == [[9, 13, 8, 10]]
+    assert torch.allclose(w, torch.full((1, 4), 0.25, dtype=torch.float64))  # the weights are unbiased
+
+
+def test_ties_distribution_keeps_distinct_keys_and_group_sums_apart():
+    """Exact ties in the `ties` distribution are equal (logit, bias) pairs; anything not exactly equal stays far
+    apart, so no implementation's last-ulp sigmoid can reorder it."""
+    sig = [float(torch.sigmoid(torch.tensor(x, dtype=torch.float64))) for x in range(4)]
+    vals = sorted({s + c / 8.0 for s in sig for c in range(3)})
+    assert min(b - a for a, b in zip(vals, vals[1:])) > 1e-3
+    # group sums: both keys carry the group's one bias c
+    sums = sorted({sig[i] + sig[j] + c / 4.0 for i in range(4) for j in range(i, 4) for c in range(3)})
+    assert min(b - a for a, b in zip(sums, sums[1:])) > 1e-4
+    dims = (4, 256, 8, 8, 4)
+    b = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(0), "ties", device="cpu")["bias"]
+    assert bool((b.view(8, 32) == b.view(8, 32)[:, :1]).all())
+
+
+def test_one_hot_canonical_makes_every_differing_id_fail():
+    from astra_sglang.harness.numerics import rel_err, tolerance
+
+    dims = (64, 256, 8, 8, 4)
+    inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(3), "normal", device="cpu")
+    ref = SPEC.reference({"scores": inp["scores"].double(), "bias": inp["bias"].double()}, dims, SPEC.scalars(dims))
+    _, ids = flashinfer_like(inp["scores"], inp["bias"], 8, 8, 4)
+    assert rel_err(SPEC.canonical({"topk_ids": ids.clone()}, dims)["topk_ids"], ref["topk_ids"])["err"] == 0.0
+    bad = ids.clone()
+    bad[17, 3] = (int(bad[17, 3]) + 1) % 256
+    e = rel_err(SPEC.canonical({"topk_ids": bad}, dims)["topk_ids"], ref["topk_ids"])["err"]
+    assert e > 1000 * tolerance(SPEC, "fp32", 0.0)
+
+
+def test_reference_without_scalars_uses_the_shapes_own():
+    dims = SPEC_MOD.SCALED_EDGE
+    inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(0), "normal", device="cpu")
+    t = {"scores": inp["scores"].double(), "bias": inp["bias"].double()}
+    a = SPEC.reference(t, dims, {})["topk_weights"]
+    assert torch.allclose(a.sum(-1), torch.full((dims[0],), 2.5, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- installed variant: extract
+@pytest.mark.wheels
+def test_extract_installed_writes_a_manifest_from_0_5_17(tmp_path, capsys, sglang_0_5_17_source):
+    code, out, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                               "--sglang-src", str(sglang_0_5_17_source)], capsys)
+    assert code == 0, err
+    ws = tmp_path / "ws" / OP
+    m = json.loads((ws / "manifest.json").read_text())
+    assert m["kind"] == "installed" and m["callable"] == "sglang.srt.layers.moe.topk:biased_grouped_topk_gpu"
+    assert m["launch_facts"] == {"FI_LAST": "True"}
+    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
+    assert m["sources"]["sglang_py"]["version"] == "0.5.17"
+    assert not (ws / "baseline.cu").exists() and (ws / "candidates").is_dir()
+
+
+@pytest.mark.wheels
+def test_extract_refuses_0_5_23_whose_route_differs(tmp_path, capsys, wheel_sources):
+    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(wheel_sources["sglang"])], capsys)
+    assert code == 2
+    one_error(err, "topk.py", "flashinfer's limits")
+
+
+@pytest.mark.wheels
+def test_extract_fails_on_a_changed_group_tie_rule(tmp_path, capsys, sglang_0_5_17_source):
+    src = tmp_path / "sglang-copy"
+    pkg = src / "sglang"
+    for rel in ("srt/layers/moe/topk.py", "srt/environ.py", "kernels/ops/moe/moe_fused_gate.py",
+                "srt/models/deepseek_v2.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(sglang_0_5_17_source) / "sglang" / rel, pkg / rel)
+    gate = pkg / "kernels/ops/moe/moe_fused_gate.py"
+    gate.write_text(gate.read_text().replace("win_g = tl.min(glane, axis=1)", "win_g = tl.max(glane, axis=1)"))
+    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(src)], capsys)
+    assert code == 2
+    one_error(err, "moe_fused_gate.py", "lowest group id")
+    assert not (tmp_path / "ws" / OP).exists()
+
+
+@pytest.mark.wheels
+def test_flashinfer_kernel_facts_hold_in_the_unpacked_flashinfer(wheel_sources):
+    """The tie rules spec.py cites from flashinfer's csrc (0.7.2 here; 0.5.17 pins 0.6.15.post1: re-check on the GPU
+    machine's wheel)."""
+    root = Path(wheel_sources["flashinfer"])
+    ker = next(root.rglob("noAuxTcKernels.cu")).read_text()
+    funcs = next(root.rglob("moeTopKFuncs.cuh")).read_text()
+    assert "auto groupScore = topExpGroupScores[0] + topExpGroupScores[1];" in ker
+    assert "0.5f * tanhf(0.5f * x) + 0.5f" in ker
+    assert "scoreNorm * routedScalingFactor / (redNorm + 1e-20)" in ker
+    assert "(0xFFFF & (kMaxIdx - idx))" in funcs  # equal values: the lower index wins
+
+
+# --------------------------------------------------------------------------- adapter / layer
+RETURNS = ("return (torch.full((gating_output.shape[0], topk), 0.5), "
+           "torch.zeros((gating_output.shape[0], topk), dtype=torch.int32))")
+
+
+@pytest.mark.wheels
+def test_adapter_binds_biased_grouped_topk_as_select_experts_calls_it(sglang_0_5_17_source):
+    from astra_sglang.patch.adapters import Binder, adapter_mismatch
+
+    ad = op_part(OP, "adapter")
+    assert ad.DEFAULT_OFF == "not yet measured on a GPU"
+    A = ad.ADAPTER
+    assert adapter_mismatch(SPEC, A) is None
+    fn = real_function(Path(sglang_0_5_17_source), "sglang.srt.layers.moe.topk", "biased_grouped_topk_gpu",
+                       body=RETURNS)
+    b = Binder(fn, A, SPEC)
+    assert b.ok, b.problem
+    x = torch.randn(5, 256)
+    bias = torch.randn(256)
+    kw = dict(hidden_states=x, gating_output=x, correction_bias=bias, topk=8, renormalize=True, num_expert_group=8,
+              topk_group=4, num_fused_shared_experts=0, routed_scaling_factor=2.5,
+              apply_routed_scaling_factor_on_output=False)
+    canon, vals = b.bind((), kw)
+    assert canon is not None, vals
+    assert canon["scores"] is x and canon["bias"] is bias
+    for n, mk in A.alloc.items():
+        canon[n] = mk(canon)
+    views, dims = A.normalize(canon)
+    assert dims == (5, 256, 8, 8, 4)
+    assert canon["routed_scaling_factor"] == 2.5 and canon["apply_routed_scaling_factor_on_output"] == 0
+    assert views["topk_ids"].dtype == torch.int32 and views["topk_weights"].dtype == torch.float32
+    assert b.bind((), {**kw, "num_fused_shared_experts": 1})[0] is None  # DeepSeek's fused shared expert: SGLang's
+    norm = A.normalize
+    assert "renormalize" in norm({**canon, "renormalize": False})
+    assert "float32" in norm({**canon, "bias": bias.half()})
+    assert "topk_group" in norm({**canon, "topk_group": 9})
+    assert "topk" in norm({**canon, "topk": 40})
+    assert "not contiguous" in norm({**canon, "scores": torch.randn(256, 5).t()})
+    c = {**canon, "topk_weights": torch.empty(5, 8), "topk_ids": torch.full((5, 8), 7, dtype=torch.int32)}
+    b.call_with(fn, vals, c)
+    assert torch.all(c["topk_weights"] == 0.5) and torch.all(c["topk_ids"] == 0)
+
+
+def test_adapter_defers_where_sglang_runs_the_triton_grouped_router(monkeypatch):
+    import sys
+    import types
+
+    ad = op_part(OP, "adapter")
+    A = ad.ADAPTER
+    x = torch.randn(2, 256)
+    c = {"scores": x, "bias": torch.zeros(256), "topk": 8, "num_expert_group": 8, "topk_group": 4,
+         "renormalize": True, "routed_scaling_factor": None, "apply_routed_scaling_factor_on_output": False,
+         "topk_weights": torch.empty(2, 8), "topk_ids": torch.empty(2, 8, dtype=torch.int32)}
+    flag = types.SimpleNamespace(on=False)
+    fake = types.ModuleType("sglang.srt.layers.moe.topk")
+    fake._is_cuda, fake._use_aiter, fake.fused_topk_deepseek = True, False, object()
+    fake.envs = types.SimpleNamespace(SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=types.SimpleNamespace(get=lambda: flag.on))
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.moe.topk", fake)
+    ok = A.normalize(dict(c))
+    assert not isinstance(ok, str) and ok[1] == (2, 256, 8, 8, 4)
+    flag.on = True
+    assert "Triton grouped" in A.normalize(dict(c))
+    flag.on = False
+    fake.fused_topk_deepseek = None
+    assert "missing" in A.normalize(dict(c))
+    kimi = {**c, "scores": torch.randn(2, 384), "bias": torch.zeros(384), "num_expert_group": 1, "topk_group": 1}
+    assert not isinstance(A.normalize(kimi), str)  # one group: the Triton router computes the same
+    assert ad.flashinfer_takes(256, 8, 8, 4) and not ad.flashinfer_takes(384, 8, 1, 1)
+    assert not ad.flashinfer_takes(512, 8, 8, 4)  # 64 experts a group
+    fake._use_aiter = True
+    assert "aiter" in A.normalize(dict(c))
+
+
+def test_layer_and_adapter_import_without_sglang():
+    assert callable(op_part(OP, "layer").run_layer)
+    assert op_part(OP, "adapter").ADAPTER.op == OP
+
+
+# --------------------------------------------------------------------------- the shipped kernel
+def _okey(f):
+    b = struct.unpack("<I", struct.pack("<f", f))[0]
+    return (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
+
+
+def _kval(k):
+    b = (k & 0x7FFFFFFF) if k & 0x80000000 else (~k & 0xFFFFFFFF)
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+def _f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _warp_emulation(keys, e, k, g, tg):
+    """kernel.cu's selection for one row of fp32 keys, lane by lane (lane l: experts l, l + 32, ...)."""
+    v_per = 1
+    while 32 * v_per < e:
+        v_per *= 2
+    key = [[-math.inf] * v_per for _ in range(32)]
+    for lane in range(32):
+        for j in range(v_per):
+            i = j * 32 + lane
+            if i < e:
+                x = keys[i]
+                x = -1e30 if x != x else x
+                key[lane][j] = 0.0 if x == 0 else x
+
+    def lowest_at(ks, top, ids):
+        return 0xFFFF - max((0xFFFF - i) if kk == top else 0 for kk, i in zip(ks, ids))
+
+    if g > 1:
+        epg = e // g
+        gs = [-math.inf] * 32
+        for gi in range(g):
+            a = []
+            for lane in range(32):
+                a1 = a2 = -math.inf
+                for j in range(v_per):
+                    i = j * 32 + lane
+                    if i < e and i // epg == gi:
+                        v = key[lane][j]
+                        if v > a1:
+                            a1, a2 = v, a1
+                        elif v > a2:
+                            a2 = v
+                a.append((a1, a2))
+            k1 = [_okey(a1) for a1, _ in a]
+            top1 = max(k1)
+            first = lowest_at(k1, top1, range(32))
+            top2 = max(_okey(a[ln][1]) if ln == first else k1[ln] for ln in range(32))
+            gs[gi] = _f32(_kval(top1) + _kval(top2))
+        kept, taken = 0, [False] * 32
+        for _ in range(tg):
+            ks = [_okey(gs[ln]) if ln < g and not taken[ln] else 0 for ln in range(32)]
+            gid = lowest_at(ks, max(ks), range(32))
+            kept |= 1 << gid
+            taken[gid] = True
+        for lane in range(32):
+            for j in range(v_per):
+                i = j * 32 + lane
+                if i < e and not (kept >> (i // epg)) & 1:
+                    key[lane][j] = -math.inf
+    ids = []
+    for _ in range(k):
+        best = []
+        for lane in range(32):
+            bv, bi = key[lane][0], lane
+            for j in range(1, v_per):
+                if key[lane][j] > bv:
+                    bv, bi = key[lane][j], j * 32 + lane
+            best.append((_okey(bv), bi))
+        top = max(kk for kk, _ in best)
+        bi = lowest_at([kk for kk, _ in best], top, [i for _, i in best])
+        key[bi % 32][bi // 32] = -math.inf
+        ids.append(bi)
+    return ids
+
+
+@pytest.mark.parametrize("dims", [(3, 256, 8, 8, 4), (2, 384, 8, 1, 1), (2, 64, 6, 8, 3), (2, 16, 4, 8, 2),
+                                  (2, 1024, 32, 32, 8), (2, 96, 5, 3, 2)])
+def test_the_kernels_warp_selection_is_the_reference(dims):
+    for seed, dist in enumerate(SPEC.distributions):
+        inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(seed), dist, device="cpu")
+        ref_ids = SPEC_MOD.route(inp["scores"].double(), inp["bias"], dims[2], dims[3], dims[4])[1]
+        keys = keys32(inp["scores"], inp["bias"])
+        for r in range(dims[0]):
+            got = _warp_emulation([float(x) for x in keys[r]], *dims[1:])
+            assert got == ref_ids[r].tolist(), (dims, dist, r)
+
+
+@pytest.mark.nvcc
+def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path):
+    from astra_sglang.build import find_nvcc
+    from astra_sglang.registry import op_dir
+    from astra_sglang.static_checks import errors, scan_file
+
+    src = op_dir(OP) / "kernel.cu"
+    assert not errors(scan_file(src, []))
+    text = src.read_text()
+    assert SPEC.c_signature().split("(")[0] in text
+    r = subprocess.run([find_nvcc(), "-std=c++20", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-shared",
+                        "-Xcompiler", "-fPIC", "-o", str(tmp_path / "k.so"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sym = subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
+    assert "astra_moe_grouped_router" in sym
