@@ -128,6 +128,8 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
                                     stdout=open(out / f"profile-{arm}.log", "w"), stderr=subprocess.STDOUT)
             time.sleep(3)       # the profiler starts before the traffic it records
         run = run_workload("127.0.0.1", port, w, prompts, arm, 0)
+        res["tokens"] = [r.output_ids for r in run.results]
+        res["request_errors"] = [r.error for r in run.results if r.error]
         if prof is not None:
             # keep traffic flowing until the profiler has its steps
             stop = threading.Event()
@@ -144,8 +146,6 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
                 res["profile_rc"] = "timeout"
             stop.set()
             t.join(120)
-        res["tokens"] = [r.output_ids for r in run.results]
-        res["request_errors"] = [r.error for r in run.results if r.error]
         res["alive_after"] = s.alive()
         res["ranks"] = read_ranks(cdir)      # while alive: the process titles name the ranks
     finally:
