@@ -104,6 +104,32 @@ def gated_out(c: Dict[str, Any]):
     return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // 2,))
 
 
+def topk_output_alloc(dtype_name: str):
+    """The [tokens, topk] output a router allocates when the caller passes none (moe routers)."""
+
+    def make(c: Dict[str, Any]):
+        import torch
+
+        x = c.get("scores")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return None  # prepare() then says which argument is wrong
+        return torch.empty((x.shape[0], int(c["topk"])), dtype=getattr(torch, dtype_name), device=x.device)
+
+    return make
+
+
+def topk_outputs_problem(c: Dict[str, Any], t: int, k: int) -> Optional[str]:
+    """Why a router's topk_weights / topk_ids are not the [t, k] fp32 / int32 pair it writes, or None."""
+    import torch
+
+    w, i = c["topk_weights"], c["topk_ids"]
+    if tuple(w.shape) != (t, k) or tuple(i.shape) != (t, k):
+        return f"outputs {tuple(w.shape)} / {tuple(i.shape)} != {(t, k)}"
+    if i.dtype is not torch.int32:
+        return f"topk_ids is {i.dtype}, not int32"
+    return None
+
+
 def weighted_rows(rows: Tuple[str, ...]):
     """A normalizer for ops over rows of width h with a weight [h] (rmsnorm family): `rows` are the
     tensors shaped like `input` (input, out / residual). Extra dimensions flatten into rows

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_output_alloc, topk_outputs_problem
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
@@ -87,11 +87,10 @@ def _normalize(c):
         return f"topk {k} outside 1..min({MAX_TOPK}, kept experts {tg * (e // g)})"
     if not c["renormalize"]:
         return "renormalize=False: SGLang 0.5.17's paths disagree on it (flashinfer renormalizes anyway)"
+    bad = topk_outputs_problem(c, t, k)
+    if bad:
+        return bad
     w, i = c["topk_weights"], c["topk_ids"]
-    if tuple(w.shape) != (t, k) or tuple(i.shape) != (t, k):
-        return f"outputs {tuple(w.shape)} / {tuple(i.shape)} != {(t, k)}"
-    if i.dtype is not torch.int32:
-        return f"topk_ids is {i.dtype}, not int32"
     bad = contiguity_problem(c, ("scores", "bias", "topk_weights", "topk_ids"))
     if bad:
         return bad
@@ -105,18 +104,6 @@ def _normalize(c):
     return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg)
 
 
-def _alloc(dtype_name: str):
-    def make(c):
-        import torch
-
-        x = c.get("scores")
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            return None  # prepare() then says which argument is wrong
-        return torch.empty((x.shape[0], int(c["topk"])), dtype=getattr(torch, dtype_name), device=x.device)
-
-    return make
-
-
 # `--ops all` leaves this op out until its kernel is timed (name it to patch it anyway).
 DEFAULT_OFF = "not yet measured on a GPU"
 
@@ -128,7 +115,7 @@ ADAPTER = OpAdapter(
     rowwise=("scores", "topk_weights", "topk_ids"),
     aliases={"gating_output": "scores", "correction_bias": "bias"},
     ignorable=frozenset({"hidden_states"}),
-    alloc={"topk_weights": _alloc("float32"), "topk_ids": _alloc("int32")},
+    alloc={"topk_weights": topk_output_alloc("float32"), "topk_ids": topk_output_alloc("int32")},
     normalize=_normalize,
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),
     outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},

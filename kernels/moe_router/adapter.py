@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_output_alloc, topk_outputs_problem
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
@@ -47,8 +47,6 @@ def _sglang_route():
 
 
 def _router_normalize(c):
-    import torch
-
     x = c["scores"]
     if x.dim() != 2:
         return f"gating_output is {x.dim()}-d, not [tokens, experts]"
@@ -58,11 +56,10 @@ def _router_normalize(c):
         return f"topk {k} outside 1..min({MAX_TOPK}, experts {e})"
     if e > MAX_EXPERTS:
         return f"{e} experts > {MAX_EXPERTS} (one warp's registers)"
+    bad = topk_outputs_problem(c, t, k)
+    if bad:
+        return bad
     w, i = c["topk_weights"], c["topk_ids"]
-    if tuple(w.shape) != (t, k) or tuple(i.shape) != (t, k):
-        return f"outputs {tuple(w.shape)} / {tuple(i.shape)} != {(t, k)}"
-    if i.dtype is not torch.int32:
-        return f"topk_ids is {i.dtype}, not int32"
     bad = contiguity_problem(c, ("scores", "topk_weights", "topk_ids"))
     if bad:
         return bad
@@ -71,18 +68,6 @@ def _router_normalize(c):
         return why
     c["renormalize"] = int(bool(c["renormalize"]))
     return {"scores": x, "topk_weights": w, "topk_ids": i}, (t, e, k)
-
-
-def _alloc(dtype_name: str):
-    def make(c):
-        import torch
-
-        x = c.get("scores")
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            return None  # prepare() then says which argument is wrong
-        return torch.empty((x.shape[0], int(c["topk"])), dtype=getattr(torch, dtype_name), device=x.device)
-
-    return make
 
 
 # `--ops all` leaves this op out until its kernel is timed (name it to patch it anyway).
@@ -97,7 +82,7 @@ ADAPTER = OpAdapter(
     aliases={"gating_output": "scores"},
     ignorable=frozenset({"hidden_states", "correction_bias", "routed_scaling_factor",
                          "apply_routed_scaling_factor_on_output", "num_fused_shared_experts"}),
-    alloc={"topk_weights": _alloc("float32"), "topk_ids": _alloc("int32")},
+    alloc={"topk_weights": topk_output_alloc("float32"), "topk_ids": topk_output_alloc("int32")},
     normalize=_router_normalize,
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),
     outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},
