@@ -397,6 +397,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\n![decode-step Δ](step.png)\n"
     if analysis:
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
+        from .neighbours import report as consumer_report
+
         md += consumer_report(neighbours)
     (out / "report.md").write_text(md)
     return md
@@ -424,11 +426,6 @@ def add_consumer_prediction(predicted: Optional[Dict[Tuple[str, int], dict]], ne
         if p is not None and r["rows"]:
             p["consumer_saved_us"] = -sum(x["span_delta_step_us"] for x in r["rows"])
 
-
-def consumer_report(neighbours: Sequence[dict]) -> str:
-    from .neighbours import report
-
-    return report(neighbours)
 
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:

@@ -38,9 +38,9 @@ from .installed import bitwise_mismatches, resolve_installed
 from .inputs import make_case_inputs, to_prod_abi
 from .oracle import FatalCaseError, run_case
 from .results import BenchReport, BenchRow
-from .timer import (DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, Neighbours, build_helpers, ceiling_key, graph_of,
-                    load_cached_ceiling, measure_ceiling, measure_launch_floor, plan_calls, plan_context_calls, plan_sets,
-                    store_ceiling, time_graphs)
+from .timer import (CONTEXT_K, DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, Neighbours, build_helpers, ceiling_key,
+                    graph_of, load_cached_ceiling, measure_ceiling, measure_launch_floor, plan_calls,
+                    plan_context_calls, plan_sets, store_ceiling, time_graphs)
 
 
 def _set_bytes(tensors: Dict[str, Any], names: Sequence[str]) -> int:
@@ -523,18 +523,16 @@ def bench(
         if not cb.ok:
             return fail(f"compile error: {first_error_line(cb.log)}")
     helpers = build_helpers(ws.manifest.get("arch") or "sm_90")
+    width = int(consumer_width or CONTEXT_K)   # the in-context consumer GEMM's output width, decided once
     job = {
         "mode": "bench", "op": op, "prod": prod_ref, "prod_binding": prod_ref.startswith("installed:"), "cand": f"lib:{cb.library}" if cb else None,
         "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
         "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
-        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": consumer_width,
+        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
-    if context:
-        from .timer import CONTEXT_K
-
-        rep.context_consumer_width = int(consumer_width or CONTEXT_K)
+    rep.context_consumer_width = width if context else 0
     wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
     p = wr.payload or {}
