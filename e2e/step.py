@@ -430,12 +430,9 @@ def add_consumer_prediction(predicted: Optional[Dict[Tuple[str, int], dict]], ne
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:
     """rank ("TP1"; "pid N" where the process named none) -> op -> counts, summed over its processes."""
-    from astra_sglang.patch.counters import add_counts, read_counters
+    from astra_sglang.patch.counters import by_rank
 
-    out: Dict[str, Dict[str, Dict[str, int]]] = {}
-    for p in read_counters(directory):
-        add_counts(out.setdefault(p.rank or f"pid {p.pid}", {}), p.counts)
-    return out
+    return {r: d["ops"] for r, d in by_rank(directory).items()}
 
 
 def rank_report(records: Sequence[dict], counters: Dict[str, dict]) -> str:

@@ -35,20 +35,10 @@ def _say(msg: str) -> None:
 
 
 def read_ranks(counter_dir: Path) -> Dict[str, dict]:
-    """rank -> {"pids": [...], "ops": {op: counts}, "status": {op: status}} of the processes that ran an op."""
-    from astra_sglang.patch.counters import add_counts, read_counters
+    """rank -> {"pids", "ops", "status"} of the processes that ran an op (patch.counters.by_rank)."""
+    from astra_sglang.patch.counters import by_rank
 
-    out: Dict[str, dict] = {}
-    for p in read_counters(counter_dir):
-        if not any(any(c.values()) for c in p.counts.values()):
-            continue            # a process that only imported the patch (tokenizer, detokenizer)
-        r = out.setdefault(p.rank or f"pid {p.pid}", {"pids": [], "ops": {}, "status": {}})
-        r["pids"].append(p.pid)
-        add_counts(r["ops"], p.counts)
-        for op, st in p.status.items():
-            if st:
-                r["status"][op] = st
-    return out
+    return by_rank(counter_dir, active_only=True)
 
 
 def check_every_rank(ranks: Dict[str, dict], tp: int) -> List[str]:

@@ -323,6 +323,21 @@ def add_counts(acc: Dict[str, Dict[str, int]], counts: Dict[str, Dict[str, int]]
     return acc
 
 
+def by_rank(directory: Optional[Path] = None, active_only: bool = False) -> Dict[str, dict]:
+    """rank ("TP1"; "pid N" for a process that names none) -> {"pids", "ops": op -> counts summed over
+    its processes, "status": op -> the last non-empty status}. active_only: skip processes that ran
+    nothing (a server's tokenizer and detokenizer import the patch too)."""
+    out: Dict[str, dict] = {}
+    for p in read_counters(directory):
+        if active_only and not any(any(c.values()) for c in p.counts.values()):
+            continue
+        r = out.setdefault(p.rank or f"pid {p.pid}", {"pids": [], "ops": {}, "status": {}})
+        r["pids"].append(p.pid)
+        add_counts(r["ops"], p.counts)
+        r["status"].update({op: st for op, st in p.status.items() if st})
+    return out
+
+
 def totals(directory: Optional[Path] = None) -> Dict[str, Dict[str, int]]:
     """Counters summed over every process in `directory`, per op."""
     out: Dict[str, Dict[str, int]] = {}

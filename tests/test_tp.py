@@ -189,3 +189,23 @@ def test_tp_collectives_are_communication_not_sampling():
         assert classify(name).category == "communication", name
     assert classify("void at::native::reduce_kernel<512, 1>(argmax)").op == "sampling/logits"
     assert classify("moe_sum_reduce_kernel").op == "moe_combine"
+
+
+def test_counters_by_rank_sums_a_ranks_processes_and_can_skip_idle_ones(tmp_path, monkeypatch):
+    """patch.counters.by_rank serves both the step's per-rank table and the drill's checks."""
+    from astra_sglang.patch.counters import by_rank
+
+    mod = sys.modules["astra_sglang.patch.counters"]
+    c = CounterFile(tmp_path, ["silu_and_mul"])
+    c.bump("silu_and_mul", "calls", 3)
+    c.set_status("silu_and_mul", state="patched")
+    monkeypatch.setattr(mod.os, "getpid", lambda: 999999)          # a second process ...
+    monkeypatch.setattr(mod, "_title", lambda pid="self": "sglang::detokenizer_TP1")
+    CounterFile(tmp_path, ["silu_and_mul"])                          # ... that only imported the patch
+    monkeypatch.undo()
+    every = by_rank(tmp_path)
+    mine = next(r for r in every if r != "TP1")
+    assert every[mine]["ops"]["silu_and_mul"]["calls"] == 3
+    assert every[mine]["status"]["silu_and_mul"]["state"] == "patched"
+    assert every["TP1"]["pids"] == [999999] and not any(every["TP1"]["ops"]["silu_and_mul"].values())
+    assert "TP1" not in by_rank(tmp_path, active_only=True)
