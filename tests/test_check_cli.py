@@ -77,6 +77,15 @@ def test_bench_rejects_unknown_shape_selector(tmp_path, capsys):
     assert e.value.code == 2 and "no shapes tagged" in capsys.readouterr().err
 
 
+def test_bench_rejects_a_consumer_width_below_one(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "silu_and_mul", "--workspace", str(ws), "--consumer-width", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1] == "error: --consumer-width must be at least 1, not 0"
+    assert not (ws / "bench").exists()
+
+
 def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):
     from astra_sglang.harness.bench import bench
     from astra_sglang.errors import AstraError

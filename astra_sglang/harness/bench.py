@@ -464,6 +464,8 @@ def bench(
     say = progress or (lambda s: None)
     if replays < 1:
         raise AstraError(f"--replays must be at least 1, not {replays}")
+    if consumer_width is not None and consumer_width < 1:
+        raise AstraError(f"--consumer-width must be at least 1, not {consumer_width}")
     if l2 not in ("cold", "warm"):
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
     spec = get_op(op)

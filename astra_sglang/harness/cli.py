@@ -107,7 +107,7 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
                    "graphs) and show extracted == installed in bits.")
 @click.option("--no-context", is_flag=True, help="Skip the in-context timing (producer GEMM -> op -> consumer GEMM); "
               "every row then uses the chained time.")
-@click.option("--consumer-width", type=click.IntRange(min=1), help="Output width of the in-context consumer GEMM "
+@click.option("--consumer-width", type=int, help="Output width of the in-context consumer GEMM "
               "(default 4096): the model's next GEMM, e.g. 2 x intermediate / TP after a post-attention norm.")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")
