@@ -8,7 +8,9 @@
 #
 # NAME=@FILE.cu times another source instead (e.g. old=@.kwork/old/silu_and_mul.cu, the last committed kernel).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
-# $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call.
+# $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
+# in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
+# (e.g. "--consumer-width 28672": the model's next GEMM).
 set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
@@ -27,7 +29,7 @@ for spec in "$@"; do
     cat "kernels/$op/kernel.cu" >>"$f"
   fi
   timeout 300 $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
-    --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
+    ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
 python3 - "$RES" "$op" "$@" <<'PY'
 import json, sys
@@ -40,11 +42,18 @@ for spec in specs:
     except (OSError, ValueError, KeyError):
         pass
 keys = sorted({k for rows in runs.values() for k in rows})
-print(f"{'shape':<14}{'dtype':<6}" + "".join(f"{'prod':>9}{n[:9]:>10}{'±%':>6}" for n in runs))
-for k in keys:
-    cells = []
-    for rows in runs.values():
-        r = rows.get(k)
-        cells.append(f"{r['prod_us']:9.2f}{r['cand_us']:10.2f}{100 * r['cand_spread']:6.1f}" if r else " " * 25)
-    print(f"{k[0]:<14}{k[1]:<6}" + "".join(cells))
+def cell(v, w):
+    return f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 1) + "-"
+for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_base_us", "context_cand_us")):
+    if not any(r.get(c) is not None for rows in runs.values() for r in rows.values()):
+        continue
+    print(f"# {basis}, µs per call (prod: the production kernel timed in the same run)")
+    print(f"{'shape':<14}{'dtype':<6}" + "".join(f"{'prod':>9}{n[:9]:>10}{'x':>6}" for n in runs))
+    for k in keys:
+        cells = []
+        for rows in runs.values():
+            r = rows.get(k)
+            x = r[p] / r[c] if r and r.get(p) and r.get(c) else None
+            cells.append(cell(r.get(p), 9) + cell(r.get(c), 10) + cell(x, 6) if r else " " * 25)
+        print(f"{k[0]:<14}{k[1]:<6}" + "".join(cells))
 PY

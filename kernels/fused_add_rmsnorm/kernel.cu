@@ -37,6 +37,9 @@
 // trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
 #define ASTRA_PDL 2
 #endif
+#ifndef ASTRA_TRIG_END
+#define ASTRA_TRIG_END 0  // dev: with ASTRA_PDL 2, keep the prefetch but release the dependents after the stores
+#endif
 #ifndef ASTRA_W_LATE
 #define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction at every K (default: only K = 4)
 #endif
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #if ASTRA_PDL >= 1
   pdl_wait();
 #endif
-#if ASTRA_PDL == 2
+#if ASTRA_PDL == 2 && !ASTRA_TRIG_END
   pdl_trigger();
 #endif
   // K = 4 (wide rows) loads the weight after the reduction: fewer live registers, more rows per SM.
@@ -271,7 +274,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   if constexpr (CL) cluster_wait();  // keep red_cl alive until every peer has read it
 #endif
-#if ASTRA_PDL == 1
+#if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
   pdl_trigger();
 #endif
 }
@@ -288,7 +291,7 @@ __global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restr
 #if ASTRA_PDL >= 1
   pdl_wait();
 #endif
-#if ASTRA_PDL >= 2
+#if ASTRA_PDL >= 2 && !ASTRA_TRIG_END
   pdl_trigger();
 #endif
   float ss = 0.f;
@@ -318,7 +321,7 @@ __global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restr
     for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(xs[v * W + i] * rcp * to_f(w.v[i]));
     st<T, W>(input + roff + size_t(v) * W, o);
   }
-#if ASTRA_PDL == 1
+#if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
   pdl_trigger();
 #endif
 }

@@ -27,6 +27,9 @@
 // trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
 #define ASTRA_PDL 2
 #endif
+#ifndef ASTRA_TRIG_END
+#define ASTRA_TRIG_END 0  // dev: with ASTRA_PDL 2, keep the prefetch but release the dependents after the stores
+#endif
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (1u << 31)  // dev: L2 prefetch before the PDL wait only when the op's inputs fit in this
 #endif
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
 #if ASTRA_PDL >= 1
   pdl_wait();
 #endif
-#if ASTRA_PDL == 2
+#if ASTRA_PDL == 2 && !ASTRA_TRIG_END
   pdl_trigger();
 #endif
   Vec<T, W> g[P], u[P];
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
       stg<T, W>(out + size_t(row[j]) * d + size_t(col[j]) * W, o);
     }
   }
-#if ASTRA_PDL == 1
+#if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
   pdl_trigger();
 #endif
 }
