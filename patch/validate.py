@@ -61,8 +61,15 @@ def validation_shapes(spec, selector: str):
     from astra_sglang.spec import dedupe_shapes
 
     if selector == "validate":
-        return list(dedupe_shapes([s for s in list(spec.shapes("paper")) + list(spec.edge_shapes)
-                                   if "largest" not in s.tags]))
+        tags = {t for s in spec.corpus for t in s.tags}
+        if "paper" in tags:
+            picked = list(spec.shapes("paper"))
+        else:   # ops without paper shapes (the MoE ops): a sample of the decode and prefill corpus
+            picked = []
+            for tag, n in (("decode", 6), ("prefill", 2)):
+                rows = spec.shapes(tag) if tag in tags else []
+                picked += rows[:: max(1, -(-len(rows) // n))]
+        return list(dedupe_shapes([s for s in picked + list(spec.edge_shapes) if "largest" not in s.tags]))
     return spec.shapes(selector)
 
 

@@ -126,3 +126,19 @@ def test_build_cache_key_includes_the_flags(tmp_path):
     again = build_shared(src, [], ["-O3", "-Xcompiler", "-fPIC"], tmp_path / "c", "h")
     assert a.ok and b.ok and a.library != b.library
     assert again.cached and again.library == a.library
+
+
+@pytest.mark.parametrize("op", op_names())
+def test_every_distribution_makes_inputs_the_harness_accepts(op):
+    """check refuses all-zero inputs on the GPU (moe_grouped_router's 'ties' bias could be all zero with one
+    group, 2026-11-24): the same guard on CPU, every distribution, the two smallest corpus shapes, three seeds."""
+    import math
+
+    pytest.importorskip("torch")
+    from astra_sglang.harness.inputs import make_case_inputs
+
+    spec = get_op(op)
+    for shape in sorted(spec.corpus, key=lambda s: math.prod(s.dims))[:2]:
+        for dist in spec.distributions:
+            for seed in range(3):
+                make_case_inputs(spec, shape.dims, (spec.dtypes or ("fp32",))[0], dist, seed, "cpu")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from astra_sglang.registry import get_op, op_names
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 STARTUP = ROOT / "patch" / "_startup"
@@ -838,3 +840,15 @@ def test_merge_state_leaves_the_token_counts_it_loses_in_context_to_sglang():
         assert isinstance(call(t), str) and "slower than SGLang's kernel in context" in call(t)
     for t in (1, 16, 1024):
         assert not isinstance(call(t), str), t
+
+
+@pytest.mark.parametrize("op", op_names())
+def test_validate_default_shapes_exist_for_every_op(op):
+    """`validate` with no --shapes: paper shapes where the op has them, else a decode/prefill sample (the MoE
+    ops have no paper shapes; validate stopped with "no shapes tagged 'paper'" on the H200, 2026-11-24)."""
+    from astra_sglang.patch.validate import validation_shapes
+
+    spec = get_op(op)
+    shapes = validation_shapes(spec, "validate")
+    assert shapes and all("largest" not in s.tags for s in shapes)
+    assert any("decode" in s.tags or "paper" in s.tags for s in shapes)

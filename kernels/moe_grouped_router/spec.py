@@ -116,7 +116,7 @@ scalars_of = scalars  # reference() takes a parameter of that name
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
     """scores: router logits; bias: the correction bias (fp32).
     normal: logits N(0, 2), bias N(0, 0.1) (DeepSeek-V3's trained biases are of that order);
-    ties: logits integers in [0, 3], one bias per group from {0, 1/8, 1/4}: most keys tie exactly in every
+    ties: logits integers in [0, 3], one bias per group from {1/8, 1/4, 3/8} (never all zero: inputs must not be): most keys tie exactly in every
     implementation (equal logits in a group), distinct keys and distinct group sums stay far apart (tested: a bias
     varying inside a group would make (s1 + b) + s0 and s1 + (s0 + b) equal reals whose fp32 sums depend on the
     last ulp of each implementation's sigmoid), so the tie rules decide;
@@ -133,7 +133,7 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
     if dist == "ties":
         g = int(dims[3])
         x = torch.randint(0, 4, (t, e), generator=gen, device=device).to(torch.float32)
-        b = (torch.randint(0, 3, (g,), generator=gen, device=device).to(torch.float32) / 8.0).repeat_interleave(e // g)
+        b = (torch.randint(1, 4, (g,), generator=gen, device=device).to(torch.float32) / 8.0).repeat_interleave(e // g)
     elif dist == "peaked":
         x = x * 1.5
         x = torch.where(torch.rand((t, e), generator=gen, device=device) < 0.25, torch.full_like(x, 30.0), x)
