@@ -16,6 +16,8 @@
 # (default bf16, what the gates of Qwen3-MoE and DeepSeek-V3 emit: about 3.5 s a row, and every dtype of
 # the router corpus did not fit in 150 s on the H200). Results: $OUT (or ./moe-gpu-out): moe-results.tgz
 # (every JSON, plot and log, re-packed after each phase so a time-out keeps what ran) and summary.txt.
+# SHAPES_<op> (e.g. SHAPES_moe_router=1x128x8,8x128x8) replaces an op's bench shapes (default: decode; the
+# installed routers take about 35 s a row through torch, so one model's rows fit a phase, the corpus does not).
 set -uo pipefail
 phases=${1:-router,grouped,align,combine}
 SITE=${SITE:-/tmp/e2e-site}; PHASE_S=${PHASE_S:-150}; DTYPE=${DTYPE:-bf16}
@@ -28,6 +30,7 @@ R=$(mktemp -d /tmp/astra-moe.XXXX); WS=$R/ws; mkdir -p "$WS"
 # from outside the checkout: the installed astra_sglang (it maps the patch and e2e packages)
 astra() { local t=$1 log=$2; shift 2; (cd "$R" && timeout -s INT -k 20 "$t" python3 -m astra_sglang.cli "$@") \
     > "$R/$log.log" 2>&1; local rc=$?; echo "rc=$rc" >> "$R/$log.log"; return $rc; }
+shapes_of() { local v=SHAPES_$1; echo "${!v:-decode}"; }
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
 line() { grep -E '^(PASS|FAIL|error|geomean|[0-9]+ passed)' "$R/$1.log" | head -2 | tr '\n' ' ' | cut -c1-200; }
 installed_op() {    # op: extract its installed variant, check, bench decode, validate
@@ -38,7 +41,7 @@ installed_op() {    # op: extract its installed variant, check, bench decode, va
     astra "$PHASE_S" "check_$op" check "$op" --workspace "$WS/$op" --candidate "$REPO/kernels/$op/kernel.cu" -v \
         --json "$R/check_$op.json"; summary "check $op: $(line "check_$op")"
     astra "$PHASE_S" "decode_$op" bench "$op" --workspace "$WS/$op" --candidate "$REPO/kernels/$op/kernel.cu" \
-        --shapes decode --dtype "$DTYPE" --out "$R/decode_$op.json"; summary "decode $op: $(line "decode_$op")"
+        --shapes "$(shapes_of $op)" --dtype "$DTYPE" --out "$R/decode_$op.json"; summary "decode $op: $(line "decode_$op")"
     astra "$PHASE_S" "validate_$op" validate --ops "$op"; summary "validate $op: $(line "validate_$op")"
 }
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD; } \
@@ -54,14 +57,14 @@ for ph in ${phases//,/ }; do
         astra "$PHASE_S" check_moe_align check moe_align --workspace "$ALIGN_WS" --candidate "$REPO/kernels/moe_align/kernel.cu" \
             --dtype int32 -v; summary "check moe_align: $(line check_moe_align)"
         astra "$PHASE_S" decode_moe_align bench moe_align --workspace "$ALIGN_WS" --candidate "$REPO/kernels/moe_align/kernel.cu" \
-            --dtype int32 --shapes decode --out "$R/decode_moe_align.json"; summary "decode moe_align: $(line decode_moe_align)"
+            --dtype int32 --shapes "$(shapes_of moe_align)" --out "$R/decode_moe_align.json"; summary "decode moe_align: $(line decode_moe_align)"
         astra "$PHASE_S" decode_moe_align_installed bench moe_align --workspace "$ALIGN_WS" \
-            --candidate "$REPO/kernels/moe_align/kernel.cu" --dtype int32 --shapes decode --baseline installed \
+            --candidate "$REPO/kernels/moe_align/kernel.cu" --dtype int32 --shapes "$(shapes_of moe_align)" --baseline installed \
             --out "$R/decode_moe_align_installed.json"
         summary "decode moe_align vs installed: $(line decode_moe_align_installed)" ;;
     combine)
         astra "$PHASE_S" decode_moe_combine_installed bench moe_combine --workspace "$COMBINE_WS" \
-            --candidate "$REPO/kernels/moe_combine/kernel.cu" --shapes decode --dtype "$DTYPE" --baseline installed \
+            --candidate "$REPO/kernels/moe_combine/kernel.cu" --shapes "$(shapes_of moe_combine)" --dtype "$DTYPE" --baseline installed \
             --out "$R/decode_moe_combine_installed.json"
         summary "decode moe_combine vs installed: $(line decode_moe_combine_installed)" ;;
     *) summary "unknown phase $ph (router, grouped, align, combine)" ;;

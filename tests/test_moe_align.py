@@ -379,3 +379,26 @@ def test_layer_and_adapter_modules_import_without_sglang():
     assert callable(op_part("moe_align", "layer").run_layer)
     ad = op_part("moe_align", "adapter")
     assert ad.ADAPTER.op == "moe_align" and ad.DEFAULT_OFF
+
+
+def test_patch_self_check_skips_scratch_the_reference_does_not_define():
+    """The patched moe_align died in its first self-check inside a Qwen3-30B-A3B step on the H200 (KeyError
+    'cumsum_buffer', 2026-11-24): the self-check compares the reference's outputs only, scratch aside; a wrong
+    output still fails."""
+    import torch
+
+    from astra_sglang.patch.ops import compare
+    from astra_sglang.registry import get_op
+
+    spec = get_op("moe_align")
+    dims = next(s.dims for s in spec.shapes("decode"))
+    inputs = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(0), "normal", device="cpu")
+    scalars = {n: v for n, v in inputs.items() if not hasattr(v, "clone")}
+    ref = spec.reference(inputs, tuple(dims), scalars)
+    out = {n: v.to(torch.int32) for n, v in ref.items()}
+    out["cumsum_buffer"] = inputs["cumsum_buffer"].clone()
+    names = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("out", "inout")]
+    assert "cumsum_buffer" in names
+    assert compare(spec, inputs, out, out, dims, names).ok
+    wrong = {**out, "num_tokens_post_pad": out["num_tokens_post_pad"] + 16}
+    assert not compare(spec, inputs, out, wrong, dims, names).ok
