@@ -294,7 +294,7 @@ def test_adapter_binds_biased_grouped_topk_as_select_experts_calls_it(sglang_0_5
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
     ad = op_part(OP, "adapter")
-    assert ad.DEFAULT_OFF == "not yet measured on a GPU"
+    assert "0.40x" in ad.DEFAULT_OFF   # measured slower on the H200 (2026-11-24): stays out of `--ops all`
     A = ad.ADAPTER
     assert adapter_mismatch(SPEC, A) is None
     fn = real_function(Path(sglang_0_5_17_source), "sglang.srt.layers.moe.topk", "biased_grouped_topk_gpu",
