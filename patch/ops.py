@@ -313,7 +313,9 @@ class OpState:
         return out
 
     def _checked_launch(self, views, dims, dt, cls, original) -> None:
-        idx = self._rows(dims[0])
+        # rows are sampled only from ops whose tensors are indexed by token; the others (moe_align: every
+        # output depends on every id) are checked whole, so the dims the check uses are the call's own
+        idx = self._rows(dims[0]) if self.adapter.rowwise else None
         pristine = self._sample(views, idx)  # inputs, before anything runs
         expected = {n: (v.clone() if hasattr(v, "clone") else v) for n, v in pristine.items()}
         inout = [n for n in self.layout.mutated if n in self._inputs_read()]

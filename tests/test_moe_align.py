@@ -402,3 +402,44 @@ def test_patch_self_check_skips_scratch_the_reference_does_not_define():
     assert compare(spec, inputs, out, out, dims, names).ok
     wrong = {**out, "num_tokens_post_pad": out["num_tokens_post_pad"] + 16}
     assert not compare(spec, inputs, out, wrong, dims, names).ok
+
+
+def test_patch_self_check_of_a_correct_kernel_passes_above_the_sampled_row_count(tmp_path):
+    """moe_align has no row-wise tensors, so the self-check cannot sample rows: it must check the whole call
+    with the call's own dims. It used to pass the sampled row count as dims[0], and the canonical form then
+    clamped every id above it, so production and astra alike "failed" (the batch-32 prefill of a Qwen3-30B-A3B
+    step on the H200, 2026-11-24, 8192 tokens: PATCH DISABLED, err 25 > tol 24.3, production 24.3)."""
+    import torch
+
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState
+    from astra_sglang.registry import get_op, op_part
+
+    spec = get_op("moe_align")
+    ad = op_part("moe_align", "adapter").ADAPTER
+    assert not ad.rowwise
+
+    def correct(views, dims, flip=False):
+        """A correct kernel: the reference's outputs; flip: each block's slots in reverse order (atomics order
+        pairs within an expert freely, so two correct kernels disagree there; the canonical form undoes it)."""
+        scal = {n: v for n, v in views.items() if not hasattr(v, "clone")}
+        for n, v in spec.reference(views, tuple(dims), scal).items():
+            views[n].copy_(v.to(views[n].dtype).reshape(views[n].shape))
+        if flip:
+            bs, total = int(dims[3]), int(views["num_tokens_post_pad"][0])
+            s = views["sorted_token_ids"]
+            s[:total].copy_(s[:total].view(-1, bs).flip(1).reshape(-1))
+
+    class CpuBackend:
+        devices, dtypes = ("cpu",), ("int32",)
+
+        def launch(self, views, dims, dt, scalars):
+            correct(views, dims, flip=True)
+
+    dims = (64, 8, 129, 16, 64 * 8 + 129 * 15)      # 64 tokens, above check_rows = 8
+    views = spec.make_inputs(dims, "int32", torch.Generator().manual_seed(0), "normal", device="cpu")
+    views.update(spec.scalars(dims))   # what the adapter's normalize passes along
+    st = OpState(spec, ad, CpuBackend(), CounterFile(tmp_path, ["moe_align"]), check_rows=8)
+    st.execute(views, dims, "int32", lambda v: correct(v, dims))
+    assert st.disabled is None, st.disabled
+    assert st.last_check is not None and st.last_check.ok
