@@ -117,9 +117,10 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
     """scores: router logits; bias: the correction bias (fp32).
     normal: logits N(0, 2), bias N(0, 0.1) (DeepSeek-V3's trained biases are of that order);
     ties: logits integers in [0, 3], one bias per group from {1/8, 1/4, 3/8} (never all zero, as inputs must
-    not be): most keys tie exactly in every implementation (equal logits in a group), distinct keys and distinct group sums stay far apart (tested: a bias
-    varying inside a group would make (s1 + b) + s0 and s1 + (s0 + b) equal reals whose fp32 sums depend on the
-    last ulp of each implementation's sigmoid), so the tie rules decide;
+    not be): most keys tie exactly in every implementation (equal logits in a group), distinct keys and
+    distinct group sums stay far apart (tested: a bias varying inside a group would make (s1 + b) + s0 and
+    s1 + (s0 + b) equal reals whose fp32 sums depend on the last ulp of each implementation's sigmoid), so
+    the tie rules decide;
     peaked: logits N(0, 3) with a quarter at 30 (sigmoid exactly 1.0f in every implementation): saturated keys
     1 + bias, weights over orders of magnitude."""
     import torch
