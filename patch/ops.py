@@ -169,6 +169,7 @@ class OpState:
         self.check_rows = max(2, int(check_rows))
         self.checked: Set[Tuple[Any, ...]] = set()
         self.disabled: Optional[str] = None
+        self.captured = False  # astra's kernel went into a CUDA graph (a later disable cannot take it out)
         self.default_original: Optional[Callable[[Dict[str, Any]], Any]] = None
         self.last_check: Optional[CheckResult] = None
         import torch
@@ -290,6 +291,7 @@ class OpState:
         self.counters.bump(self.name, "calls")
         self.counters.record_shape(self.name, dims, dt, capturing)  # shape telemetry: --shapes FILE
         if capturing:
+            self.captured = True
             self.counters.bump(self.name, "captured")
 
     # ------------------------------------------------------------ self-check
@@ -364,6 +366,9 @@ class OpState:
         rank = process_rank()
         msg = (f"astra-sglang: PATCH DISABLED for {self.name} in pid {_pid()}{f' ({rank})' if rank else ''}: {reason}. "
                f"SGLang's original kernel serves {self.name} from now on.")
+        if self.captured:   # graphs cannot be edited: say what still runs astra's kernel
+            msg += (" CUDA graphs captured before this keep astra's kernel for the shapes they hold (each of those "
+                    "shape classes passed its own self-check); restart the server without the op to drop them too.")
         if log.hasHandlers():
             log.error(msg)
         print("\n" + "!" * 100 + "\n" + msg + "\n" + "!" * 100, file=sys.stderr, flush=True)

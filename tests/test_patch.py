@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from astra_sglang.registry import get_op, op_names
+from astra_sglang.registry import get_op, op_names, op_part
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -852,3 +852,23 @@ def test_validate_default_shapes_exist_for_every_op(op):
     shapes = validation_shapes(spec, "validate")
     assert shapes and all("largest" not in s.tags for s in shapes)
     assert any("decode" in s.tags or "paper" in s.tags for s in shapes)
+
+
+def test_disable_after_capture_says_the_graphs_keep_astras_kernel(tmp_path, capsys):
+    """A disable reaches the eager path only: graphs captured before it keep astra's kernel (seen on the H200,
+    2026-11-24, moe_align). The message says so when something was captured, and not otherwise."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState
+
+    class Backend:
+        devices, dtypes = ("cpu",), ("fp16", "bf16")
+
+    spec = get_op("silu_and_mul")
+    ad = op_part("silu_and_mul", "adapter").ADAPTER
+    for captured in (False, True):
+        st = OpState(spec, ad, Backend(), CounterFile(tmp_path / str(captured), ["silu_and_mul"]))
+        st.captured = captured
+        st.disable("self-check mismatch (test)")
+        err = capsys.readouterr().err
+        assert "PATCH DISABLED for silu_and_mul" in err
+        assert ("CUDA graphs captured before this keep astra's kernel" in err) is captured
