@@ -427,7 +427,6 @@ def add_consumer_prediction(predicted: Optional[Dict[Tuple[str, int], dict]], ne
             p["consumer_saved_us"] = -sum(x["span_delta_step_us"] for x in r["rows"])
 
 
-
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:
     """rank ("TP1"; "pid N" where the process named none) -> op -> counts, summed over its processes."""
     from astra_sglang.patch.counters import by_rank
