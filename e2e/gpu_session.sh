@@ -2,7 +2,7 @@
 # One GPU session, in phases (comma-separated), run from the repo root on the GPU node:
 #   install   wheelhouse in $WHEELS -> $SITE (e2e/device_install.sh)
 #   smoke     plain sglang.launch_server, small config, one token-id request (e2e/smoke.py)
-#   ab        astra-sglang e2e on the 8B-shaped config (baseline vs patched, decode + prefill)
+#   ab        astra-sglang e2e on $AB_MODEL (an e2e/configs name, default llama3-8b): baseline vs patched
 #   validate  astra-sglang validate (SGLang's layers with and without the patch)
 # Results go to $RES (default $OUT or ./e2e-gpu-out). Each phase has its own time limit.
 set -uo pipefail
@@ -34,7 +34,7 @@ for ph in ${phases//,/ }; do
             --timeout $(( ${SMOKE_TIMEOUT:-300} - 30 )) || status=1
         ;;
     ab)
-        astra ${AB_TIMEOUT:-560} e2e --model-path "$REPO/e2e/configs/llama3-8b" --out "$LOGS/ab" $AB_ARGS 2>&1 \
+        astra ${AB_TIMEOUT:-560} e2e --model-path "$REPO/e2e/configs/${AB_MODEL:-llama3-8b}" --out "$LOGS/ab" $AB_ARGS 2>&1 \
             | tee "$LOGS/ab.log" || status=1
         for f in results.json report.md ab.png; do [ -f "$LOGS/ab/$f" ] && cp "$LOGS/ab/$f" "$RES/"; done
         ;;
