@@ -11,7 +11,9 @@ in arm A's and arm B's decode traces. It then compares, per pair:
   - the next kernel's duration;
   - the span from the op's start to the next kernel's end (the op plus its consumer, overlap and gap
     included): the op's effect on what follows.
-Δ µs/step is the change of that span, times the calls per step.
+Δ µs/step is the change of that span, times the calls per step. The span, not the op's own duration,
+is the fair measure: a kernel launched with PDL starts while the one before it still runs and waits
+in griddepcontrol.wait, so its duration includes that wait.
 
     python -m astra_sglang.e2e.neighbours PROFILE_DIR [--base A]   # a step or profile capture dir
 """
@@ -107,7 +109,10 @@ def report(results: Sequence[dict]) -> str:
         return ""
     md = ["", "### The kernel after each covered op, in the decode graph (arm A vs the patched arm)", "",
           "Δ span: the op's start to the next kernel's end, per step. A kernel faster alone that slows its "
-          "consumer shows here (e2e/neighbours.py).", ""]
+          "consumer shows here (e2e/neighbours.py). An op µs of a PDL-launched kernel includes its wait on the "
+          "kernel before it (it starts early, then griddepcontrol.wait), so compare spans, not op µs: "
+          "moe_align's 1.26 → 4.66 µs (H200, 2026-11-24) was that wait plus the second kernel SGLang runs "
+          "and astra does not.", ""]
     for r in results:
         md += [f"**{r['base']} → {r['arm']}, batch {r['batch_size']}**", "", table(r["rows"])]
     return "\n".join(md)

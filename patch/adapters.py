@@ -65,6 +65,9 @@ class OpAdapter:
     # only read for its row count): param -> fn(canonical dict), set on every call of the original (the
     # self-check's row sample, the harness's installed baseline, compiled graphs' self-check).
     bare_args: Mapping[str, Callable[[Dict[str, Any]], Any]] = field(default_factory=dict)
+    # Calls with more tokens (dims[0]) than this stay with SGLang's original by design: the kernel was
+    # measured slower than that route in context. validate reports such shapes n/a. None: no limit.
+    max_tokens: Optional[int] = None
 
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)

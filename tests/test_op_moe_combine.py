@@ -87,7 +87,7 @@ def test_adapter_binds_every_sglang_signature_and_normalizes():
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
     ad = op_part("moe_combine", "adapter")
-    assert "not yet measured" in ad.DEFAULT_OFF  # off until the decode route is timed
+    assert not ad.DEFAULT_OFF and ad.ADAPTER.max_tokens == 32  # on for SGLang's <= 32-token (decode) route
     assert adapter_mismatch(SPEC, ad.ADAPTER) is None
     x, out = torch.randn(3, 8, 64), torch.empty(3, 64)
     for fn in _sglang_signatures():

@@ -667,6 +667,42 @@ def test_validate_logic_on_cpu():
     assert any(c.status == "FAIL" for c in never) and "reached the astra kernel" in format_results(never)
 
 
+def test_max_tokens_keeps_larger_calls_with_sglang_and_validate_says_so(monkeypatch):
+    """An adapter's max_tokens (moe_combine: 32, where SGLang switches to a route the kernel loses to in
+    context) hands larger calls to SGLang's original, and validate reports them n/a, not FAIL."""
+    import dataclasses
+
+    import torch
+
+    import sglang_cpu_env as E
+    from astra_sglang.patch.validate import format_results, validate
+    from astra_sglang.registry import op_part
+
+    mod = type(sys)("fake_capped_sk")
+    sys.modules["fake_capped_sk"] = mod
+
+    def silu_and_mul(input, out=None):
+        d = input.shape[-1] // 2
+        out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
+        out.copy_((torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()).to(out.dtype))
+        return out
+
+    mod.silu_and_mul = silu_and_mul
+    ad = op_part("silu_and_mul", "adapter")
+    monkeypatch.setattr(ad, "ADAPTER", dataclasses.replace(ad.ADAPTER, max_tokens=3))
+    layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
+    try:
+        cases = validate(["silu_and_mul"], backends=E.astra_standins(), device="cpu", layers=layer,
+                         targets={"silu_and_mul": ["fake_capped_sk:silu_and_mul"]}, shapes="2x64,4x64",
+                         dtypes=["fp32"])
+    finally:
+        del sys.modules["fake_capped_sk"]
+    text = format_results(cases)
+    by = {c.dims: c for c in cases}
+    assert by[(2, 64)].status == "PASS" and by[(2, 64)].calls == 1, text
+    assert by[(4, 64)].status == "n/a" and "by design" in by[(4, 64)].detail and by[(4, 64)].fallbacks == 1, text
+
+
 def test_validate_marks_shapes_sglang_refuses_as_na():
     """sgl_kernel's silu_and_mul raises for halves that are not 16-byte aligned (seen on the H200
     with 0.5.17): validate reports those shapes n/a and still validates the others."""

@@ -18,6 +18,7 @@ constexpr int kItems = 4;  // ids per thread held in registers on the one-launch
 constexpr int kFusedMaxNumel = kMaxThreads * kItems;
 constexpr int kMaxBuckets = 8192;  // SGLang's limit (its kernel's RuntimeCheck)
 constexpr int kSortThreads = 256;
+constexpr int kPadPerThread = 8;  // one-launch path: padding slots per thread before the block grows
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -226,9 +227,16 @@ extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_
   auto* total = static_cast<int32_t*>(num_tokens_post_pad);
   const size_t smem = (2 * static_cast<size_t>(buckets) + 1 + 32) * sizeof(int);
   if (n <= kFusedMaxNumel) {
-    // enough threads for the ids (kItems each) and, up to a full block, one bucket each
+    // enough threads for the ids (kItems each), one bucket each and kPadPerThread padding slots each, up
+    // to a full block. Padding grows with block_size * experts (~8k slots at Qwen3-30B-A3B batch 32);
+    // sized by buckets alone (~160 threads) the kernel lost to SGLang's two at batch 8 and 32 (H200, 2026-11-24)
     int threads = (n + kItems - 1) / kItems;
-    threads = threads > buckets ? threads : (buckets < kMaxThreads ? buckets : kMaxThreads);
+    threads = threads > buckets ? threads : buckets;
+    if (pad) {
+      const int pad_threads = (max_len + kPadPerThread - 1) / kPadPerThread;
+      threads = threads > pad_threads ? threads : pad_threads;
+    }
+    threads = threads < kMaxThreads ? threads : kMaxThreads;
     threads = (threads + 31) / 32 * 32;
     threads = threads < 64 ? 64 : threads;
     cudaError_t err = allow_smem(fused_align_kernel, smem);
