@@ -1,6 +1,7 @@
 """The shipped kernel's measured speedup on a shape, from the newest bench JSON under results/.
 
-A bench JSON (`astra-sglang bench --out`) has "op", "date" and "rows" of {"shape": "32x4096",
+A bench JSON (`astra-sglang bench --out`) of the shipped kernel (its "candidate" is kernels/<op>/kernel.cu;
+other candidates are experiments) has "op", "date" and "rows" of {"shape": "32x4096",
 "dtype": "bf16", "speedup": 1.31, ...}. Lookup: the newest file (by its "date") that has a row
 for the op, the dtype and the exact shape; failing that, the row of the same trailing dims whose
 token count is nearest within a factor of NEAREST_MAX_RATIO (reported as "~" with the shape it came
@@ -29,6 +30,16 @@ class Speedup:
         return f"{self.value:.2f}x" if self.exact else f"~{self.value:.2f}x ({self.shape})"
 
 
+def is_shipped_candidate(op: str, candidate) -> bool:
+    """Whether a bench JSON timed the shipped kernel (kernels/<op>/kernel.cu, wherever the checkout was).
+    Experiments (PDL variants in /tmp), deliberately wrong kernels (tests/bad_candidates) and baselines
+    are benched too, and must not stand in for it: a pdl0 variant's 0.86x was the profile's "speedup" of
+    fused_add_rmsnorm at 1x4096 until 2026-11-26. A JSON without a candidate field counts (older benches)."""
+    if candidate is None:
+        return True
+    return str(candidate).replace("\\", "/").endswith(f"kernels/{op}/kernel.cu")
+
+
 def _rows_of(path: Path) -> Optional[Tuple[str, str, list]]:
     try:
         if path.stat().st_size > 20 * 2 ** 20:
@@ -37,6 +48,8 @@ def _rows_of(path: Path) -> Optional[Tuple[str, str, list]]:
     except (OSError, ValueError):
         return None
     if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):
+        return None
+    if not is_shipped_candidate(str(d["op"]), d.get("candidate")):
         return None
     rows = [r for r in d["rows"] if isinstance(r, dict) and "shape" in r and isinstance(r.get("speedup"), (int, float))]
     return (str(d["op"]), str(d.get("date", "")), rows) if rows else None

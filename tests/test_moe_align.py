@@ -443,3 +443,31 @@ def test_patch_self_check_of_a_correct_kernel_passes_above_the_sampled_row_count
     st.execute(views, dims, "int32", lambda v: correct(v, dims))
     assert st.disabled is None, st.disabled
     assert st.last_check is not None and st.last_check.ok
+
+
+def test_layer_maps_a_shorter_sglang_buffer_onto_the_case_length(monkeypatch):
+    """sglang 0.5.17 sizes sorted_token_ids without rounding to 4, the corpus rounds (validate crashed on
+    167 vs 168 on the H200, 2026-11-26): the layer's output has the case's length, the tail is the pad value."""
+    import sys
+    import types
+
+    import torch
+
+    t, k, nb, bs = 3, 2, 5, 4
+    n_sorted = 8
+
+    def fake_align(topk_ids, block, num_experts):
+        s = torch.arange(7, dtype=torch.int32)           # one slot short of the case's 8
+        return s, torch.zeros(2, dtype=torch.int32), torch.tensor([8], dtype=torch.int32)
+
+    name = "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size"
+    mod = types.ModuleType(name)
+    mod.moe_align_block_size = fake_align
+    for parent in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.moe",
+                   "sglang.srt.layers.moe.moe_runner", "sglang.srt.layers.moe.moe_runner.triton_utils"):
+        monkeypatch.setitem(sys.modules, parent, sys.modules.get(parent) or types.ModuleType(parent))
+    monkeypatch.setitem(sys.modules, name, mod)
+    inp = {"topk_ids": torch.zeros(t, k, dtype=torch.int32), "expert_ids": torch.full((4,), -7, dtype=torch.int32)}
+    out = op_part("moe_align", "layer").run_layer(inp, (t, k, nb, bs, n_sorted), {})
+    assert out["sorted_token_ids"].tolist() == [0, 1, 2, 3, 4, 5, 6, t * k]
+    assert out["expert_ids"].tolist() == [0, 0, -7, -7]

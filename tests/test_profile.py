@@ -149,6 +149,23 @@ def test_speedup_lookup_newest_exact_then_nearest(tmp_path):
     assert t.lookup("fused_add_rmsnorm", (256, 4096)).shape == "64x4096"  # 4x: still the nearest
 
 
+def test_speedup_lookup_takes_only_the_shipped_kernels_benches(tmp_path):
+    """A PDL experiment or a deliberately wrong kernel is benched too; only kernels/<op>/kernel.cu counts
+    (the profile showed a pdl0 variant's 0.86x as fused_add_rmsnorm's speedup before this)."""
+    row = [{"shape": "1x4096", "dtype": "bf16", "speedup": 0.86}]
+    (tmp_path / "variant.json").write_text(json.dumps({"op": "fused_add_rmsnorm", "date": "2026-11-24T00:00",
+                                                       "candidate": "/tmp/astra-variants.w83k/pdl0.cu", "rows": row}))
+    (tmp_path / "cheat.json").write_text(json.dumps({"op": "silu_and_mul", "date": "2026-11-24T00:00",
+                                                     "candidate": "tests/bad_candidates/cheat_capture_skip.cu",
+                                                     "rows": [{"shape": "1x4096", "dtype": "bf16", "speedup": 9.0}]}))
+    (tmp_path / "shipped.json").write_text(json.dumps({
+        "op": "fused_add_rmsnorm", "date": "2026-11-23T00:00", "candidate": "/root/repo/kernels/fused_add_rmsnorm/kernel.cu",
+        "rows": [{"shape": "1x4096", "dtype": "bf16", "speedup": 1.3}]}))
+    t = SpeedupTable.from_dirs([tmp_path])
+    assert t.lookup("fused_add_rmsnorm", (1, 4096)).value == 1.3   # the older shipped bench, not the newer variant
+    assert t.lookup("silu_and_mul", (1, 4096)) is None
+
+
 # ----------------------------------------------------------------------------- per-op table
 
 def _capture_dir(tmp_path: Path, patched=False, bs=8, steps=4) -> Path:

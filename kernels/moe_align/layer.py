@@ -1,8 +1,9 @@
 """The SGLang code `validate` drives for this op: the Triton fused_moe path's moe_align_block_size
 (sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py), which allocates SGLang's buffers and
 calls the kernel wrapper this op patches. Its outputs are mapped onto the op's: expert_ids past the used blocks
-keep the case's input (SGLang leaves them unwritten), sorted_token_ids is cut to the 0.5.17 length (0.5.23
-rounds the buffer up to a multiple of 4)."""
+keep the case's input (SGLang leaves them unwritten). sorted_token_ids is mapped onto the case's length: cut
+where SGLang's buffer is longer (0.5.23 rounds it up to a multiple of 4), and where it is shorter (0.5.17 does
+not round; the corpus does) the missing tail is the padding value, numel, as if the buffer went on."""
 
 
 def run_layer(inp, dims, scalars):
@@ -13,4 +14,7 @@ def run_layer(inp, dims, scalars):
     n = int(total.reshape(-1)[0].item())
     eids = inp["expert_ids"].clone()
     eids[: n // bs] = e[: n // bs]
-    return {"sorted_token_ids": s[:n_sorted], "expert_ids": eids, "num_tokens_post_pad": total[:1]}
+    sorted_ids = s.new_full((n_sorted,), t * k)
+    m = min(n_sorted, s.numel())
+    sorted_ids[:m] = s[:m]
+    return {"sorted_token_ids": sorted_ids, "expert_ids": eids, "num_tokens_post_pad": total[:1]}
