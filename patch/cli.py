@@ -171,7 +171,10 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
         click.echo(format_table(procs), err=True)
     if ops:
         tot = totals(cdir)
-        never = [o for o in ops if tot.get(o, {}).get("calls", 0) == 0]
+        never, uncalled = never_ran(ops, tot, all_requested=(ops_text or "").strip().lower() == "all")
+        if uncalled:
+            click.echo(f"astra-sglang: not called by this model (neither astra nor SGLang's original ran): "
+                       f"{', '.join(uncalled)}", err=True)
         disabled = [o for o in ops if tot.get(o, {}).get("disabled", 0)]
         if disabled:
             click.echo(f"astra-sglang: DISABLED during the run (self-check or kernel error): {', '.join(disabled)}", err=True)
@@ -180,6 +183,17 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
                        "not reporting success", err=True)
             sys.exit(3)
     sys.exit(rc)
+
+
+def never_ran(ops: List[str], tot: Dict[str, Dict[str, int]], all_requested: bool):
+    """(ops whose astra kernel never ran: exit 3, ops the model never called: a note). A named op that
+    never ran is a failed patch. Under `--ops all` an op with no call at all, astra's or the fallback's,
+    is one this model does not use (Qwen3 never calls gelu_and_mul), not a failure."""
+    never = [o for o in ops if tot.get(o, {}).get("calls", 0) == 0]
+    if not all_requested:
+        return never, []
+    uncalled = [o for o in never if not tot.get(o, {}).get("fallbacks", 0)]
+    return [o for o in never if o not in uncalled], uncalled
 
 
 def _run_forwarding_signals(cmd: List[str], env: Dict[str, str]) -> int:

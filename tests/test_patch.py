@@ -908,3 +908,16 @@ def test_disable_after_capture_says_the_graphs_keep_astras_kernel(tmp_path, caps
         err = capsys.readouterr().err
         assert "PATCH DISABLED for silu_and_mul" in err
         assert ("CUDA graphs captured before this keep astra's kernel" in err) is captured
+
+
+def test_ops_all_does_not_fail_on_ops_the_model_never_calls():
+    """`patch --serve --ops all` on Qwen3-30B-A3B exited 3 because gelu_and_mul & co. never ran (H200,
+    2026-11-26): under "all" an op with neither astra nor fallback calls is noted, not a failure; a named
+    op that never ran, or one that only fell back, still is."""
+    from astra_sglang.patch.cli import never_ran
+
+    tot = {"fused_add_rmsnorm": {"calls": 10}, "gelu_and_mul": {"calls": 0, "fallbacks": 0},
+           "moe_combine": {"calls": 0, "fallbacks": 5}}
+    ops = ["fused_add_rmsnorm", "gelu_and_mul", "moe_combine", "merge_state"]
+    assert never_ran(ops, tot, all_requested=True) == (["moe_combine"], ["gelu_and_mul", "merge_state"])
+    assert never_ran(ops, tot, all_requested=False) == (["gelu_and_mul", "moe_combine", "merge_state"], [])
