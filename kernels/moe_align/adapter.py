@@ -38,8 +38,9 @@ def _align_normalize(c):
 
 # On in `--ops all`. The 2026-11-24 "3.7x slower in its decode graph" was a misreading of the neighbour
 # table: the op time of a PDL-launched kernel includes its griddepcontrol.wait on the router before it,
-# and SGLang runs two kernels where this runs one. The Qwen3-30B-A3B step A/B (H200, 2026-11-24) measured
-# -4.64% at batch 1 without it and -5.11% with it (see RESULTS.md). DEFAULT_OFF = "reason" takes it out again.
+# and SGLang runs two kernels where this runs one. With it (and moe_combine) the Qwen3-30B-A3B decode step
+# measured -5.51 / -7.33 / -3.23% at batch 1 / 8 / 32 (H200, 2026-11-26, RESULTS.md).
+# DEFAULT_OFF = "reason" takes it out again.
 DEFAULT_OFF = ""
 
 ADAPTER = OpAdapter(

@@ -8,8 +8,8 @@ holds the machinery and says what each field means):
                                                                               0.5.23 <= 32 tokens on sm_90+
 
 Not reached: Mixtral-style topk == 2 with scale 1 (fused_moe calls torch.add inline) and the JIT moe_topk_sum.
-Not routed (the original serves the call): more than ROUTED_MAX_TOKENS tokens (max_tokens), non-contiguous input or
-output, mismatched shapes, dtypes other than fp32/fp16/bf16."""
+Not routed (the original serves the call): more than ROUTED_MAX_TOKENS tokens (max_tokens), non-contiguous
+input or output, mismatched shapes, dtypes other than fp32/fp16/bf16."""
 from __future__ import annotations
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
@@ -35,7 +35,7 @@ def _combine_normalize(c):
 # Calls above this many tokens stay with SGLang (its sgl_kernel.moe_sum_reduce route): there the shipped
 # kernel was 0.75x in context at 64x8x2048 (H200, 2026-11-23). At <= 32 tokens SGLang runs a torch.compile'd
 # sum, and patching that route made the Qwen3-30B-A3B decode step faster at batch 1, 8 and 32 (H200,
-# 2026-11-24, RESULTS.md).
+# 2026-11-24 and 2026-11-26, RESULTS.md).
 ROUTED_MAX_TOKENS = 32
 
 # On in `--ops all` (for the routed calls above); DEFAULT_OFF = "reason" would take it out again.
