@@ -636,14 +636,10 @@ print(json.dumps(dict(ok=all(torch.allclose(a, b, atol=1e-5) for a, b in zip(wan
 
 
 # ---------------------------------------------------------------------- validate, CLI
-def test_validate_logic_on_cpu():
+def _torch_silu_and_mul():
+    """A fresh stand-in for SGLang's silu_and_mul on CPU (sgl_kernel's signature). Fresh, because the patch
+    replaces every reference to the function object it targets."""
     import torch
-
-    import sglang_cpu_env as E
-    from astra_sglang.patch.validate import format_results, validate
-
-    mod = type(sys)("fake_validate_sk")
-    sys.modules["fake_validate_sk"] = mod
 
     def silu_and_mul(input, out=None):
         d = input.shape[-1] // 2
@@ -651,7 +647,17 @@ def test_validate_logic_on_cpu():
         out.copy_((torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()).to(out.dtype))
         return out
 
-    mod.silu_and_mul = silu_and_mul
+    return silu_and_mul
+
+
+def test_validate_logic_on_cpu():
+    import sglang_cpu_env as E
+    from astra_sglang.patch.validate import format_results, validate
+
+    mod = type(sys)("fake_validate_sk")
+    sys.modules["fake_validate_sk"] = mod
+    mod.silu_and_mul = _torch_silu_and_mul()
+    unpatched = _torch_silu_and_mul()  # a layer that never calls through the patched module
     layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
     kw = dict(device="cpu", layers=layer, targets={"silu_and_mul": ["fake_validate_sk:silu_and_mul"]},
               shapes="4x64,3x1001", dtypes=["fp32", "bf16"])
@@ -659,7 +665,7 @@ def test_validate_logic_on_cpu():
         good = validate(["silu_and_mul"], backends=E.astra_standins(), **kw)
         bad = validate(["silu_and_mul"], backends=E.astra_standins(wrong={"silu_and_mul"}), **kw)
         never = validate(["silu_and_mul"], backends=E.astra_standins(),
-                         **{**kw, "layers": {"silu_and_mul": lambda inp, d, s: {"out": silu_and_mul(inp["input"])}}})
+                         **{**kw, "layers": {"silu_and_mul": lambda inp, d, s: {"out": unpatched(inp["input"])}}})
     finally:
         del sys.modules["fake_validate_sk"]
     assert good and all(c.status == "PASS" and c.calls == 1 for c in good), format_results(good)
@@ -672,22 +678,13 @@ def test_max_tokens_keeps_larger_calls_with_sglang_and_validate_says_so(monkeypa
     context) hands larger calls to SGLang's original, and validate reports them n/a, not FAIL."""
     import dataclasses
 
-    import torch
-
     import sglang_cpu_env as E
     from astra_sglang.patch.validate import format_results, validate
     from astra_sglang.registry import op_part
 
     mod = type(sys)("fake_capped_sk")
     sys.modules["fake_capped_sk"] = mod
-
-    def silu_and_mul(input, out=None):
-        d = input.shape[-1] // 2
-        out = input.new_empty(input.shape[:-1] + (d,)) if out is None else out
-        out.copy_((torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()).to(out.dtype))
-        return out
-
-    mod.silu_and_mul = silu_and_mul
+    mod.silu_and_mul = _torch_silu_and_mul()
     ad = op_part("silu_and_mul", "adapter")
     monkeypatch.setattr(ad, "ADAPTER", dataclasses.replace(ad.ADAPTER, max_tokens=3))
     layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
