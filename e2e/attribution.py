@@ -180,6 +180,24 @@ def covered_dims(op: str, hint: str) -> Optional[Tuple[int, ...]]:
     return tuple(int(x) for x in hint.split("x"))
 
 
+def lookup_dims(op: str, hint: str, cfg: Optional[dict] = None, tokens: int = 0,
+                tp: int = 1) -> Optional[Tuple[int, ...]]:
+    """The op's dims in its spec's order, for a speedup lookup and a shapes corpus: the spec's
+    model_dims(cfg, tokens, tp) where kernels/<op>/spec.py has one (qknorm's dims carry head counts and
+    strides that no AxB hint spells), else the plain hint."""
+    if cfg and tokens:
+        try:
+            from astra_sglang.registry import op_part
+
+            fn = getattr(op_part(op, "spec"), "model_dims", None)
+        except Exception:   # not a registry op (a profile-only category such as moe_routing)
+            fn = None
+        dims = fn(cfg, tokens, tp) if fn else None
+        if dims:
+            return tuple(int(x) for x in dims)
+    return covered_dims(op, hint)
+
+
 def classify_all(names: Sequence[str], hidden_act: str = "silu") -> Dict[str, Match]:
     return {n: classify(n, hidden_act) for n in set(names)}
 

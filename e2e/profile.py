@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .attribution import classify, covered_dims, shape_hints, short_name
+from .attribution import classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
 from .trace import KernelEvent, exclusive_times, load_trace
 
@@ -90,7 +90,8 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
             "speedup": None, "speedup_label": "", "speedup_source": None, "predicted_gain": 0.0, "saved_us": 0.0,
         }
         if o["covered"]:
-            sp = speedups.lookup(o["op"], covered_dims(o["op"], hint), dtype) if speedups else None
+            dims = lookup_dims(o["op"], hint, cfg, cap.tokens, tp)
+            sp = speedups.lookup(o["op"], dims, dtype) if speedups else None
             if sp is None:
                 row["speedup_label"] = "unmeasured"
             elif o["astra"]:
@@ -154,7 +155,8 @@ def shapes_corpus(analysis: dict, cfg: dict, model: str) -> dict:
         for r in c["ops"]:
             if not r["covered"]:
                 continue
-            dims = covered_dims(r["op"], hints.get(r["op"], ""))
+            dims = lookup_dims(r["op"], hints.get(r["op"], ""), cfg, c["tokens"],
+                               int(analysis["meta"].get("tp", 1)))
             if dims is None:
                 continue
             e = ops[r["op"]].setdefault(dims, {"dims": list(dims), "dtype": dtype, "count": 0, "tags": [],

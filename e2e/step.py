@@ -216,6 +216,7 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
     profiled (the patched ones) get one; an unpatched A2 does not. patched: arm -> its ops ("all" or
     a list): only those ops' savings count."""
     dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
+    default = None   # "all" patches the default ops only: a DEFAULT_OFF op's bench speedup is no saving
     out = {}
     for (arm, bs), c in dec.items():
         if arm != base:
@@ -224,7 +225,14 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
             if not any(a == o for a, _ in dec):
                 continue
             ops = (patched or {}).get(o, "all")
-            mine = [r for r in c["ops"] if r["covered"] and (ops == "all" or r["op"] in ops)]
+            if ops == "all":
+                if default is None:
+                    from astra_sglang.patch import patchable_ops
+                    from astra_sglang.patch.config import default_ops
+
+                    default = set(default_ops(patchable_ops()))
+                ops = default
+            mine = [r for r in c["ops"] if r["covered"] and r["op"] in ops]
             measured = [r for r in mine if r["speedup"]]
             # None (shown as —) when no patched op has a bench speedup on these shapes
             p = {"saved_us": sum(r["saved_us"] for r in measured) if measured else None,

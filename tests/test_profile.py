@@ -86,6 +86,33 @@ def test_shape_hints_from_config():
     assert at.covered_dims("rope", "q 1x32x128, k 1x8x128") is None
 
 
+def test_lookup_dims_come_from_the_ops_spec_where_no_hint_spells_them():
+    """qknorm, rope and kv_store bench rows carry head counts and qkv strides (1x32x8x128x6144x6144 for
+    Llama-3-8B); the profile showed them "unmeasured" until the lookup asked the op's spec."""
+    assert at.lookup_dims("qknorm", "q 1x32x128, k 1x8x128", LLAMA, 1) == (1, 32, 8, 128, 6144, 6144)
+    assert at.lookup_dims("rope", "", LLAMA, 8) == (8, 32, 8, 128, 128, 6144, 6144)
+    assert at.lookup_dims("kv_store", "", LLAMA, 1) == (1, 1024, 1024, 6144, 6144)
+    assert at.lookup_dims("qknorm", "", LLAMA, 1, tp=2) == (1, 16, 4, 128, 3072, 3072)
+    assert at.lookup_dims("silu_and_mul", "8x14336", LLAMA, 8) == (8, 14336)   # no hook: the hint
+    assert at.lookup_dims("moe_routing", "1x128 top8", LLAMA, 1) is None       # not a registry op
+    assert at.lookup_dims("qknorm", "q 1x32x128, k 1x8x128") is None            # no config: no dims
+
+
+def test_prediction_for_ops_all_counts_only_the_default_ops():
+    """`--ops all` patches the default ops; a DEFAULT_OFF op's bench speedup (rope 0.87x) is no saving."""
+    from astra_sglang.e2e.step import predicted_from_profile
+
+    def cap(arm, rows):
+        return {"arm": arm, "batch_size": 1, "stage": "decode", "kernel_us_per_step": 1000.0, "ops": rows}
+
+    rows = [{"op": "fused_add_rmsnorm", "covered": True, "speedup": 1.5, "saved_us": 10.0, "us_per_step": 30.0},
+            {"op": "rope", "covered": True, "speedup": 0.87, "saved_us": -5.0, "us_per_step": 30.0}]
+    p = predicted_from_profile({"captures": [cap("A", rows), cap("B", rows)]}, "A", ["B"], {"B": "all"})
+    assert p[("B", 1)]["saved_us"] == 10.0
+    named = predicted_from_profile({"captures": [cap("A", rows), cap("B", rows)]}, "A", ["B"], {"B": ["rope"]})
+    assert named[("B", 1)]["saved_us"] == -5.0
+
+
 # ----------------------------------------------------------------------------- traces
 
 def _k(name, ts, dur, stream=7):

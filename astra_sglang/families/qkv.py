@@ -21,6 +21,30 @@ def per_rank_heads(m: ModelConfig, tp: int) -> Tuple[int, int]:
     return m.num_heads // tp, max(1, m.num_kv_heads // tp)
 
 
+def heads_of_config(cfg: Dict[str, Any], tp: int = 1) -> Optional[Tuple[int, int, int]]:
+    """(q heads, kv heads, head_dim) on one rank from a model's config.json, or None without attention heads
+    (the profile's speedup lookup builds an op's dims from the model it profiled)."""
+    hq = int(cfg.get("num_attention_heads") or 0)
+    if hq <= 0:
+        return None
+    hk = int(cfg.get("num_key_value_heads") or hq)
+    d = int(cfg.get("head_dim") or int(cfg.get("hidden_size") or 0) // hq)
+    if d <= 0:
+        return None
+    tp = max(int(tp), 1)
+    return hq // tp, max(1, hk // tp), d
+
+
+def model_dims_of(dims: Callable[..., Tuple[int, ...]]) -> Callable[..., Optional[Tuple[int, ...]]]:
+    """An op spec's `model_dims(cfg, tokens, tp)` from its dims(tokens, q_heads, kv_heads, head_dim):
+    the op's dims in one step of `tokens` tokens of a model (its config.json), per TP rank."""
+    def model_dims(cfg: Dict[str, Any], tokens: int, tp: int = 1) -> Optional[Tuple[int, ...]]:
+        heads = heads_of_config(cfg, tp)
+        return dims(tokens, *heads) if heads else None
+
+    return model_dims
+
+
 def qkv_stride(q_heads: int, kv_heads: int, head_dim: int) -> int:
     """Elements between token rows of q, k and v: they are column blocks of the fused qkv output."""
     return (q_heads + 2 * kv_heads) * head_dim

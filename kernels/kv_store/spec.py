@@ -30,6 +30,9 @@ def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
     return (t, row, row, stride, stride)
 
 
+model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+
+
 EDGE = (
     Shape((1, 1024, 1024, 6144, 6144), ("edge",), "one token (slot drawn at random)"),
     Shape((3, 128, 128, 128, 128), ("edge",), "contiguous k and v, one kv head of 128"),

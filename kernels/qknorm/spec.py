@@ -28,6 +28,9 @@ def _dims(tokens: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
     return (tokens, hq, hk, d, stride, stride)
 
 
+model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+
+
 EDGE = (
     Shape((1, 1, 1, 128, 384, 384), ("edge",), "one q head, one kv head"),
     Shape((3, 5, 1, 64, 448, 448), ("edge",), "head_dim 64, odd head count"),

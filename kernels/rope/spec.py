@@ -34,6 +34,14 @@ def _dims(t: int, hq: int, hk: int, d: int, rope: Optional[int] = None) -> Tuple
     return (t, hq, hk, d, rope or d, stride, stride)
 
 
+def model_dims(cfg: Dict[str, Any], tokens: int, tp: int = 1) -> Optional[Tuple[int, ...]]:
+    """This op's dims in one step of `tokens` tokens of a model (its config.json), per TP rank; the rotary
+    width follows partial_rotary_factor (the profile's speedup lookup)."""
+    heads = qkv.heads_of_config(cfg, tp)
+    factor = float(cfg.get("partial_rotary_factor") or 1.0)
+    return _dims(tokens, *heads, rope=int(heads[2] * factor)) if heads else None
+
+
 # GPT-J (interleaved) style shapes: the harness runs them with is_neox = 0.
 _GPTJ = {(5, 16, 1, 64, 64, 1152, 1152), (3, 8, 2, 128, 128, 1536, 1536)}
 
