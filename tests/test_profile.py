@@ -193,6 +193,20 @@ def test_speedup_lookup_takes_only_the_shipped_kernels_benches(tmp_path):
     assert t.lookup("silu_and_mul", (1, 4096)) is None
 
 
+def test_speedup_is_over_the_installed_callable_where_the_bench_timed_it(tmp_path):
+    """moe_combine's <= 32-token rows: 1.13x over the extracted JIT sum, 0.63x over the torch.compile'd
+    callable SGLang runs (H200, 2026-11-26). The profile predicts with the second."""
+    rows = [{"shape": "1x8x2048", "dtype": "bf16", "speedup": 1.135, "context_installed_us": 1.086,
+             "context_cand_us": 1.723},
+            {"shape": "8x8x2048", "dtype": "bf16", "speedup": 1.110, "context_installed_us": None,
+             "context_cand_us": 2.265}]
+    (tmp_path / "b.json").write_text(json.dumps({"op": "moe_combine", "date": "2026-11-26T00:00",
+                                                 "candidate": "kernels/moe_combine/kernel.cu", "rows": rows}))
+    t = SpeedupTable.from_dirs([tmp_path])
+    assert t.lookup("moe_combine", (1, 8, 2048)).value == pytest.approx(1.086 / 1.723)
+    assert t.lookup("moe_combine", (8, 8, 2048)).value == 1.110   # installed not timed: the row's own
+
+
 # ----------------------------------------------------------------------------- per-op table
 
 def _capture_dir(tmp_path: Path, patched=False, bs=8, steps=4) -> Path:
