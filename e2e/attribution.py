@@ -186,11 +186,12 @@ def lookup_dims(op: str, hint: str, cfg: Optional[dict] = None, tokens: int = 0,
     model_dims(cfg, tokens, tp) where kernels/<op>/spec.py has one (qknorm's dims carry head counts and
     strides that no AxB hint spells), else the plain hint."""
     if cfg and tokens:
-        try:
-            from astra_sglang.registry import op_part
+        from astra_sglang.errors import AstraError
+        from astra_sglang.registry import op_part
 
+        try:
             fn = getattr(op_part(op, "spec"), "model_dims", None)
-        except Exception:   # not a registry op (a profile-only category such as moe_routing)
+        except AstraError:   # not a registry op (a profile-only category such as moe_routing)
             fn = None
         dims = fn(cfg, tokens, tp) if fn else None
         if dims:

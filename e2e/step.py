@@ -215,8 +215,12 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
     profile, and in-graph (base kernel time − the arm's, both profiled). Only arms that were
     profiled (the patched ones) get one; an unpatched A2 does not. patched: arm -> its ops ("all" or
     a list): only those ops' savings count."""
+    from .step_worker import ops_to_patch
+
     dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
-    default = None   # "all" patches the default ops only: a DEFAULT_OFF op's bench speedup is no saving
+    # what each arm patched: "all" is the default ops, as the worker patches them (a DEFAULT_OFF op's
+    # bench speedup is no saving)
+    arm_ops = {o: set(ops_to_patch((patched or {}).get(o, "all"))) for o in others}
     out = {}
     for (arm, bs), c in dec.items():
         if arm != base:
@@ -224,15 +228,7 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
         for o in others:
             if not any(a == o for a, _ in dec):
                 continue
-            ops = (patched or {}).get(o, "all")
-            if ops == "all":
-                if default is None:
-                    from astra_sglang.patch import patchable_ops
-                    from astra_sglang.patch.config import default_ops
-
-                    default = set(default_ops(patchable_ops()))
-                ops = default
-            mine = [r for r in c["ops"] if r["covered"] and r["op"] in ops]
+            mine = [r for r in c["ops"] if r["covered"] and r["op"] in arm_ops[o]]
             measured = [r for r in mine if r["speedup"]]
             # None (shown as —) when no patched op has a bench speedup on these shapes
             p = {"saved_us": sum(r["saved_us"] for r in measured) if measured else None,

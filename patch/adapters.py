@@ -72,6 +72,12 @@ class OpAdapter:
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
 
+    def kept_by_sglang(self, tokens: int) -> Optional[str]:
+        """Why a call of `tokens` tokens stays with SGLang's original by design (max_tokens), or None."""
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            return f"{tokens} tokens > {self.max_tokens}: SGLang's own route is faster in context"
+        return None
+
 
 def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:
     """The first named tensor that is not contiguous, as a fallback reason, or None."""

@@ -221,8 +221,9 @@ class OpState:
         views, dims = res
         if 0 in dims:
             return "empty tensor"
-        if ad.max_tokens is not None and dims[0] > ad.max_tokens:
-            return f"{dims[0]} tokens: above {ad.max_tokens} SGLang's own route is faster in context"
+        kept = ad.kept_by_sglang(dims[0])
+        if kept:
+            return kept
         for n, _ in self.layout.scalars:
             views[n] = canon[n]
         return views, dims, dt

@@ -73,14 +73,6 @@ def validation_shapes(spec, selector: str):
     return spec.shapes(selector)
 
 
-def _max_tokens(op: str) -> Optional[int]:
-    """The op adapter's max_tokens (calls above it go to SGLang's original by design), or None."""
-    from astra_sglang.registry import op_part
-
-    ad = getattr(op_part(op, "adapter"), "ADAPTER", None)
-    return getattr(ad, "max_tokens", None)
-
-
 def validate(
     ops: Sequence[str],
     *,
@@ -100,6 +92,7 @@ def validate(
     from astra_sglang.registry import get_op
 
     from . import apply_astra_kernels, revert_astra_kernels
+    from .adapters import get_adapter
     from .counters import totals
     from .ops import compare
 
@@ -143,9 +136,9 @@ def validate(
             c.calls = after.get("calls", 0) - before.get("calls", 0)
             c.fallbacks = after.get("fallbacks", 0) - before.get("fallbacks", 0)
             if c.calls == 0:
-                cap = _max_tokens(c.op)
-                if cap is not None and c.dims and c.dims[0] > cap:
-                    c.status, c.detail = "n/a", f"{c.dims[0]} tokens > {cap}: SGLang's own route serves by design"
+                kept = get_adapter(c.op).kept_by_sglang(c.dims[0]) if c.dims else None
+                if kept:
+                    c.status, c.detail = "n/a", f"{kept} (by design)"
                 elif c.fallbacks:
                     c.status, c.detail = "FAIL", "the patched callable handed the call back to SGLang's original"
                 else:
