@@ -68,6 +68,19 @@ class OpAdapter:
     # Calls with more tokens (dims[0]) than this stay with SGLang's original by design: the kernel was
     # measured slower than that route in context. validate reports such shapes n/a. None: no limit.
     max_tokens: Optional[int] = None
+    # Fused ops replace a layer method whose body is the kernel sequence they fuse (qknorm_rope_store:
+    # Qwen3MoeAttention.apply_qk_norm_rope runs q/k norm, then rope + KV store). Such a method's parameters
+    # (the module, its activations, the batch) are not the ABI's, so instead of mapping parameters:
+    # expand(bound arguments by name) -> the canonical arguments (the ABI's tensors and scalars, plus what
+    # `returns` needs) or a reason to leave the call to the method; sequence(canonical) runs SGLang's own
+    # kernels of the fused sequence on canonical tensors (the self-check's expected result, and the fallback
+    # when the kernel fails). The method itself serves every call expand declines.
+    expand: Optional[Callable[[Dict[str, Any]], Any]] = None
+    sequence: Optional[Callable[[Dict[str, Any]], None]] = None
+    # Cache tensors written only at the rows a per-token index names ({"k_cache": "out_loc"}): the KV pool's
+    # layer, hundreds of MB. The self-check then copies just those rows (a compact cache, the index
+    # renumbered) instead of cloning the pool, and restores just those rows on a mismatch.
+    slot_indexed: Mapping[str, str] = field(default_factory=dict)
 
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
@@ -194,10 +207,14 @@ def adapter_mismatch(spec, adapter: OpAdapter) -> Optional[str]:
     """Why this adapter cannot drive this spec's ABI (names drifted), or None."""
     lay = abi_layout(spec)
     names = set(lay.tensors)
-    need = {adapter.data, *adapter.same_dtype, *adapter.fp32, *adapter.rowwise, *adapter.alloc}
+    need = {adapter.data, *adapter.same_dtype, *adapter.fp32, *adapter.rowwise, *adapter.alloc,
+            *adapter.slot_indexed, *adapter.slot_indexed.values()}
     missing = sorted(need - names)
     if missing:
         return f"the {spec.name} adapter expects ABI tensors {missing} that the spec does not declare"
+    unsampled = sorted(set(adapter.slot_indexed.values()) - set(adapter.rowwise))
+    if unsampled:
+        return f"the {spec.name} adapter's slot indexes {unsampled} are not rowwise (the self-check samples them)"
     return None
 
 
@@ -240,6 +257,11 @@ class Binder:
         self.positional = tuple(n for n, p in sig.parameters.items()
                                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+        self.canon_of: Dict[str, str] = {}
+        if adapter.expand is not None:  # a fused op's layer method: expand maps its arguments
+            if adapter.sequence is None:
+                self.ok, self.problem = False, "the adapter expands a layer method but gives no kernel sequence"
+            return
         canon_names = set(self.layout.tensors) | {n for n, _ in self.layout.scalars}
         mapped = {adapter.canonical(p) for p in self.params}
         required = [n for n in self.layout.tensors if n not in adapter.alloc] + [n for n, _ in self.layout.scalars]
@@ -258,6 +280,9 @@ class Binder:
             if k in vals or k not in self.params:
                 return None, f"unexpected argument {k!r}"
             vals[k] = v
+        if self.adapter.expand is not None:
+            canon = self.adapter.expand({**self.defaults, **vals})
+            return (None, canon) if isinstance(canon, str) else (canon, vals)
         canon: Dict[str, Any] = {}
         for p in self.params:
             if p in vals:
@@ -276,7 +301,10 @@ class Binder:
         return canon, vals
 
     def call_with(self, fn: Callable, vals: Mapping[str, Any], canon: Mapping[str, Any]):
-        """Call `fn` with the original arguments, canonical ones replaced by `canon`'s."""
+        """Call `fn` with the original arguments, canonical ones replaced by `canon`'s (a fused op: SGLang's
+        kernel sequence on `canon`, since the layer method reads its tensors from the module, not `canon`)."""
+        if self.adapter.expand is not None:
+            return self.adapter.sequence(canon)
         kw = dict(vals)
         for p, c in self.canon_of.items():
             if c in canon:

@@ -30,7 +30,7 @@ from astra_sglang.errors import AstraError
 
 from ._posthook import spec_with_post_exec
 from .adapters import Binder, JitRoute
-from .install import Installed, install, uninstall
+from .install import Installed, install, lookup, uninstall
 from .ops import OpState, bypassing, is_tracing
 
 log = logging.getLogger("astra_sglang.patch")
@@ -127,7 +127,7 @@ class Patcher:
         """Resolve `target` on its (imported) module; True if a new original was found."""
         st = self.states[op]
         name = target.split(":", 1)[1]
-        obj = getattr(module, name, None)
+        obj = lookup(module, name)
         if obj is None:
             self.status[op][target].state = "absent"
             return False

@@ -26,6 +26,25 @@ def hook_registry():
     return HookRegistry, HookSource, HookType
 
 
+def owner(module: types.ModuleType, name: str):
+    """(object holding the attribute, attribute) for `name` on `module`: a module global ("f"), or a class's
+    method ("Class.method", the layer methods fused ops replace)."""
+    obj = module
+    *path, attr = name.split(".")
+    for p in path:
+        obj = getattr(obj, p)
+    return obj, attr
+
+
+def lookup(module: types.ModuleType, name: str) -> Any:
+    """module.name, following "Class.method"; None where any step is missing."""
+    try:
+        obj, attr = owner(module, name)
+    except AttributeError:
+        return None
+    return getattr(obj, attr, None)
+
+
 def holders(obj: Any) -> List[str]:
     """Every "module:name" global in sys.modules bound to `obj`."""
     out = []
@@ -67,8 +86,8 @@ def install(module: types.ModuleType, name: str, original: Any, replacement: Any
         registry.register(f"{module.__name__}.{name}", replacement, kind.REPLACE,
                           source=source("astra_sglang", "astra-sglang"))
         registry.apply_hooks()
-        if getattr(module, name, None) is not original:
-            inst.bound, inst.via = getattr(module, name), VIA_SGLANG
+        if lookup(module, name) is not original:
+            inst.bound, inst.via = lookup(module, name), VIA_SGLANG
             # SGLang's REPLACE wrapper is functools.wraps(original) in a module without torch: our resolved
             # signature must travel, or torch.library.infer_schema fails on it (see apply.resolve_signature)
             inst.bound.__dict__.update({k: v for k, v in vars(replacement).items()
@@ -76,7 +95,7 @@ def install(module: types.ModuleType, name: str, original: Any, replacement: Any
         else:  # SGLang could not apply it (and logged why): do it ourselves
             _withdraw(inst)
     if inst.via == VIA_ASTRA:
-        setattr(module, name, replacement)
+        setattr(*owner(module, name), replacement)
         sweep(original, replacement)
     inst.bound.__astra_via__ = inst.via
     inst.rebound = [h for h in holders(inst.bound) if h != f"{module.__name__}:{name}"]
@@ -86,6 +105,9 @@ def install(module: types.ModuleType, name: str, original: Any, replacement: Any
 def uninstall(inst: Installed) -> None:
     """Bind the original again wherever the installed object is; withdraw our hook."""
     sweep(inst.bound, inst.original)
+    obj, attr = owner(inst.module, inst.name)
+    if getattr(obj, attr, None) is inst.bound:  # a class's method: no module global held it
+        setattr(obj, attr, inst.original)
     if inst.via == VIA_SGLANG:
         _withdraw(inst)
 

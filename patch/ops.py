@@ -307,15 +307,30 @@ class OpState:
         return torch.cat([torch.arange(0, h), torch.arange(t - h, t)])
 
     def _sample(self, views: Dict[str, Any], idx) -> Dict[str, Any]:
+        import torch
+
         out = {}
         for n, v in views.items():
             if not hasattr(v, "clone"):
                 out[n] = v
+            elif n in self.adapter.slot_indexed:
+                continue  # below: only the rows the sampled tokens address
             elif idx is not None and n in self.adapter.rowwise:
                 out[n] = v.index_select(0, idx.to(v.device))
             else:
                 out[n] = v.clone()
+        slots = self.adapter.slot_indexed
+        for cache, index in slots.items():
+            out[cache] = views[cache].index_select(0, out[index])
+        for index in set(slots.values()):
+            loc = out[index]
+            out[index] = torch.arange(loc.numel(), dtype=loc.dtype, device=loc.device)
         return out
+
+    def _slots(self, views: Dict[str, Any], idx) -> Dict[str, Any]:
+        """index name -> the cache rows the (sampled) tokens address, in the real cache."""
+        return {index: (views[index] if idx is None else views[index].index_select(0, idx.to(views[index].device)))
+                for index in set(self.adapter.slot_indexed.values())}
 
     def _checked_launch(self, views, dims, dt, cls, original) -> None:
         # rows are sampled only from ops whose tensors are indexed by token; the others (moe_align: every
@@ -324,7 +339,12 @@ class OpState:
         pristine = self._sample(views, idx)  # inputs, before anything runs
         expected = {n: (v.clone() if hasattr(v, "clone") else v) for n, v in pristine.items()}
         inout = [n for n in self.layout.mutated if n in self._inputs_read()]
-        full_snapshot = {n: views[n].clone() for n in inout}  # to restore in-place args on a mismatch
+        slots = self.adapter.slot_indexed
+        # to restore in-place args on a mismatch (a slot-indexed cache: the rows the call writes)
+        full_snapshot = {n: views[n].clone() for n in inout if n not in slots}
+        cache_rows = {n: views[slots[n]] for n in inout if n in slots}
+        cache_snapshot = {n: views[n].index_select(0, loc) for n, loc in cache_rows.items()}
+        sampled_slots = self._slots(views, idx)
         with _Bypass():
             original(expected)
         try:
@@ -340,7 +360,8 @@ class OpState:
         if fault_drill(self.name, process_rank()):
             for n in self.layout.mutated:      # ASTRA_SGLANG_FAULT_DRILL: a wrong kernel, simulated
                 views[n].add_(1)
-        got = {n: (views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
+        got = {n: (views[n].index_select(0, sampled_slots[slots[n]]) if n in slots
+                   else views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
                    else views[n]) for n in self.layout.mutated}
         sdims = (len(idx),) + tuple(dims[1:]) if idx is not None else tuple(dims)
         res = compare(self.spec, pristine, expected, got, sdims, self.layout.mutated)
@@ -354,6 +375,8 @@ class OpState:
         # serve the original's result for this call: restore in-place args, rerun the original
         for n, snap in full_snapshot.items():
             views[n].copy_(snap)
+        for n, snap in cache_snapshot.items():
+            views[n].index_copy_(0, cache_rows[n], snap)
         with _Bypass():
             original(views)
         self.disable(f"self-check mismatch on {dt} {tuple(dims)}: {res.detail}")

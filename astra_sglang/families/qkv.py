@@ -112,9 +112,12 @@ def rotate(x, heads: int, d: int, r: int, cos, sin, neox: bool):
 
 
 def store_rows(cache, slots, rows):
-    """A copy of cache with `rows` written at `slots` (rows of the cache's [slots, row] view)."""
-    out = cache.clone()
-    out.reshape(out.shape[0], -1)[slots] = rows
+    """An fp64 copy of cache with `rows` written at `slots` (rows of the cache's [slots, row] view). fp64 whatever
+    the cache's dtype: the patch's self-check hands the reference the pool's own bf16/fp16 rows."""
+    import torch
+
+    out = cache.to(torch.float64, copy=True)
+    out.reshape(out.shape[0], -1)[slots] = rows.to(torch.float64)
     return out
 
 

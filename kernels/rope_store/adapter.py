@@ -64,4 +64,5 @@ ADAPTER = OpAdapter(
     ignorable=frozenset({"rope_dim"}),
     normalize=_rope_store_normalize,
     returns=lambda c: None,
+    slot_indexed={"k_cache": "out_loc", "v_cache": "out_loc"},
 )
