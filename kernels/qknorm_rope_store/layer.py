@@ -1,0 +1,70 @@
+"""The SGLang code `validate` drives for this fused op: Qwen3MoeAttention.apply_qk_norm_rope itself (the method patch
+replaces), called on an attention stand-in that holds SGLang's own submodules (two RMSNorm layers with the op's
+weights, a RotaryEmbedding with the op's cos/sin cache) and a forward context whose KV pool hands out the op's caches.
+
+Outside a server SGLang's runtime config is not published, and the method reads it (apply_qk_norm: deterministic mode,
+the prefill compiler; enable_fused_set_kv_buffer: context parallelism). The layer publishes ServerArgs' defaults, as
+a server started without those flags would."""
+from types import SimpleNamespace
+
+from astra_sglang.patch.layers import construct
+
+
+def _publish_defaults() -> None:
+    import dataclasses
+
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    try:
+        rc.get_exec()
+        return
+    except ValueError:
+        pass
+    sa = ServerArgs.__new__(ServerArgs)  # the declared defaults, without __post_init__'s model and GPU probing
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            setattr(sa, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(sa, f.name, f.default_factory())
+    rc.publish(sa, role="test")
+
+
+def run_layer(inp, dims, scalars):
+    import torch
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.models.qwen3_moe import Qwen3MoeAttention
+
+    _publish_defaults()
+    t, hq, hk, d, qs, ks, vs = dims
+    eps = float(scalars.get("eps", 1e-6))
+    neox = bool(int(scalars.get("is_neox", 1)))
+    dev, dt = inp["q"].device, inp["q"].dtype
+    norms = []
+    for w in (inp["q_weight"], inp["k_weight"]):
+        n = construct(RMSNorm, d, eps=eps).to(device=dev, dtype=dt)
+        n.weight.data.copy_(w)
+        norms.append(n)
+    cache = inp["cos_sin_cache"]
+    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
+    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    # the qkv row buffer the method splits: q, k, v column blocks (the harness's q/k/v share one row layout
+    # only where their strides are equal; otherwise they are copied into one buffer and back)
+    qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
+    kc, vc = inp["k_cache"], inp["v_cache"]
+    pool = SimpleNamespace(dtype=dt, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
+                           get_value_buffer=lambda i: vc.view(vc.shape[0], hk, d))
+    attn = SimpleNamespace(
+        use_fused_qk_norm_rope=False, head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d,
+        q_norm=norms[0], k_norm=norms[1], rotary_emb=rope, alt_stream=None, compatible_with_fused_kv_buffer=True,
+        attn=SimpleNamespace(layer_id=0, k_scale=None, v_scale=None), _used_fused_qk_norm_rope_last_call=None)
+    batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
+    with torch.no_grad(), forward_context(ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))):
+        q, k, v = Qwen3MoeAttention.apply_qk_norm_rope(attn, qkv, inp["positions"], batch)
+    if attn._used_fused_qk_norm_rope_last_call is not False:
+        raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")
+    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
+    return {"q": inp["q"], "k": inp["k"], "k_cache": kc, "v_cache": vc}

@@ -1,0 +1,180 @@
+"""A fused op replaces a layer *method* ("module:Class.method") whose body is the kernel sequence it fuses
+(qknorm_rope_store: Qwen3MoeAttention.apply_qk_norm_rope). CPU, in process: the real op spec and its ABI, CPU
+stand-ins for the astra kernel (the spec's reference) and for SGLang's kernel sequence, a synthetic attention
+class in a synthetic module (the real adapter's expand reads SGLang's runtime, which needs a GPU server; it is
+validated there)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HQ, HK, D, SLOTS = 4, 2, 64, 40
+BF16 = torch.bfloat16  # the op's dtypes are fp16 and bf16
+
+
+def _sequence(c):
+    """SGLang's two kernels, on canonical tensors (fp32 math, rounded once per kernel as production does)."""
+    from astra_sglang.kernels.qknorm_rope_store import spec as S
+
+    t = c["q"].shape[0]
+    dims = (t, HQ, HK, D, HQ * D, HK * D, HK * D)
+    inp = {n: (x.double() if x.is_floating_point() and n != "cos_sin_cache" else x) for n, x in c.items()
+           if isinstance(x, torch.Tensor)}
+    ref = S.reference(inp, dims, {"is_neox": c["is_neox"], "eps": c["eps"]})
+    for n in ("q", "k"):
+        c[n].copy_(ref[n].to(c[n].dtype))
+    for n in ("k_cache", "v_cache"):
+        c[n].copy_(ref[n].to(c[n].dtype))
+
+
+class Attn:
+    """The method's whole body is the fused sequence; `fused_store` False: SGLang would store in attention."""
+
+    def __init__(self, fused_store=True):
+        g = torch.Generator().manual_seed(1)
+        self.q_w, self.k_w = [(torch.rand(D, generator=g) + 0.5).to(BF16) for _ in range(2)]
+        from astra_sglang.families import qkv
+
+        self.cache = qkv.cos_sin_cache(D, 64, "cpu")
+        self.k_cache, self.v_cache = torch.zeros(SLOTS, HK * D, dtype=BF16), torch.zeros(SLOTS, HK * D, dtype=BF16)
+        self.fused_store = fused_store
+        self.flag = None
+
+    def apply_qk_norm_rope(self, qkv, positions, forward_batch):
+        t = qkv.shape[0]
+        q, k, v = qkv.split([HQ * D, HK * D, HK * D], dim=-1)
+        _sequence({"q": q.view(t, HQ, D), "k": k.view(t, HK, D), "v": v, "k_cache": self.k_cache,
+                   "v_cache": self.v_cache, "q_weight": self.q_w, "k_weight": self.k_w, "cos_sin_cache": self.cache,
+                   "positions": positions, "out_loc": forward_batch.out_cache_loc, "is_neox": 1, "eps": 1e-6})
+        self.flag = "original"
+        return q, k, v
+
+
+def _expand(a):
+    attn, qkv, pos, fb = a["self"], a["qkv"], a["positions"], a["forward_batch"]
+    if not attn.fused_store:
+        return "no fused KV store on this call"
+    t = qkv.shape[0]
+    q, k, v = qkv.split([HQ * D, HK * D, HK * D], dim=-1)
+    return {"q": q.view(t, HQ, D), "k": k.view(t, HK, D), "v": v, "k_cache": attn.k_cache, "v_cache": attn.v_cache,
+            "q_weight": attn.q_w, "k_weight": attn.k_w, "cos_sin_cache": attn.cache, "positions": pos,
+            "out_loc": fb.out_cache_loc, "is_neox": 1, "eps": 1e-6, "layer": attn, "qkv": qkv}
+
+
+def _returns(c):
+    c["layer"].flag = "astra"
+    return c["qkv"].split([HQ * D, HK * D, HK * D], dim=-1)
+
+
+@pytest.fixture
+def fused_env(monkeypatch, tmp_path):
+    from astra_sglang.registry import op_part
+
+    mod = types.ModuleType("fake_qwen3_moe")
+    mod.Attn = Attn
+    original = Attn.apply_qk_norm_rope
+    sys.modules[mod.__name__] = mod
+    ad = op_part("qknorm_rope_store", "adapter")
+    monkeypatch.setattr(ad, "ADAPTER", dataclasses.replace(ad.ADAPTER, expand=_expand, sequence=_sequence,
+                                                           returns=_returns))
+    yield mod, original, tmp_path
+    from astra_sglang.patch import revert_astra_kernels
+
+    revert_astra_kernels()
+    del sys.modules[mod.__name__]
+
+
+def _call(attn, t=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(t, (HQ + 2 * HK) * D, generator=g).to(BF16)
+    pos = torch.randint(0, 64, (t,), generator=g)
+    loc = torch.cat([torch.tensor([SLOTS - 1]), torch.randperm(SLOTS - 1, generator=g)[: t - 1]])  # last slot too
+    out = attn.apply_qk_norm_rope(qkv, pos, types.SimpleNamespace(out_cache_loc=loc))
+    return qkv, out
+
+
+def _patch(tmp, wrong=()):
+    import sglang_cpu_env as E
+    from astra_sglang.patch import apply_astra_kernels
+
+    return apply_astra_kernels(["qknorm_rope_store"], backends=E.astra_standins(wrong=wrong),
+                               targets={"qknorm_rope_store": ["fake_qwen3_moe:Attn.apply_qk_norm_rope"]},
+                               counter_dir=str(tmp), propagate=False, plan=False, strict=True)
+
+
+def test_a_layer_method_is_replaced_runs_the_fused_kernel_and_is_restored(fused_env):
+    from astra_sglang.patch import counters, revert_astra_kernels
+
+    mod, original, tmp = fused_env
+    want_attn = Attn()
+    want_qkv, _ = _call(want_attn)
+    p = _patch(tmp)
+    st = p.summary()["qknorm_rope_store"]["targets"]["fake_qwen3_moe:Attn.apply_qk_norm_rope"]
+    assert st["state"] == "patched" and Attn.apply_qk_norm_rope is not original
+    got_attn = Attn()
+    got_qkv, (q, k, v) = _call(got_attn)  # first call of its shape class: self-checked against _sequence
+    _call(got_attn, seed=1)               # checked class: the kernel alone
+    c = counters(str(tmp))["qknorm_rope_store"]
+    assert c["calls"] == 2 and c["checks_passed"] == 1 and c["fallbacks"] == 0, c
+    assert got_attn.flag == "astra" and q.data_ptr() == got_qkv.data_ptr()
+    # the first call's results match SGLang's sequence (the second call wrote other slots and rows of its own)
+    ref_attn = Attn()
+    _call(ref_attn)
+    _call(ref_attn, seed=1)
+    assert torch.allclose(got_attn.k_cache, ref_attn.k_cache, atol=0)
+    assert torch.allclose(got_attn.v_cache, ref_attn.v_cache)
+    assert torch.allclose(got_qkv, want_qkv, atol=0)
+    revert_astra_kernels()
+    assert Attn.apply_qk_norm_rope is original
+
+
+def test_a_call_the_adapter_declines_runs_the_method(fused_env):
+    from astra_sglang.patch import counters
+
+    _, _, tmp = fused_env
+    _patch(tmp)
+    attn = Attn(fused_store=False)
+    _call(attn)
+    c = counters(str(tmp))["qknorm_rope_store"]
+    assert attn.flag == "original" and c["calls"] == 0 and c["fallbacks"] == 1, c
+
+
+def test_self_check_compares_only_the_cache_rows_written_and_restores_them(fused_env):
+    """A wrong kernel (the stand-in's last v_cache element one off, a slot the call writes): the self-check
+    sees it in the cache rows it copied, disables the op, and the caller gets SGLang's result everywhere."""
+    from astra_sglang.patch import counters
+
+    _, _, tmp = fused_env
+    ref = Attn()
+    ref_qkv, _ = _call(ref)
+    _patch(tmp, wrong={"qknorm_rope_store"})
+    attn = Attn()
+    got_qkv, _ = _call(attn)
+    c = counters(str(tmp))["qknorm_rope_store"]
+    assert c["checks_failed"] == 1 and c["disabled"] == 1, c
+    assert torch.allclose(attn.v_cache, ref.v_cache) and torch.allclose(attn.k_cache, ref.k_cache, atol=0)
+    assert torch.allclose(got_qkv, ref_qkv, atol=0)
+
+
+def test_the_shipped_adapter_fits_the_spec_and_binds_the_method_signature():
+    from astra_sglang.patch.adapters import Binder, adapter_mismatch, get_adapter
+    from astra_sglang.registry import get_op
+
+    spec, ad = get_op("qknorm_rope_store"), get_adapter("qknorm_rope_store")
+    assert adapter_mismatch(spec, ad) is None
+    assert Binder(Attn.apply_qk_norm_rope, ad, spec).ok
+    assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",)
+
+
+def test_an_expanding_adapter_needs_the_kernel_sequence():
+    from astra_sglang.patch.adapters import Binder, get_adapter
+    from astra_sglang.registry import get_op
+
+    ad = dataclasses.replace(get_adapter("qknorm_rope_store"), sequence=None)
+    b = Binder(Attn.apply_qk_norm_rope, ad, get_op("qknorm_rope_store"))
+    assert not b.ok and "sequence" in b.problem
