@@ -22,7 +22,8 @@ class _Visitor(cst.CSTVisitor):
         self.imports: List[Tuple[str, str, str, int, str, str]] = []  # (src_mod, name, local, line, scope, guard)
         self.module_aliases: Dict[str, str] = {}  # local -> imported module (import X [as Y])
         self.attrs: List[Tuple[str, str, int, str, str]] = []  # (dotted base, attr, line, scope, guard)
-        self.defs: List[Tuple[str, int, str]] = []  # (name, line, guard) module-level functions
+        self.defs: List[Tuple[str, int, str]] = []  # (name, line, guard) module-level functions, "Class.method"
+        self.top_class: Optional[str] = None  # the module-level class being visited
         self.jit_calls: List[Tuple[str, List[str], List[str], int, str]] = []  # (func, cuda_files, wrappers, line, guard)
         self.torch_ops: List[Tuple[str, str, int, str, str]] = []  # (ns, name, line, scope, guard)
 
@@ -42,16 +43,22 @@ class _Visitor(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if not self.scopes:
             self.defs.append((node.name.value, self._line(node), self._guard()))
+        elif len(self.scopes) == 1 and self.top_class == self.scopes[0]:  # a method of a module-level class
+            self.defs.append((f"{self.top_class}.{node.name.value}", self._line(node), self._guard()))
         self.scopes.append(node.name.value)
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.scopes.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if not self.scopes:
+            self.top_class = node.name.value
         self.scopes.append(node.name.value)
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
         self.scopes.pop()
+        if not self.scopes:
+            self.top_class = None
 
     def visit_If(self, node: cst.If) -> None:
         self.guards.append("if " + " ".join(self._code(node.test).split()))

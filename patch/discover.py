@@ -195,7 +195,10 @@ def discover(
             added = True
         return added
 
-    searched = {n for (_, n) in want} | set(jit_files)
+    def words(names):  # a method target ("Class.method") is found through its class's name
+        return {n.split(".")[0] for n in names}
+
+    searched = words(n for (_, n) in want) | set(jit_files)
     parse_new(searched)
 
     def rel(p: Path) -> str:
@@ -225,7 +228,7 @@ def discover(
                     want[(mod, local)] = op
                     target_of[(mod, local)] = tgt
                     changed = True
-        fresh = {n for (_, n) in want} - searched
+        fresh = words(n for (_, n) in want) - searched
         if fresh:
             searched |= fresh
             changed |= parse_new(fresh)
@@ -297,6 +300,8 @@ def format_report(disc: Discovery, ops: Sequence[str], jit_methods: Optional[Dic
             if not ks:
                 continue
             effect = _EFFECT[kind]
+            if kind == "definition" and all("." in s.local_name for s in ks):
+                effect = "replaced on its class (a layer method a fused op replaces)"
             if kind == "jit_factory":
                 routed = ",".join((jit_methods or {}).get(op, ())) or "nothing (no adapter)"
                 effect = effect.format(wrappers=routed)

@@ -178,3 +178,20 @@ def test_an_expanding_adapter_needs_the_kernel_sequence():
     ad = dataclasses.replace(get_adapter("qknorm_rope_store"), sequence=None)
     b = Binder(Attn.apply_qk_norm_rope, ad, get_op("qknorm_rope_store"))
     assert not b.ok and "sequence" in b.problem
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_discovery_finds_the_layer_method_in_real_sglang(version, request):
+    """The dry run and the server plan must see the method a fused op replaces (a class-level definition)."""
+    from pathlib import Path
+
+    from astra_sglang.patch.discover import discover_for_specs, format_report
+    from astra_sglang.registry import get_op
+
+    root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
+                else request.getfixturevalue("wheel_sources")["sglang"])
+    disc = discover_for_specs([get_op("qknorm_rope_store")], roots={"sglang": root / "sglang"})
+    sites = disc.for_op("qknorm_rope_store")
+    assert [(s.kind, s.module, s.local_name) for s in sites] == [
+        ("definition", "sglang.srt.models.qwen3_moe", "Qwen3MoeAttention.apply_qk_norm_rope")]
+    assert "replaced on its class" in format_report(disc, ["qknorm_rope_store"])
