@@ -2,42 +2,62 @@
 replaces), called on an attention stand-in that holds SGLang's own submodules (two RMSNorm layers with the op's
 weights, a RotaryEmbedding with the op's cos/sin cache) and a forward context whose KV pool hands out the op's caches.
 
-Outside a server SGLang's runtime config is not published, and the method reads it (apply_qk_norm: deterministic mode,
-the prefill compiler; enable_fused_set_kv_buffer: context parallelism). The layer publishes ServerArgs' defaults, as
-a server started without those flags would."""
+Outside a server SGLang's runtime config is not published; the two values the method reads from it are supplied as a
+server without those flags has them (_server_defaults)."""
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from astra_sglang.patch.layers import construct
 
 
-def _publish_defaults() -> None:
-    import dataclasses
+@contextmanager
+def _server_defaults():
+    """Outside a server SGLang's runtime config is not published (get_exec raises), and the code this layer runs
+    reads three of its values: RotaryEmbedding's __init__ the RL on-policy target, apply_qk_norm the prefill
+    compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
+    answer as a server started without those flags would (no on-policy target, no inductor, no context
+    parallelism); everything else is SGLang's code as it runs."""
+    import importlib
 
-    from sglang.srt import runtime_context as rc
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt import runtime_context
 
     try:
-        rc.get_exec()
-        return
+        runtime_context.get_exec()
+        published = True  # inside a server: nothing to supply
     except ValueError:
-        pass
-    sa = ServerArgs.__new__(ServerArgs)  # the declared defaults, without __post_init__'s model and GPU probing
-    for f in dataclasses.fields(ServerArgs):
-        if f.default is not dataclasses.MISSING:
-            setattr(sa, f.name, f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            setattr(sa, f.name, f.default_factory())
-    rc.publish(sa, role="test")
+        published = False
+    if published:
+        yield
+        return
+    exec_cfg = SimpleNamespace(
+        deterministic=SimpleNamespace(rl_on_policy_target=None),
+        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
+    supplied = {"sglang.srt.models.utils": {"get_exec": lambda: exec_cfg,
+                                             "is_prefill_context_parallel_enabled": lambda: False},
+                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg}}
+    saved = []
+    for mod_name, names in supplied.items():
+        mod = importlib.import_module(mod_name)
+        for n, f in names.items():
+            if not hasattr(mod, n):  # another SGLang version reads no config there
+                continue
+            saved.append((mod, n, getattr(mod, n)))
+            setattr(mod, n, f)
+    try:
+        yield
+    finally:
+        for mod, n, f in saved:
+            setattr(mod, n, f)
 
 
-def run_layer(inp, dims, scalars):
+def _call_method(inp, dims, scalars):
+    """Qwen3MoeAttention.apply_qk_norm_rope on the stand-in -> ((q, k, v), the stand-in)."""
     import torch
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from sglang.srt.models.qwen3_moe import Qwen3MoeAttention
 
-    _publish_defaults()
     t, hq, hk, d, qs, ks, vs = dims
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
@@ -61,10 +81,22 @@ def run_layer(inp, dims, scalars):
         q_norm=norms[0], k_norm=norms[1], rotary_emb=rope, alt_stream=None, compatible_with_fused_kv_buffer=True,
         attn=SimpleNamespace(layer_id=0, k_scale=None, v_scale=None), _used_fused_qk_norm_rope_last_call=None)
     batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
-    with torch.no_grad(), forward_context(ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))):
-        q, k, v = Qwen3MoeAttention.apply_qk_norm_rope(attn, qkv, inp["positions"], batch)
+    ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    with torch.no_grad(), forward_context(ctx):
+        return Qwen3MoeAttention.apply_qk_norm_rope(attn, qkv, inp["positions"], batch), attn
+
+
+def run_layer(inp, dims, scalars):
+    import torch
+
+    t, hq, hk, d = dims[:4]
+    if inp["q"].dtype != torch.bfloat16:  # validate reports the shape n/a: SGLang's layer never runs this op there
+        raise ValueError("SGLang fuses the KV store only into a bf16 KV cache (enable_fused_set_kv_buffer); on an "
+                         "fp16 cache the attention stores it and this op's sequence does not run")
+    with _server_defaults():
+        (q, k, v), attn = _call_method(inp, dims, scalars)
     if attn._used_fused_qk_norm_rope_last_call is not False:
         raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")
     inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
-    return {"q": inp["q"], "k": inp["k"], "k_cache": kc, "v_cache": vc}
+    return {"q": inp["q"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}
