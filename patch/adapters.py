@@ -74,7 +74,8 @@ class OpAdapter:
     # expand(bound arguments by name) -> the canonical arguments (the ABI's tensors and scalars, plus what
     # `returns` needs) or a reason to leave the call to the method; sequence(canonical) runs SGLang's own
     # kernels of the fused sequence on canonical tensors (the self-check's expected result, and the fallback
-    # when the kernel fails). The method itself serves every call expand declines.
+    # when the kernel fails). The method itself serves every call expand declines; expand declines before it
+    # does any of the method's own work (qknorm_rope's qkv GEMM), since after that `sequence` serves the rest.
     expand: Optional[Callable[[Dict[str, Any]], Any]] = None
     sequence: Optional[Callable[[Dict[str, Any]], None]] = None
     # Cache tensors written only at the rows a per-token index names ({"k_cache": "out_loc"}): the KV pool's

@@ -31,7 +31,7 @@ from astra_sglang.errors import AstraError
 from ._posthook import spec_with_post_exec
 from .adapters import Binder, JitRoute
 from .install import Installed, install, lookup, uninstall
-from .ops import OpState, bypassing, is_tracing
+from .ops import OpState, _Bypass, bypassing, is_tracing
 
 log = logging.getLogger("astra_sglang.patch")
 
@@ -203,6 +203,16 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
 
     ad = st.adapter
 
+    def not_covered(canon, args, kwargs):
+        """A call the op's kernel does not take after binding. A fused op's expand may have done the layer
+        method's own work already (qknorm_rope: the qkv GEMM), so SGLang's kernel sequence serves the rest;
+        otherwise SGLang's original serves the whole call."""
+        if ad.expand is None:
+            return orig(*args, **kwargs)
+        with _Bypass():
+            ad.sequence(canon)
+        return ad.returns(canon)
+
     def replacement(*args, **kwargs):
         if torch.compiler.is_compiling():
             if st.disabled:
@@ -212,7 +222,7 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
                 return orig(*args, **kwargs)
             prep = st.prepare(canon)
             if isinstance(prep, str):
-                return orig(*args, **kwargs)
+                return not_covered(canon, args, kwargs)
             st.emit(canon)
             return ad.returns(canon)
         if st.disabled or bypassing():
@@ -226,7 +236,7 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
         prep = st.prepare(canon)
         if isinstance(prep, str):
             st.fallback(prep)
-            return orig(*args, **kwargs)
+            return not_covered(canon, args, kwargs)
         views, dims, dt = prep
         if is_tracing(views[ad.data]):
             st.emit(canon)

@@ -144,6 +144,28 @@ def test_a_call_the_adapter_declines_runs_the_method(fused_env):
     assert attn.flag == "original" and c["calls"] == 0 and c["fallbacks"] == 1, c
 
 
+def test_a_call_the_kernel_declines_after_expand_goes_to_the_sequence_not_the_method(fused_env):
+    """expand may have done the method's own work (a dense layer's qkv GEMM): a call the kernel then declines
+    (here: int32 positions) is served by SGLang's kernel sequence, and the method body does not run again."""
+    from astra_sglang.patch import counters
+
+    _, _, tmp = fused_env
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, (HQ + 2 * HK) * D, generator=g).to(BF16)
+    pos, loc = torch.randint(0, 64, (5,), generator=g), torch.arange(5)
+    ref = Attn()
+    want = qkv.clone()
+    ref.apply_qk_norm_rope(want, pos, types.SimpleNamespace(out_cache_loc=loc))  # unpatched: the method
+    _patch(tmp)
+    attn = Attn()
+    got = qkv.clone()
+    attn.apply_qk_norm_rope(got, pos.to(torch.int32), types.SimpleNamespace(out_cache_loc=loc))
+    c = counters(str(tmp))["qknorm_rope_store"]
+    assert c["calls"] == 0 and c["fallbacks"] == 1, c
+    assert attn.flag == "astra"  # returns() ran; the method body (flag "original") did not
+    assert torch.equal(got, want) and torch.equal(attn.k_cache, ref.k_cache) and torch.equal(attn.v_cache, ref.v_cache)
+
+
 def test_self_check_compares_only_the_cache_rows_written_and_restores_them(fused_env):
     """A wrong kernel (the stand-in's last v_cache element one off, a slot the call writes): the self-check
     sees it in the cache rows it copied, disables the op, and the caller gets SGLang's result everywhere."""
