@@ -193,6 +193,18 @@ def test_the_shipped_adapter_fits_the_spec_and_binds_the_method_signature():
     assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",)
 
 
+def test_the_dense_adapter_fits_the_spec_and_binds_the_method_signature():
+    from astra_sglang.patch.adapters import Binder, adapter_mismatch, get_adapter
+    from astra_sglang.registry import get_op
+
+    def forward_prepare_native(self, positions, hidden_states):  # SGLang's dense Qwen3 signature
+        raise AssertionError("not called")
+
+    spec, ad = get_op("qknorm_rope"), get_adapter("qknorm_rope")
+    assert adapter_mismatch(spec, ad) is None and Binder(forward_prepare_native, ad, spec).ok
+    assert spec.replaces == ("sglang.srt.models.qwen3:Qwen3Attention.forward_prepare_native",)
+
+
 def test_an_expanding_adapter_needs_the_kernel_sequence():
     from astra_sglang.patch.adapters import Binder, get_adapter
     from astra_sglang.registry import get_op
@@ -203,7 +215,11 @@ def test_an_expanding_adapter_needs_the_kernel_sequence():
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_discovery_finds_the_layer_method_in_real_sglang(version, request):
+@pytest.mark.parametrize("op,module,method", [
+    ("qknorm_rope_store", "sglang.srt.models.qwen3_moe", "Qwen3MoeAttention.apply_qk_norm_rope"),
+    ("qknorm_rope", "sglang.srt.models.qwen3", "Qwen3Attention.forward_prepare_native"),
+])
+def test_discovery_finds_the_layer_method_in_real_sglang(version, op, module, method, request):
     """The dry run and the server plan must see the method a fused op replaces (a class-level definition)."""
     from pathlib import Path
 
@@ -212,8 +228,6 @@ def test_discovery_finds_the_layer_method_in_real_sglang(version, request):
 
     root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
                 else request.getfixturevalue("wheel_sources")["sglang"])
-    disc = discover_for_specs([get_op("qknorm_rope_store")], roots={"sglang": root / "sglang"})
-    sites = disc.for_op("qknorm_rope_store")
-    assert [(s.kind, s.module, s.local_name) for s in sites] == [
-        ("definition", "sglang.srt.models.qwen3_moe", "Qwen3MoeAttention.apply_qk_norm_rope")]
-    assert "replaced on its class" in format_report(disc, ["qknorm_rope_store"])
+    disc = discover_for_specs([get_op(op)], roots={"sglang": root / "sglang"})
+    assert [(s.kind, s.module, s.local_name) for s in disc.for_op(op)] == [("definition", module, method)]
+    assert "replaced on its class" in format_report(disc, [op])

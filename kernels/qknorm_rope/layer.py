@@ -1,0 +1,48 @@
+"""The SGLang code `validate` drives for this fused op: Qwen3Attention.forward_prepare_native itself (the dense Qwen3
+method patch replaces), called on an attention stand-in that holds SGLang's own submodules (two RMSNorm layers with
+the op's weights, a RotaryEmbedding with the op's cos/sin cache). The qkv GEMM is not what is validated: the stand-in's
+qkv_proj returns the case's q/k/v row buffer, so both sides start from the same activations.
+
+Outside a server SGLang's runtime config is not published; the values the method reads from it are supplied as a
+server without those flags has them (qknorm_rope_store's _server_defaults)."""
+from types import SimpleNamespace
+
+from astra_sglang.kernels.qknorm_rope_store.layer import _server_defaults
+from astra_sglang.patch.layers import construct
+
+
+def _call_method(inp, dims, scalars):
+    import torch
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+    from sglang.srt.models.qwen3 import Qwen3Attention
+
+    t, hq, hk, d, qs, ks = dims
+    eps = float(scalars.get("eps", 1e-6))
+    neox = bool(int(scalars.get("is_neox", 1)))
+    dev, dt = inp["q"].device, inp["q"].dtype
+    norms = []
+    for w in (inp["q_weight"], inp["k_weight"]):
+        n = construct(RMSNorm, d, eps=eps).to(device=dev, dtype=dt)
+        n.weight.data.copy_(w)
+        norms.append(n)
+    cache = inp["cos_sin_cache"]
+    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
+    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    # q and k column blocks of one row buffer, v after them (untouched by the op)
+    qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], torch.zeros_like(inp["k"][:, : hk * d])], dim=1)
+    attn = SimpleNamespace(
+        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=norms[0],
+        k_norm=norms[1], rotary_emb=rope, alt_stream=None, qkv_proj=lambda h: (qkv, None))
+    hidden = torch.empty((t, 8), device=dev, dtype=dt)  # what the stand-in GEMM ignores
+    with torch.no_grad():
+        return Qwen3Attention.forward_prepare_native(attn, inp["positions"], hidden)
+
+
+def run_layer(inp, dims, scalars):
+    t, hq, hk, d = dims[:4]
+    with _server_defaults():
+        q, k, _ = _call_method(inp, dims, scalars)
+    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
+    return {"q": inp["q"], "k": inp["k"]}

@@ -1,0 +1,246 @@
+"""qknorm_rope: a FUSED op. Qwen3's per-head q/k RMSNorm, then rotary embedding of q and k in place, in one
+launch (dense Qwen3 attention: the KV store comes later, in the attention backend).
+
+It replaces the two kernels SGLang runs back to back in dense Qwen3 attention
+(`Qwen3Attention.forward_prepare_native`: qkv_proj, split, apply_qk_norm, then self.rotary_emb(positions, q, k)):
+the JIT q/k norm in place (csrc/elementwise/qknorm.cuh, op qknorm), then the JIT rope in place
+(RotaryEmbedding.forward_cuda -> apply_rope_with_cos_sin_cache_inplace(fused_args=None) -> csrc/elementwise/
+rope.cuh FusedRopeKernel::run, the non-fused fused_rope_kernel, op rope). Production here is those two launches on
+one stream, exactly as SGLang makes them; a speedup of this op is over the SUM of the two.
+
+Per token t, every q head h:  q[t,h,:] = rope(rmsnorm(q[t,h,:]) * q_weight)   (rmsnorm: x * rsqrt(mean(x^2) + eps))
+every kv head h:  k[t,h,:] likewise with k_weight, in place. rope: NeoX (is_neox=1) or GPT-J by row positions[t]
+(int64) of the fp32 cos_sin_cache [max_position, head_dim] = [cos | sin], rope_dim = head_dim.
+q/k are column blocks of the qkv output (token strides q_stride / k_stride, heads head_dim apart).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from astra_sglang.families import qkv, rmsnorm
+from astra_sglang.spec import DTYPE_BYTES, Shape, SourceFile, Tolerance, Variant
+
+EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
+HEAD_DIMS = (64, 128, 256)  # head_dim instantiations the launchers carry (rope_dim = head_dim)
+MAX_POSITION = 8192  # cos_sin_cache rows in the harness (a module global: CPU tests shrink it)
+
+# Dense Qwen3 models (the ones the model table knows) and the TP degrees where their heads divide: qknorm's
+# dense entries. Qwen3-MoE runs qknorm_rope_store instead (the rope fused with the KV store).
+DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
+    ("qwen3-8b", (1, 2)),
+    ("qwen3-32b", (2, 4, 8)),
+)
+
+
+def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
+    s = qkv.qkv_stride(hq, hk, d)  # q and k are column blocks of the fused qkv output
+    return (t, hq, hk, d, s, s)
+
+
+model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+
+_GPTJ = {(5, 8, 2, 128, 1536, 1536)}
+
+EDGE = (
+    Shape((1, 1, 1, 128, 384, 384), ("edge",), "one q head, one kv head"),
+    Shape((3, 5, 1, 64, 448, 448), ("edge",), "head_dim 64, odd head count"),
+    Shape((3, 64, 8, 64, 5120, 5120), ("edge",), "head_dim 64, 64 q / 8 kv heads (gpt-oss heads)"),
+    Shape((5, 8, 2, 128, 1536, 1536), ("edge",), "GPT-J (interleaved) style"),
+    Shape((7, 4, 2, 256, 2048, 2048), ("edge",), "head_dim 256"),
+    Shape((9, 8, 2, 128, 1024, 256), ("edge",), "contiguous q and k (separate tensors)"),
+)
+
+
+def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
+    import torch
+
+    from astra_sglang.spec import torch_dtype
+
+    t, hq, hk, d, qs, ks = dims
+    dt = torch_dtype(dtype)
+    scale = 16.0 if dist == "large" else 1.0
+
+    def draw(shape):
+        return (torch.randn(shape, generator=gen, device=device) * scale).to(dt)
+
+    # the whole row travels (the columns outside q / k are other heads' data the kernel must not touch)
+    q, k = draw((t, qs)), draw((t, ks))
+    qw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    kw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    cache = qkv.cos_sin_cache(d, MAX_POSITION, device)
+    pos = qkv.positions(t, MAX_POSITION, gen, device)
+    if t > 1:
+        pos[-1] = MAX_POSITION - 1  # the last cache row (as rope's inputs)
+    return {"q": q, "k": k, "q_weight": qw, "k_weight": kw, "cos_sin_cache": cache, "positions": pos}
+
+
+def _norm_rows(x, heads: int, d: int, w, eps: float):
+    """qknorm's math: the first heads * d columns of every row of x ([rows, >= heads * d]) normed per head."""
+    rows = x.shape[0]
+    out = x.clone()
+    blk = x[:, : heads * d].reshape(rows, heads, d)
+    out[:, : heads * d] = (blk * rmsnorm.rms(blk, eps) * w.reshape(1, 1, d)).reshape(rows, heads * d)
+    return out
+
+
+def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
+    """fp64 of the whole chain, no intermediate rounding: q/k norm, then rotate.
+    Works on the harness's [tokens, stride] row buffers and on the patch's [tokens, heads, head_dim] views."""
+    t, hq, hk, d = dims[:4]
+    neox = bool(int(scalars.get("is_neox", 1)))
+    eps = float(scalars.get("eps", EPS))
+    q, k = inp["q"].double(), inp["k"].double()
+    cos, sin = qkv.cos_sin(inp, d)
+    n = q.shape[0]
+    qn = _norm_rows(q.reshape(n, -1), hq, d, inp["q_weight"].double(), eps)
+    kn = _norm_rows(k.reshape(n, -1), hk, d, inp["k_weight"].double(), eps)
+    qo = qkv.rotate(qn, hq, d, d, cos, sin, neox).reshape(q.shape)
+    ko = qkv.rotate(kn, hk, d, d, cos, sin, neox).reshape(k.shape)
+    return {"q": qo, "k": ko}
+
+
+def bytes_moved(dims, dtype: str) -> int:
+    """What the fused kernel must move: q and k read + written; per token its position and cos/sin row (fp32);
+    the two weight vectors once."""
+    t, hq, hk, d = dims[:4]
+    e = DTYPE_BYTES[dtype]
+    return t * (2 * (hq + hk) * d * e + 8 + d * 4) + 2 * d * e
+
+
+def _supports(dims, dtype: str) -> Optional[str]:
+    t, hq, hk, d, qs, ks = dims
+    if d not in HEAD_DIMS:
+        return f"head_dim {d} (the launcher instantiates {HEAD_DIMS})"
+    if qs < hq * d or ks < hk * d:
+        return "a row stride shorter than its heads"
+    return None
+
+
+_NEOX = qkv.neox_scalars(_GPTJ)
+
+
+def _scalars(dims) -> Dict[str, Any]:
+    return {**_NEOX(dims), "eps": EPS}
+
+
+_QKN = "csrc/elementwise/qknorm.cuh"
+_ROPE = "csrc/elementwise/rope.cuh"
+DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride")
+
+# What launch_jit.cu.in relies on in each header: the union of the qknorm and rope jit variants' facts
+# (copied, not imported: specs share nothing but families; tests/test_op_qknorm_rope.py fails when a sibling's
+# facts change, so this launcher gets reviewed with theirs).
+QKNORM_FACTS = (
+    (
+        _QKN,
+        r"struct QKNormParams \{\s*void\* __restrict__ q;\s*void\* __restrict__ k;[^\n]*\s*"
+        r"int64_t q_stride;\s*int64_t k_stride;\s*uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*"
+        r"float eps;\s*const void\* __restrict__ q_weight;\s*const void\* __restrict__ k_weight;\s*"
+        r"uint32_t num_tokens;\s*\};",
+        "QKNormParams fields, in the order the launcher initializes them (k pre-offset, strides in elements)",
+    ),
+    (
+        _QKN,
+        r"\.k = pointer::offset\(k\.data_ptr\(\), -2 \* static_cast<int64_t>\(num_qo_heads\) \* kHeadDim\)",
+        "k is passed pre-offset by -num_qo_heads * head_dim elements",
+    ),
+    (
+        _QKN,
+        r"constexpr uint32_t kWarpsPerBlock = (?P<WARPS_PER_BLOCK>\d+);",
+        "warps per block of the warp kernels",
+    ),
+    (
+        _QKN,
+        r"std::min\(kNumSM \* max_occupancy, needed_blocks\)",
+        "persistent grid: min(SMs * occupancy, div_ceil(rows, warps per block))",
+    ),
+    (
+        _QKN,
+        # the first of the two names: the half-warp kernel (0.5.23+) is defined before the
+        # warp kernel's host struct, older sources only have the struct
+        r"(?P<QK_FIRST>fused_qknorm_half_warp|QKNormKernelWarp)\b",
+        "which warp kernels the source has (half-warp head_dim-128 kernel or not)",
+    ),
+)
+ROPE_FACTS = (
+    (
+        _ROPE,
+        r"struct FusedRopeParams \{\s*void\* __restrict__ q_ptr;\s*void\* __restrict__ k_ptr;[^\n]*\s*"
+        r"const void\* __restrict__ cos_sin_cache_ptr;\s*const void\* __restrict__ positions;\s*"
+        r"int64_t q_stride_bytes;\s*int64_t k_stride_bytes;\s*int64_t head_stride_bytes;\s*"
+        r"uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*uint32_t num_tokens;\s*\};",
+        "FusedRopeParams fields, in the order the launcher sets them (strides in bytes)",
+    ),
+    (
+        _ROPE,
+        r"const int64_t k_offset = static_cast<int64_t>\(num_qo_heads\) \* head_stride_bytes;",
+        "k is passed pre-offset by -num_qo_heads * head_stride bytes",
+    ),
+    (
+        _ROPE,
+        r"constexpr uint32_t kBlockSize = (?P<BLOCK_SIZE>\d+);",
+        "threads per block",
+    ),
+    (
+        _ROPE,
+        r"needed_blocks = div_ceil\(num_works, \(kBlockSize / kWorkThreads\)\);\s*"
+        r"const auto num_blocks = std::min\(max_blocks, needed_blocks\);",
+        "persistent grid: min(SMs * occupancy, div_ceil(heads, heads per block))",
+    ),
+    (
+        _ROPE,
+        r"template <bool kIsNeox, int64_t kRopeDim, bool kUsePDL, typename DType, typename QDType = DType>\s*"
+        r"struct FusedRopeKernel",
+        "FusedRopeKernel's template parameters",
+    ),
+)
+
+# Production rounds the normed q/k to fp16/bf16 between its two kernels, then rotates, exactly as in
+# qknorm_rope_store (the non-fused rope kernel rotates a head with the same rope_rotate_head as the fused one):
+# where x*cos - y*sin cancels, that intermediate rounding is large against the oracle's |ref| + 0.01 * rms(ref)
+# denominator. qknorm_rope_store measured it on an H100 (2026-11-26): production's worst q/k error bf16 0.95, fp16
+# 0.12, which breaks production's own 8-floor sanity bound under the default floors. Same floors here (not yet
+# measured for this op); on most shapes the candidate's tolerance stays k * production's error, which is larger.
+TOLERANCE = Tolerance(k=2.0, floor={"fp32": 1e-5, "fp16": 0.032, "bf16": 0.25})
+
+JIT = Variant(
+    name="jit",
+    description="SGLang's two JIT kernels back to back on one stream, as Qwen3Attention.forward_prepare_native "
+    "runs them: QKNormKernel (fused_qknorm_warp; 0.5.23+: fused_qknorm_half_warp for head_dim 128 on "
+    "16-byte-aligned tensors), then FusedRopeKernel::run (fused_rope_kernel, rope_dim = head_dim), int64 "
+    "positions, PDL between them on sm_90+",
+    provenance="sglang/srt/models/qwen3.py Qwen3Attention.forward_prepare_native -> sglang/srt/models/utils.py "
+    "apply_qk_norm -> fused_inplace_qknorm -> csrc/elementwise/qknorm.cuh QKNormKernel<head_dim, pdl, T>::run; "
+    "then self.rotary_emb(positions, q, k) -> RotaryEmbedding.forward_cuda -> "
+    "apply_rope_with_cos_sin_cache_inplace(fused_args=None) -> apply_rope_inplace -> csrc/elementwise/rope.cuh "
+    "FusedRopeKernel<is_neox, rope_dim, pdl, T>::run",
+    sources=(SourceFile("sglang_jit", _QKN), SourceFile("sglang_jit", _ROPE)),
+    include_roots=("tvm_ffi", "dlpack"),
+    launcher="launch_jit.cu.in",
+    flag_profile="sglang_jit",
+    source_facts=QKNORM_FACTS + ROPE_FACTS,
+    dtypes=qkv.DTYPES,
+    supports=_supports,
+)
+
+SPEC = qkv.spec(
+    name="qknorm_rope",
+    summary="FUSED q/k RMSNorm + rope in one launch, in place (replaces SGLang's qknorm then rope in dense Qwen3 "
+    "attention; speedups are over the sum of the two kernels)",
+    dim_names=DIM_NAMES,
+    pointers=(("q", "inout"), ("k", "inout"), ("q_weight", "in"), ("k_weight", "in"), ("cos_sin_cache", "in"),
+              ("positions", "in")),
+    scalar_args=(("is_neox", "i64"), ("eps", "f64")),
+    variant=JIT,
+    corpus=qkv.corpus(DENSE_MODELS, _dims),
+    edge_shapes=EDGE,
+    make_inputs=make_inputs,
+    reference=reference,
+    scalars=_scalars,
+    bytes_moved=bytes_moved,
+    distributions=("normal", "large"),
+    tolerance=TOLERANCE,
+    replaces=("sglang.srt.models.qwen3:Qwen3Attention.forward_prepare_native",),
+    # only ours: SGLang's two kernels are attributed to the qknorm and rope ops
+    kernel_symbols=(r"astra_qkr::",),
+)
