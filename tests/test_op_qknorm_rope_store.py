@@ -58,8 +58,6 @@ def test_jit_variant_launches_both_headers_and_guards_both_launchers_facts():
     v = get_op(OP).variant("jit")
     assert [(s.root, s.path) for s in v.sources] == [("sglang_jit", "csrc/elementwise/qknorm.cuh"),
                                                      ("sglang_jit", "csrc/elementwise/rope.cuh")]
-    want = list(get_op("qknorm").variant("jit").source_facts) + list(get_op("rope_store").variant("jit").source_facts)
-    assert list(v.source_facts) == want
     assert v.flag_profile == get_op("rope_store").variant("jit").flag_profile
     assert v.include_roots == ("tvm_ffi", "dlpack")
     assert get_op(OP).default_variant({}) == "jit"

@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import qkv, rmsnorm
+from astra_sglang.kernels.qknorm import spec as _qknorm_spec
+from astra_sglang.kernels.rope_store import spec as _rope_store_spec
 from astra_sglang.spec import DTYPE_BYTES, Shape, SourceFile, Tolerance, Variant
 
 EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
@@ -133,74 +135,10 @@ _QKN = "csrc/elementwise/qknorm.cuh"
 _ROPE = "csrc/elementwise/rope.cuh"
 DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride", "v_stride")
 
-# What launch_jit.cu.in relies on in each header: the union of the qknorm and rope_store jit variants' facts
-# (copied, not imported: specs share nothing but families; tests/test_op_qknorm_rope_store.py fails when a
-# sibling's facts change, so this launcher gets reviewed with theirs).
-QKNORM_FACTS = (
-    (
-        _QKN,
-        r"struct QKNormParams \{\s*void\* __restrict__ q;\s*void\* __restrict__ k;[^\n]*\s*"
-        r"int64_t q_stride;\s*int64_t k_stride;\s*uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*"
-        r"float eps;\s*const void\* __restrict__ q_weight;\s*const void\* __restrict__ k_weight;\s*"
-        r"uint32_t num_tokens;\s*\};",
-        "QKNormParams fields, in the order the launcher initializes them (k pre-offset, strides in elements)",
-    ),
-    (
-        _QKN,
-        r"\.k = pointer::offset\(k\.data_ptr\(\), -2 \* static_cast<int64_t>\(num_qo_heads\) \* kHeadDim\)",
-        "k is passed pre-offset by -num_qo_heads * head_dim elements",
-    ),
-    (
-        _QKN,
-        r"constexpr uint32_t kWarpsPerBlock = (?P<WARPS_PER_BLOCK>\d+);",
-        "warps per block of the warp kernels",
-    ),
-    (
-        _QKN,
-        r"std::min\(kNumSM \* max_occupancy, needed_blocks\)",
-        "persistent grid: min(SMs * occupancy, div_ceil(rows, warps per block))",
-    ),
-    (
-        _QKN,
-        # the first of the two names: the half-warp kernel (0.5.23+) is defined before the
-        # warp kernel's host struct, older sources only have the struct
-        r"(?P<QK_FIRST>fused_qknorm_half_warp|QKNormKernelWarp)\b",
-        "which warp kernels the source has (half-warp head_dim-128 kernel or not)",
-    ),
-)
-ROPE_STORE_FACTS = (
-    (
-        _ROPE,
-        r"struct FusedRopeStoreParams \{\s*FusedRopeParams base_params;\s*void\* v_ptr;\s*"
-        r"void\* __restrict__ k_cache;\s*void\* __restrict__ v_cache;\s*const void\* __restrict__ out_loc;\s*"
-        r"int64_t v_stride_bytes;\s*int64_t cache_stride_bytes;\s*\};",
-        "FusedRopeStoreParams fields, in the order the launcher sets them",
-    ),
-    (
-        _ROPE,
-        r"struct FusedRopeParams \{\s*void\* __restrict__ q_ptr;\s*void\* __restrict__ k_ptr;[^\n]*\s*"
-        r"const void\* __restrict__ cos_sin_cache_ptr;\s*const void\* __restrict__ positions;\s*"
-        r"int64_t q_stride_bytes;\s*int64_t k_stride_bytes;\s*int64_t head_stride_bytes;\s*"
-        r"uint32_t num_qo_heads;\s*uint32_t num_kv_heads;\s*uint32_t num_tokens;\s*\};",
-        "FusedRopeParams fields (strides in bytes)",
-    ),
-    (
-        _ROPE,
-        r"\.k_cache = pointer::offset\(k_cache\.data_ptr\(\), -k_offset\),",
-        "k and k_cache are passed pre-offset by -num_qo_heads heads",
-    ),
-    (
-        _ROPE,
-        r"constexpr uint32_t kBlockSize = (?P<BLOCK_SIZE>\d+);",
-        "threads per block",
-    ),
-    (
-        _ROPE,
-        r"num_total_works = \(num_qo_heads \+ 2 \* num_kv_heads\) \* num_tokens;\s*"
-        r"const auto needed_blocks = div_ceil\(num_total_works, \(kBlockSize / kWorkThreads\)\);",
-        "grid: min(SMs * occupancy, div_ceil((q + 2 kv heads) * tokens, heads per block))",
-    ),
-)
+# What launch_jit.cu.in relies on in each header is what the two sibling launchers rely on: their variants' facts,
+# taken from their specs, so a change to either sibling's facts reaches this launcher too.
+QKNORM_FACTS = _qknorm_spec.SPEC.variant("jit").source_facts
+ROPE_STORE_FACTS = _rope_store_spec.SPEC.variant("jit").source_facts
 
 # Production rounds the normed q/k to fp16/bf16 between its two kernels, then rotates: where x*cos - y*sin
 # cancels, that intermediate rounding is large against the oracle's |ref| + 0.01 * rms(ref) denominator. Measured
