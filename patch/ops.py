@@ -359,7 +359,10 @@ class OpState:
         self.counters.note_rank()
         if fault_drill(self.name, process_rank()):
             for n in self.layout.mutated:      # ASTRA_SGLANG_FAULT_DRILL: a wrong kernel, simulated
-                views[n].add_(1)
+                if n in slots:                 # a pool cache: only the rows this call writes
+                    views[n][views[slots[n]]] += 1
+                else:
+                    views[n].add_(1)
         got = {n: (views[n].index_select(0, sampled_slots[slots[n]]) if n in slots
                    else views[n].index_select(0, idx.to(views[n].device)) if idx is not None and n in self.adapter.rowwise
                    else views[n]) for n in self.layout.mutated}

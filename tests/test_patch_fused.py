@@ -183,6 +183,24 @@ def test_self_check_compares_only_the_cache_rows_written_and_restores_them(fused
     assert torch.allclose(got_qkv, ref_qkv, atol=0)
 
 
+def test_the_fault_drill_touches_only_the_cache_rows_the_call_writes(fused_env, monkeypatch):
+    """ASTRA_SGLANG_FAULT_DRILL corrupts the kernel's outputs in the self-check; on a pool cache only the rows the
+    call writes (the rest of a real pool holds other requests' KV), and the restore puts SGLang's result back."""
+    from astra_sglang.patch import counters
+
+    _, _, tmp = fused_env
+    monkeypatch.setenv("ASTRA_SGLANG_FAULT_DRILL", "qknorm_rope_store")
+    ref = Attn()
+    ref_qkv, _ = _call(ref)
+    _patch(tmp)
+    attn = Attn()
+    got_qkv, _ = _call(attn)
+    c = counters(str(tmp))["qknorm_rope_store"]
+    assert c["checks_failed"] == 1 and c["disabled"] == 1, c
+    assert torch.equal(attn.k_cache, ref.k_cache) and torch.equal(attn.v_cache, ref.v_cache)
+    assert torch.equal(got_qkv, ref_qkv)
+
+
 def test_the_shipped_adapter_fits_the_spec_and_binds_the_method_signature():
     from astra_sglang.patch.adapters import Binder, adapter_mismatch, get_adapter
     from astra_sglang.registry import get_op
