@@ -1,6 +1,9 @@
 """Helpers for the SGLang layers each op's kernels/<op>/layer.py builds for `validate`."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from types import SimpleNamespace
+
 
 def construct(cls, *args, **kwargs):
     """Build an SGLang layer outside a server. sglang 0.5.17's SiluAndMul() reads the runtime
@@ -14,3 +17,43 @@ def construct(cls, *args, **kwargs):
         obj = cls.__new__(cls)
         cls.__mro__[1].__init__(obj)
         return obj
+
+
+@contextmanager
+def server_defaults():
+    """Outside a server SGLang's runtime config is not published (get_exec raises), and the code the rope-family
+    layers run reads three of its values: RotaryEmbedding's __init__ the RL on-policy target, apply_qk_norm the prefill
+    compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
+    answer as a server started without those flags would (no on-policy target, no inductor, no context
+    parallelism); everything else is SGLang's code as it runs."""
+    import importlib
+
+    from sglang.srt import runtime_context
+
+    try:
+        runtime_context.get_exec()
+        published = True  # inside a server: nothing to supply
+    except ValueError:
+        published = False
+    if published:
+        yield
+        return
+    exec_cfg = SimpleNamespace(
+        deterministic=SimpleNamespace(rl_on_policy_target=None),
+        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
+    supplied = {"sglang.srt.models.utils": {"get_exec": lambda: exec_cfg,
+                                             "is_prefill_context_parallel_enabled": lambda: False},
+                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg}}
+    saved = []
+    for mod_name, names in supplied.items():
+        mod = importlib.import_module(mod_name)
+        for n, f in names.items():
+            if not hasattr(mod, n):  # another SGLang version reads no config there
+                continue
+            saved.append((mod, n, getattr(mod, n)))
+            setattr(mod, n, f)
+    try:
+        yield
+    finally:
+        for mod, n, f in saved:
+            setattr(mod, n, f)

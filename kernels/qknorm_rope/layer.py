@@ -4,11 +4,10 @@ the op's weights, a RotaryEmbedding with the op's cos/sin cache). The qkv GEMM i
 qkv_proj returns the case's q/k/v row buffer, so both sides start from the same activations.
 
 Outside a server SGLang's runtime config is not published; the values the method reads from it are supplied as a
-server without those flags has them (qknorm_rope_store's _server_defaults)."""
+server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
-from astra_sglang.kernels.qknorm_rope_store.layer import _server_defaults
-from astra_sglang.patch.layers import construct
+from astra_sglang.patch.layers import construct, server_defaults
 
 
 def _call_method(inp, dims, scalars):
@@ -41,7 +40,7 @@ def _call_method(inp, dims, scalars):
 
 def run_layer(inp, dims, scalars):
     t, hq, hk, d = dims[:4]
-    with _server_defaults():
+    with server_defaults():
         q, k, _ = _call_method(inp, dims, scalars)
     inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))

@@ -3,51 +3,10 @@ replaces), called on an attention stand-in that holds SGLang's own submodules (t
 weights, a RotaryEmbedding with the op's cos/sin cache) and a forward context whose KV pool hands out the op's caches.
 
 Outside a server SGLang's runtime config is not published; the two values the method reads from it are supplied as a
-server without those flags has them (_server_defaults)."""
-from contextlib import contextmanager
+server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
-from astra_sglang.patch.layers import construct
-
-
-@contextmanager
-def _server_defaults():
-    """Outside a server SGLang's runtime config is not published (get_exec raises), and the code this layer runs
-    reads three of its values: RotaryEmbedding's __init__ the RL on-policy target, apply_qk_norm the prefill
-    compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
-    answer as a server started without those flags would (no on-policy target, no inductor, no context
-    parallelism); everything else is SGLang's code as it runs."""
-    import importlib
-
-    from sglang.srt import runtime_context
-
-    try:
-        runtime_context.get_exec()
-        published = True  # inside a server: nothing to supply
-    except ValueError:
-        published = False
-    if published:
-        yield
-        return
-    exec_cfg = SimpleNamespace(
-        deterministic=SimpleNamespace(rl_on_policy_target=None),
-        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
-    supplied = {"sglang.srt.models.utils": {"get_exec": lambda: exec_cfg,
-                                             "is_prefill_context_parallel_enabled": lambda: False},
-                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg}}
-    saved = []
-    for mod_name, names in supplied.items():
-        mod = importlib.import_module(mod_name)
-        for n, f in names.items():
-            if not hasattr(mod, n):  # another SGLang version reads no config there
-                continue
-            saved.append((mod, n, getattr(mod, n)))
-            setattr(mod, n, f)
-    try:
-        yield
-    finally:
-        for mod, n, f in saved:
-            setattr(mod, n, f)
+from astra_sglang.patch.layers import construct, server_defaults
 
 
 def _call_method(inp, dims, scalars):
@@ -93,7 +52,7 @@ def run_layer(inp, dims, scalars):
     if inp["q"].dtype != torch.bfloat16:  # validate reports the shape n/a: SGLang's layer never runs this op there
         raise ValueError("SGLang fuses the KV store only into a bf16 KV cache (enable_fused_set_kv_buffer); on an "
                          "fp16 cache the attention stores it and this op's sequence does not run")
-    with _server_defaults():
+    with server_defaults():
         (q, k, v), attn = _call_method(inp, dims, scalars)
     if attn._used_fused_qk_norm_rope_last_call is not False:
         raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")

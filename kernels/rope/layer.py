@@ -1,9 +1,15 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda (no fused KV store) on views
 of a qkv-shaped buffer, as every Llama/Qwen attention calls it."""
-from astra_sglang.patch.layers import construct
+from astra_sglang.patch.layers import construct, server_defaults
 
 
 def run_layer(inp, dims, scalars):
+    # 0.5.17's RotaryEmbedding reads the runtime config in __init__, which no server published here
+    with server_defaults():
+        return _run(inp, dims, scalars)
+
+
+def _run(inp, dims, scalars):
     import torch
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 

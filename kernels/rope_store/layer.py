@@ -1,9 +1,15 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda with a fused_set_kv_buffer_arg, as
 Qwen3-MoE attention calls it on a bf16 KV cache (views of a qkv buffer, the pool layer's caches)."""
-from astra_sglang.patch.layers import construct
+from astra_sglang.patch.layers import construct, server_defaults
 
 
 def run_layer(inp, dims, scalars):
+    # 0.5.17's RotaryEmbedding reads the runtime config in __init__, which no server published here
+    with server_defaults():
+        return _run(inp, dims, scalars)
+
+
+def _run(inp, dims, scalars):
     import torch
     from sglang.kernels.ops.attention.rope import FusedSetKVBufferArg
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
