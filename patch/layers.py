@@ -5,6 +5,13 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 
+def write_back(dst, src) -> None:
+    """dst <- a layer's output src, unless the layer wrote dst in place and returned it (src aliases dst: at one
+    token, copy_ refuses a tensor onto its own memory)."""
+    if src.data_ptr() != dst.data_ptr():
+        dst.copy_(src.reshape(dst.shape))
+
+
 def construct(cls, *args, **kwargs):
     """Build an SGLang layer outside a server. sglang 0.5.17's SiluAndMul() reads the runtime
     context in __init__ (ValueError "config namespace 'exec' not published" outside a

@@ -918,3 +918,16 @@ def test_ops_all_does_not_fail_on_ops_the_model_never_calls():
     ops = ["fused_add_rmsnorm", "gelu_and_mul", "moe_combine", "merge_state"]
     assert never_ran(ops, tot, all_requested=True) == (["moe_combine"], ["gelu_and_mul", "merge_state"])
     assert never_ran(ops, tot, all_requested=False) == (["gelu_and_mul", "moe_combine", "merge_state"], [])
+
+
+def test_layer_write_back_skips_an_output_that_is_its_destination():
+    """A layer that rotated q in place returns q itself; at one token copy_ refuses a tensor onto its own memory
+    (seen on the H200 with 0.5.17's RotaryEmbedding), so validate's layers write back only real copies."""
+    import torch
+
+    from astra_sglang.patch.layers import write_back
+
+    q = torch.zeros(1, 8)
+    write_back(q, q.view(1, 2, 4))  # aliased: nothing to do, no error
+    write_back(q, torch.ones(1, 2, 4))
+    assert torch.equal(q, torch.ones(1, 8))

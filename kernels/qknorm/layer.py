@@ -2,7 +2,7 @@
 attention layer calls, with two of SGLang's RMSNorm layers holding the q and k weights. Outside a server
 (sglang 0.5.17's runtime config not published) apply_qk_norm cannot read its exec config; the layer then makes
 the call apply_qk_norm makes on CUDA, models.utils.fused_inplace_qknorm (the registered custom op)."""
-from astra_sglang.patch.layers import construct
+from astra_sglang.patch.layers import construct, write_back
 
 
 def run_layer(inp, dims, scalars):
@@ -32,6 +32,6 @@ def run_layer(inp, dims, scalars):
                                         k_weight=norms[1].weight, head_dim=d, eps=eps)
             q_out, k_out = q, k
         # the fused path normalizes in place and returns the views; the per-layer path returns new tensors
-        q.copy_(q_out.reshape(t, hq * d))
-        k.copy_(k_out.reshape(t, hk * d))
+        write_back(q, q_out)
+        write_back(k, k_out)
     return {"q": q_buf, "k": k_buf}

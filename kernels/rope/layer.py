@@ -1,6 +1,6 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda (no fused KV store) on views
 of a qkv-shaped buffer, as every Llama/Qwen attention calls it."""
-from astra_sglang.patch.layers import construct, server_defaults
+from astra_sglang.patch.layers import construct, server_defaults, write_back
 
 
 def run_layer(inp, dims, scalars):
@@ -23,6 +23,6 @@ def _run(inp, dims, scalars):
     q, k = q_buf[:, : hq * d], k_buf[:, : hk * d]
     with torch.no_grad():
         q_out, k_out = rope.forward_cuda(inp["positions"], q, k)
-        q.copy_(q_out.reshape(t, hq * d))
-        k.copy_(k_out.reshape(t, hk * d))
+        write_back(q, q_out)
+        write_back(k, k_out)
     return {"q": q_buf, "k": k_buf}

@@ -1,6 +1,6 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda with a fused_set_kv_buffer_arg, as
 Qwen3-MoE attention calls it on a bf16 KV cache (views of a qkv buffer, the pool layer's caches)."""
-from astra_sglang.patch.layers import construct, server_defaults
+from astra_sglang.patch.layers import construct, server_defaults, write_back
 
 
 def run_layer(inp, dims, scalars):
@@ -24,6 +24,6 @@ def _run(inp, dims, scalars):
     arg = FusedSetKVBufferArg(value=v, k_buffer=inp["k_cache"], v_buffer=inp["v_cache"], cache_loc=inp["out_loc"])
     with torch.no_grad():
         q_out, k_out = rope.forward_cuda(inp["positions"], q, k, fused_set_kv_buffer_arg=arg)
-        q.copy_(q_out.reshape(t, hq * d))
-        k.copy_(k_out.reshape(t, hk * d))
+        write_back(q, q_out)
+        write_back(k, k_out)
     return {"q": q_buf, "k": k_buf, "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}
