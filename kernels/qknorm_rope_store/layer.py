@@ -2,7 +2,7 @@
 replaces), called on an attention stand-in that holds SGLang's own submodules (two RMSNorm layers with the op's
 weights, a RotaryEmbedding with the op's cos/sin cache) and a forward context whose KV pool hands out the op's caches.
 
-Outside a server SGLang's runtime config is not published; the two values the method reads from it are supplied as a
+Outside a server SGLang's runtime config is not published; the values the method reads from it are supplied as a
 server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
