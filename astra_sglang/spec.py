@@ -161,6 +161,9 @@ class OpSpec:
     # shows for this op: SGLang's production kernels and astra's own (namespace astra_<short>::).
     # `astra-sglang profile` attributes matching kernels to this op.
     kernel_symbols: Tuple[str, ...] = ()
+    # A fused op: the ops whose SGLang kernels it replaces in one launch (qknorm_rope_store: qknorm then
+    # rope_store). The profile's prediction then reads their kernels in an unpatched step as this op's.
+    fuses: Tuple[str, ...] = ()
     # canonical(outputs, dims) -> the outputs in a canonical form, applied to candidate and production
     # outputs before any comparison, for ops whose production result is only defined up to an order
     # (moe_align: atomics order tokens within an expert). None: outputs are compared as written.

@@ -45,6 +45,28 @@ def _fmt_dims(dims) -> str:
     return ", ".join(parts[:3])
 
 
+def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: str,
+                speedups: Optional[SpeedupTable], step_us: float) -> List[dict]:
+    """The fused ops whose replaced kernels all ran in this capture (SGLang's, unpatched), as rows of their
+    own: the members' time per step, the fused op's bench speedup over their sum, the saving. Kept apart from
+    `ops`, whose rows the member kernels already fill; the step prediction swaps members for these."""
+    from astra_sglang.registry import get_op, op_names
+
+    by_op = {r["op"]: r for r in rows}
+    out = []
+    for name in op_names():
+        members = get_op(name).fuses
+        if not members or not all(m in by_op and not by_op[m]["astra_kernel"] for m in members):
+            continue
+        us = sum(by_op[m]["us_per_step"] for m in members)
+        sp = speedups.lookup(name, lookup_dims(name, "", cfg, tokens, tp), dtype) if speedups else None
+        saved = us * (1.0 - 1.0 / sp.value) if sp else 0.0
+        out.append({"op": name, "replaces": list(members), "us_per_step": us,
+                    "speedup": sp.value if sp else None, "speedup_label": sp.label() if sp else "unmeasured",
+                    "saved_us": saved, "predicted_gain": saved / step_us if step_us else 0.0})
+    return out
+
+
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
                     shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
     hidden_act = str(cfg.get("hidden_act", "silu"))
@@ -103,6 +125,7 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
                 saved_total += saved
         rows.append(row)
     rows.sort(key=lambda r: -r["us_per_step"])
+    fused = _fused_rows(rows, cfg, cap.tokens, tp, dtype, speedups, total / steps)
     cats: Dict[str, float] = defaultdict(float)
     for r in rows:
         cats[r["category"]] += r["us_per_step"]
@@ -119,6 +142,7 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
         "predicted_saved_us": saved_total,
         "predicted_gain": saved_total / step_us if step_us else 0.0,
         "ops": rows,
+        "fused": fused,
         "top_kernels": [{"kernel": t["kernel"], "op": t["op"], "us_per_step": t["excl"] / steps,
                          "calls_per_step": t["calls"] / steps} for t in top],
         "extra": cap.extra,
@@ -196,6 +220,10 @@ def capture_table(c: dict, max_rows: int = 18) -> str:
     if rest:
         lines.append(f"| ({len(rest)} more) | {sum(r['us_per_step'] for r in rest):.1f} | "
                      f"{_pct(sum(r['share'] for r in rest))} | | | | | | |")
+    for f in c.get("fused", ()):   # fused ops: their members' kernels above, one launch when patched
+        gain = f", predicted gain {_pct(f['predicted_gain'])}" if f["speedup"] else ""
+        lines.append(f"\nFused op {f['op']} would replace {' + '.join(f['replaces'])}: {f['us_per_step']:.1f} µs/step "
+                     f"here, speedup {f['speedup_label']}{gain} (not in the total above, which counts its members).")
     return head + "\n".join(lines) + "\n"
 
 

@@ -228,7 +228,10 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
         for o in others:
             if not any(a == o for a, _ in dec):
                 continue
-            mine = [r for r in c["ops"] if r["covered"] and r["op"] in arm_ops[o]]
+            # a patched fused op stands for the members it replaces (their kernels in the base profile)
+            fused = [f for f in c.get("fused", ()) if f["op"] in arm_ops[o]]
+            replaced = {m for f in fused for m in f["replaces"]}
+            mine = [r for r in c["ops"] if r["covered"] and r["op"] in arm_ops[o] and r["op"] not in replaced] + fused
             measured = [r for r in mine if r["speedup"]]
             # None (shown as —) when no patched op has a bench speedup on these shapes
             p = {"saved_us": sum(r["saved_us"] for r in measured) if measured else None,
@@ -241,6 +244,9 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                 theirs = {r["op"]: r["us_per_step"] for r in oc["ops"] if r["covered"]}
                 p["in_context_saved_us"] = sum(r["us_per_step"] - theirs.get(r["op"], r["us_per_step"])
                                                for r in c["ops"] if r["covered"] and r["op"] in theirs)
+                # a fused op's kernel in the arm against its members' kernels in the base
+                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in c.get("fused", ())
+                                                if f["op"] in theirs and not set(f["replaces"]) & set(theirs))
                 p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p
     return out

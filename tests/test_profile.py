@@ -404,3 +404,39 @@ def test_profile_cli_url_against_a_stand_in_server(tmp_path):
     assert c["stage"] == "server" and c["kernel_us_per_step"] == pytest.approx(sum(d for _, d in fake.kernels(8, False)))
     r = _cli("profile", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "v"))
     assert r.returncode != 0 and "POST /start_profile failed" in r.stderr
+
+
+def test_fused_op_prediction_reads_its_members_kernels():
+    """A fused op (qknorm_rope_store) has no kernel of its own in an unpatched step: its members' SGLang kernels
+    (qknorm, rope_store) are its time there. The capture lists it apart from the rows; the step prediction for an
+    arm that patches it swaps the members for it, in the bench column and in the in-graph one."""
+    from astra_sglang.e2e.speedups import Speedup
+    from astra_sglang.e2e.step import predicted_from_profile
+
+    qwen3_moe = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
+
+    class Table(SpeedupTable):
+        def lookup(self, op, dims, dtype="bf16"):
+            return Speedup(2.0, "x", True, "bench.json", "2026-11-26") if op == "qknorm_rope_store" else None
+
+    kernels = []
+    for i in range(4):   # two layers of each kernel per step, two steps
+        kernels.append(KernelEvent("fused_qknorm_warp<128>", ts=100.0 * i, dur=1.0))
+        kernels.append(KernelEvent("fused_rope_store_kernel<true>", ts=100.0 * i + 10, dur=2.0))
+        kernels.append(KernelEvent("nvjet_gemm", ts=100.0 * i + 20, dur=50.0))
+    exclusive_times(kernels)
+    c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), qwen3_moe, Table([]))
+    (f,) = c["fused"]
+    assert f["op"] == "qknorm_rope_store" and f["replaces"] == ["qknorm", "rope_store"]
+    assert f["us_per_step"] == pytest.approx(6.0) and f["saved_us"] == pytest.approx(3.0)
+
+    base = {"arm": "A", "batch_size": 1, "stage": "decode", "kernel_us_per_step": 106.0, "ops": c["ops"],
+            "fused": c["fused"]}
+    patched = {"arm": "B", "batch_size": 1, "stage": "decode", "kernel_us_per_step": 104.0, "fused": [],
+               "ops": [{"op": "qknorm_rope_store", "covered": True, "speedup": None, "saved_us": 0.0,
+                        "us_per_step": 4.0}]}
+    p = predicted_from_profile({"captures": [base, patched]}, "A", ["B"], {"B": ["qknorm_rope_store"]})[("B", 1)]
+    assert p["saved_us"] == pytest.approx(3.0) and p["in_context_saved_us"] == pytest.approx(2.0)
+    # an arm without the fused op keeps its members' own rows (none measured here)
+    q = predicted_from_profile({"captures": [base, patched]}, "A", ["B"], {"B": ["qknorm"]})[("B", 1)]
+    assert q["saved_us"] is None and q["unmeasured_ops"] == ["qknorm"]

@@ -143,11 +143,11 @@ def spec(*, name: str, summary: str, dim_names: Tuple[str, ...], pointers: Seque
          reference: Callable[..., Dict[str, Any]], scalars: Callable[[Tuple[int, ...]], Dict[str, Any]],
          bytes_moved: Callable[[Tuple[int, ...], str], int], distributions: Tuple[str, ...],
          replaces: Tuple[str, ...], kernel_symbols: Tuple[str, ...],
-         tolerance: Tolerance = Tolerance(k=2.0)) -> OpSpec:
+         tolerance: Tolerance = Tolerance(k=2.0), fuses: Tuple[str, ...] = ()) -> OpSpec:
     return OpSpec(
         name=name, summary=summary, dim_names=dim_names, abi=abi(pointers, dim_names, scalar_args),
         variants=(variant,), default_variant=lambda roots: "jit", dtypes=DTYPES, corpus=corpus,
         edge_shapes=edge_shapes, tolerance=tolerance, make_inputs=make_inputs, reference=reference,
         scalars=scalars, bytes_moved=bytes_moved, distributions=distributions, replaces=replaces,
-        kernel_symbols=kernel_symbols,
+        kernel_symbols=kernel_symbols, fuses=fuses,
     )

@@ -182,4 +182,5 @@ SPEC = qkv.spec(
     replaces=("sglang.srt.models.qwen3:Qwen3Attention.forward_prepare_native",),
     # only ours: SGLang's two kernels are attributed to the qknorm and rope ops
     kernel_symbols=(r"astra_qkr::",),
+    fuses=("qknorm", "rope"),
 )

@@ -190,4 +190,5 @@ SPEC = qkv.spec(
     replaces=("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",),
     # only ours: SGLang's two kernels are attributed to the qknorm and rope_store ops
     kernel_symbols=(r"astra_qkrs::",),
+    fuses=("qknorm", "rope_store"),
 )
