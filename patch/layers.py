@@ -64,3 +64,23 @@ def server_defaults():
     finally:
         for mod, n, f in saved:
             setattr(mod, n, f)
+
+
+def qk_norms_and_rope(inp, head_dim: int, eps: float, neox: bool):
+    """(q_norm, k_norm, rotary_emb) of a Qwen3 attention stand-in: SGLang's own RMSNorm layers holding the op's
+    weights and its RotaryEmbedding holding the op's cos/sin cache (both sides rotate by the same angles).
+    Build it inside server_defaults(): 0.5.17's RotaryEmbedding reads the runtime config."""
+    import torch
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    dev, dt = inp["q"].device, inp["q"].dtype
+    norms = []
+    for w in (inp["q_weight"], inp["k_weight"]):
+        n = construct(RMSNorm, head_dim, eps=eps).to(device=dev, dtype=dt)
+        n.weight.data.copy_(w)
+        norms.append(n)
+    cache = inp["cos_sin_cache"]
+    rope = construct(RotaryEmbedding, head_dim, head_dim, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
+    rope.cos_sin_cache = cache
+    return norms[0], norms[1], rope

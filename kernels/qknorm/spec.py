@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from astra_sglang.families import qkv, rmsnorm
+from astra_sglang.families import qkv
 from astra_sglang.spec import DTYPE_BYTES, Shape
 
 EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
@@ -59,18 +59,8 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
     # the whole row travels (the columns outside q / k are other heads' data the kernel must not touch)
     q = draw((t, qs))
     k = draw((t, ks))
-    qw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
-    kw = (1.0 + 0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    qw, kw = qkv.norm_weights(d, dt, gen, device)
     return {"q": q, "k": k, "q_weight": qw, "k_weight": kw}
-
-
-def _norm_rows(x, heads: int, d: int, w, eps: float):
-    """Norm the first heads * d columns of every row of x ([rows, >= heads * d]) per head of d."""
-    rows = x.shape[0]
-    out = x.clone()
-    blk = x[:, : heads * d].reshape(rows, heads, d)
-    out[:, : heads * d] = (blk * rmsnorm.rms(blk, eps) * w.reshape(1, 1, d)).reshape(rows, heads * d)
-    return out
 
 
 def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
@@ -78,8 +68,8 @@ def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[
     _, hq, hk, d = dims[:4]
     eps = float(scalars.get("eps", EPS))
     q, k = inp["q"].double(), inp["k"].double()
-    qo = _norm_rows(q.reshape(q.shape[0], -1), hq, d, inp["q_weight"].double(), eps).reshape(q.shape)
-    ko = _norm_rows(k.reshape(k.shape[0], -1), hk, d, inp["k_weight"].double(), eps).reshape(k.shape)
+    qo = qkv.norm_heads(q.reshape(q.shape[0], -1), hq, d, inp["q_weight"].double(), eps).reshape(q.shape)
+    ko = qkv.norm_heads(k.reshape(k.shape[0], -1), hk, d, inp["k_weight"].double(), eps).reshape(k.shape)
     return {"q": qo, "k": ko}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
 from astra_sglang.kernels.qknorm_rope_store.adapter import _qknorm_path, _rope_path
 from astra_sglang.patch.adapters import OpAdapter
 
@@ -42,26 +43,21 @@ def _expand(a: Dict[str, Any]):
 
 
 def _normalize(c):
+    """qknorm's checks of q, k and the weights (the same views and dims), then the rope's cache and positions."""
     import torch
 
-    q, k, cache, pos = c["q"], c["k"], c["cos_sin_cache"], c["positions"]
-    t, hq, d = q.shape
-    hk = k.shape[1]
-    for n in ("q_weight", "k_weight"):
-        w = c[n]
-        if tuple(w.shape) != (d,) or not w.is_contiguous():
-            return f"{n} {tuple(w.shape)} is not a contiguous ({d},)"
+    res = _qknorm_normalize(c)
+    if isinstance(res, str):
+        return res
+    views, dims = res
+    t, d = dims[0], dims[3]
+    cache, pos = c["cos_sin_cache"], c["positions"]
     if cache.dim() != 2 or cache.shape[1] != d or not cache.is_contiguous():
         return f"cos_sin_cache {tuple(cache.shape)} is not a contiguous [max_position, {d}] (rope_dim = head_dim)"
     if pos.dtype != torch.int64 or tuple(pos.shape) != (t,) or not pos.is_contiguous():
         return f"positions {pos.dtype} {tuple(pos.shape)} is not a contiguous int64 [{t}]"
-    for n, x in (("q", q), ("k", k)):
-        if x.stride(2) != 1 or (x.shape[1] > 1 and x.stride(1) != d):
-            return f"{n} strides {tuple(x.stride())} are not (row, head_dim, 1)"
-    qs = q.stride(0) if t > 1 else hq * d
-    ks = k.stride(0) if t > 1 else hk * d
-    views = {n: c[n] for n in ("q", "k", "q_weight", "k_weight", "cos_sin_cache", "positions")}
-    return views, (t, hq, hk, d, qs, ks)
+    views.update(cos_sin_cache=cache, positions=pos)
+    return views, dims
 
 
 def _sequence(c: Dict[str, Any]) -> None:

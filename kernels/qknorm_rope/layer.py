@@ -7,33 +7,23 @@ Outside a server SGLang's runtime config is not published; the values the method
 server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
-from astra_sglang.patch.layers import construct, server_defaults
+from astra_sglang.patch.layers import qk_norms_and_rope, server_defaults
 
 
 def _call_method(inp, dims, scalars):
     import torch
-    from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
     from sglang.srt.models.qwen3 import Qwen3Attention
 
     t, hq, hk, d, qs, ks = dims
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
-    dev, dt = inp["q"].device, inp["q"].dtype
-    norms = []
-    for w in (inp["q_weight"], inp["k_weight"]):
-        n = construct(RMSNorm, d, eps=eps).to(device=dev, dtype=dt)
-        n.weight.data.copy_(w)
-        norms.append(n)
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
-    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
     # q and k column blocks of one row buffer, v after them (untouched by the op)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], torch.zeros_like(inp["k"][:, : hk * d])], dim=1)
     attn = SimpleNamespace(
-        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=norms[0],
-        k_norm=norms[1], rotary_emb=rope, alt_stream=None, qkv_proj=lambda h: (qkv, None))
-    hidden = torch.empty((t, 8), device=dev, dtype=dt)  # what the stand-in GEMM ignores
+        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=q_norm,
+        k_norm=k_norm, rotary_emb=rope, alt_stream=None, qkv_proj=lambda h: (qkv, None))
+    hidden = torch.empty((t, 8), device=qkv.device, dtype=qkv.dtype)  # what the stand-in GEMM ignores
     with torch.no_grad():
         return Qwen3Attention.forward_prepare_native(attn, inp["positions"], hidden)
 

@@ -6,38 +6,28 @@ Outside a server SGLang's runtime config is not published; the values the method
 server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
-from astra_sglang.patch.layers import construct, server_defaults
+from astra_sglang.patch.layers import qk_norms_and_rope, server_defaults
 
 
 def _call_method(inp, dims, scalars):
     """Qwen3MoeAttention.apply_qk_norm_rope on the stand-in -> ((q, k, v), the stand-in)."""
     import torch
-    from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from sglang.srt.models.qwen3_moe import Qwen3MoeAttention
 
     t, hq, hk, d, qs, ks, vs = dims
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
-    dev, dt = inp["q"].device, inp["q"].dtype
-    norms = []
-    for w in (inp["q_weight"], inp["k_weight"]):
-        n = construct(RMSNorm, d, eps=eps).to(device=dev, dtype=dt)
-        n.weight.data.copy_(w)
-        norms.append(n)
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
-    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
     # the qkv row buffer the method splits: q, k, v column blocks (the harness's q/k/v share one row layout
     # only where their strides are equal; otherwise they are copied into one buffer and back)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
     kc, vc = inp["k_cache"], inp["v_cache"]
-    pool = SimpleNamespace(dtype=dt, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
+    pool = SimpleNamespace(dtype=qkv.dtype, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
                            get_value_buffer=lambda i: vc.view(vc.shape[0], hk, d))
     attn = SimpleNamespace(
         use_fused_qk_norm_rope=False, head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d,
-        q_norm=norms[0], k_norm=norms[1], rotary_emb=rope, alt_stream=None, compatible_with_fused_kv_buffer=True,
+        q_norm=q_norm, k_norm=k_norm, rotary_emb=rope, alt_stream=None, compatible_with_fused_kv_buffer=True,
         attn=SimpleNamespace(layer_id=0, k_scale=None, v_scale=None), _used_fused_qk_norm_rope_last_call=None)
     batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
     ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
