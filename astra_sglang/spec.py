@@ -161,9 +161,11 @@ class OpSpec:
     # shows for this op: SGLang's production kernels and astra's own (namespace astra_<short>::).
     # `astra-sglang profile` attributes matching kernels to this op.
     kernel_symbols: Tuple[str, ...] = ()
-    # A fused op: the ops whose SGLang kernels it replaces in one launch (qknorm_rope_store: qknorm then
-    # rope_store). The profile's prediction then reads their kernels in an unpatched step as this op's.
-    fuses: Tuple[str, ...] = ()
+    # A fused op: the ops whose SGLang kernels it replaces in one launch (qknorm_rope: qknorm then rope), or, for
+    # an op with several call sites, one such tuple per site (qknorm_rope_store: (qknorm, rope_store) in Qwen3-MoE,
+    # (qknorm, rope, kv_store) in dense Qwen3). The profile's prediction then reads their kernels in an unpatched
+    # step as this op's.
+    fuses: Tuple[Any, ...] = ()
     # canonical(outputs, dims) -> the outputs in a canonical form, applied to candidate and production
     # outputs before any comparison, for ops whose production result is only defined up to an order
     # (moe_align: atomics order tokens within an expert). None: outputs are compared as written.
@@ -172,6 +174,14 @@ class OpSpec:
     @property
     def symbol(self) -> str:
         return f"astra_{self.name}"
+
+    def fused_member_sets(self) -> Tuple[Tuple[str, ...], ...]:
+        """`fuses` as one tuple of member ops per call site (a flat tuple is one site)."""
+        if not self.fuses:
+            return ()
+        if all(isinstance(m, str) for m in self.fuses):
+            return (tuple(self.fuses),)
+        return tuple(tuple(ms) for ms in self.fuses)
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:

@@ -49,15 +49,18 @@ def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: st
                 speedups: Optional[SpeedupTable], step_us: float) -> List[dict]:
     """The fused ops whose replaced kernels all ran in this capture (SGLang's, unpatched), as rows of their
     own: the members' time per step, the fused op's bench speedup over their sum, the saving. Kept apart from
-    `ops`, whose rows the member kernels already fill; the step prediction swaps members for these."""
+    `ops`, whose rows the member kernels already fill; the step prediction swaps members for these. An op with
+    several call sites (OpSpec.fuses) counts the first site whose members all ran."""
     from astra_sglang.registry import get_op, op_names
 
     by_op = {r["op"]: r for r in rows}
     out = []
     for name in op_names():
-        members = get_op(name).fuses
-        if not members or not all(m in by_op and not by_op[m]["astra_kernel"] for m in members):
+        ran = [ms for ms in get_op(name).fused_member_sets()
+               if all(m in by_op and not by_op[m]["astra_kernel"] for m in ms)]
+        if not ran:
             continue
+        members = ran[0]
         us = sum(by_op[m]["us_per_step"] for m in members)
         sp = speedups.lookup(name, lookup_dims(name, "", cfg, tokens, tp), dtype) if speedups else None
         saved = us * (1.0 - 1.0 / sp.value) if sp else 0.0

@@ -229,7 +229,7 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
             if not any(a == o for a, _ in dec):
                 continue
             # a patched fused op stands for the members it replaces (their kernels in the base profile)
-            fused = [f for f in c.get("fused", ()) if f["op"] in arm_ops[o]]
+            fused = _widest_fused([f for f in c.get("fused", ()) if f["op"] in arm_ops[o]])
             replaced = {m for f in fused for m in f["replaces"]}
             mine = [r for r in c["ops"] if r["covered"] and r["op"] in arm_ops[o] and r["op"] not in replaced] + fused
             measured = [r for r in mine if r["speedup"]]
@@ -245,10 +245,22 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                 p["in_context_saved_us"] = sum(r["us_per_step"] - theirs.get(r["op"], r["us_per_step"])
                                                for r in c["ops"] if r["covered"] and r["op"] in theirs)
                 # a fused op's kernel in the arm against its members' kernels in the base
-                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in c.get("fused", ())
+                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]]
+                                                for f in _widest_fused(c.get("fused", ()))
                                                 if f["op"] in theirs and not set(f["replaces"]) & set(theirs))
                 p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p
+    return out
+
+
+def _widest_fused(fused: Sequence[dict]) -> List[dict]:
+    """Fused rows that share no member, the widest first: where two patched fused ops cover the same kernels
+    (dense Qwen3: qknorm_rope's qknorm + rope inside qknorm_rope_store's qknorm + rope + kv_store), the layer runs
+    the wider one (it replaces the method that calls the narrower), so only it counts."""
+    out: List[dict] = []
+    for f in sorted(fused, key=lambda f: -len(f["replaces"])):
+        if not any(set(f["replaces"]) & set(g["replaces"]) for g in out):
+            out.append(f)
     return out
 
 

@@ -29,8 +29,8 @@ def construct(cls, *args, **kwargs):
 @contextmanager
 def server_defaults():
     """Outside a server SGLang's runtime config is not published (get_exec raises), and the code the rope-family
-    layers run reads three of its values: RotaryEmbedding's __init__ the RL on-policy target, apply_qk_norm the prefill
-    compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
+    layers run reads three of its values: RotaryEmbedding's __init__ and Qwen3Attention.forward the RL on-policy
+    target, apply_qk_norm the prefill compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
     answer as a server started without those flags would (no on-policy target, no inductor, no context
     parallelism); everything else is SGLang's code as it runs."""
     import importlib
@@ -50,7 +50,8 @@ def server_defaults():
         graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
     supplied = {"sglang.srt.models.utils": {"get_exec": lambda: exec_cfg,
                                              "is_prefill_context_parallel_enabled": lambda: False},
-                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg}}
+                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg},
+                "sglang.srt.models.qwen3": {"get_exec": lambda: exec_cfg}}
     saved = []
     for mod_name, names in supplied.items():
         mod = importlib.import_module(mod_name)

@@ -1,8 +1,9 @@
-"""qknorm_rope_store (kernels/qknorm_rope_store/): the FUSED op of Qwen3-MoE attention, q/k RMSNorm then the
-fused rope + KV store in one launch. On CPU: the spec loads through the registry with the ABI the patch adapter
-is written against; its fp64 reference is qknorm's reference followed by rope_store's; the corpus is sane; the
-harness runs every edge shape on CPU; the production launcher (SGLang's two JIT kernels back to back) extracts
-from the real sglang 0.5.17 and 0.5.23 sources and builds with nvcc for sm_90, as does the shipped kernel.
+"""qknorm_rope_store (kernels/qknorm_rope_store/): the FUSED op of Qwen3 attention, q/k RMSNorm, rope and the KV
+store in one launch, at two call sites (Qwen3-MoE's apply_qk_norm_rope, dense Qwen3's forward). On CPU: the spec loads
+through the registry with the ABI the patch adapter is written against; its fp64 reference is qknorm's reference
+followed by rope_store's; the corpus is sane; the harness runs every edge shape on CPU; both production launchers
+(Qwen3-MoE: SGLang's two JIT kernels back to back; dense: its three) extract from the real sglang 0.5.17 and 0.5.23
+sources and build with nvcc for sm_90.
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
@@ -45,8 +46,11 @@ def test_spec_loads_with_the_fixed_abi():
         "int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t is_neox, double eps, "
         "int dtype, cudaStream_t stream)")
     assert spec.dtypes == ("fp16", "bf16") and spec.distributions == ("normal", "large")
-    assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",)
+    assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",
+                             "sglang.srt.models.qwen3:Qwen3Attention.forward")
     assert spec.kernel_symbols == (r"astra_qkrs::",)
+    # one member set per call site: the profile finds whichever ran
+    assert spec.fused_member_sets() == (("qknorm", "rope_store"), ("qknorm", "rope", "kv_store"))
     assert "FUSED" in spec.summary and "sum" in spec.summary
     assert spec.scalars((1, 32, 4, 128, 5120, 5120, 5120)) == {"is_neox": 1, "eps": 1e-6}
     assert spec.scalars((5, 8, 2, 128, 1536, 1536, 1536))["is_neox"] == 0  # the GPT-J edge shape
@@ -61,6 +65,19 @@ def test_jit_variant_launches_both_headers_and_guards_both_launchers_facts():
     assert v.flag_profile == get_op("rope_store").variant("jit").flag_profile
     assert v.include_roots == ("tvm_ffi", "dlpack")
     assert get_op(OP).default_variant({}) == "jit"
+
+
+def test_dense_variant_launches_three_headers_and_guards_its_siblings_facts():
+    """Dense Qwen3's sequence: qknorm_rope's launcher (norm, then the non-fused rope) and kv_store's store, their
+    facts reused; it refuses KV rows the store does not instantiate."""
+    v = get_op(OP).variant("jit_dense")
+    assert [s.path for s in v.sources] == ["csrc/elementwise/qknorm.cuh", "csrc/elementwise/rope.cuh",
+                                           "csrc/elementwise/kvcache.cuh"]
+    assert v.launcher == "launch_jit_dense.cu.in"
+    assert v.source_facts == (get_op("qknorm_rope").variant("jit").source_facts
+                              + get_op("kv_store").variant("jit").source_facts)
+    assert v.supports((1, 32, 8, 128, 6144, 6144, 6144), "bf16") is None
+    assert "KV rows" in v.supports((3, 5, 1, 64, 448, 448, 448), "bf16")  # 128-byte rows
 
 
 # ------------------------------------------------------------------------------------------ reference
@@ -164,13 +181,19 @@ def test_harness_runs_every_edge_shape_and_distribution_on_cpu(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ corpus
-def test_corpus_is_rope_store_s_models_and_every_shape_is_supported():
-    spec, rs = get_op(OP), get_op("rope_store")
-    assert [s.dims for s in spec.corpus] == [s.dims for s in rs.corpus]
+def test_corpus_is_rope_store_s_and_qknorm_rope_s_models_and_every_shape_is_supported():
+    spec, rs, qr = get_op(OP), get_op("rope_store"), get_op("qknorm_rope")
+    dims = {s.dims for s in spec.corpus}
+    assert {s.dims for s in rs.corpus} <= dims
+    # the dense rows: qknorm_rope's shapes with v's block after k
+    assert {(t, hq, hk, d, qs, qs, qs) for t, hq, hk, d, qs, ks in (s.dims for s in qr.corpus)} <= dims
     tags = {t for s in spec.corpus for t in s.tags}
     assert {"decode", "prefill"} <= tags
     assert {s.dims[0] for s in spec.corpus} >= {1, 16, 64, 256, 1024, 16384}
-    assert {s.source.split(" tp")[0] for s in spec.corpus} == {"qwen3-30b-a3b", "qwen3-235b-a22b"}
+    # qwen3-32b's per-rank heads are those of a Qwen3-MoE row (deduplicated)
+    assert {s.source.split(" tp")[0] for s in spec.corpus} == {"qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-8b"}
+    for s in spec.corpus:
+        assert spec.variant("jit_dense").supports(s.dims, "bf16") is None, s.dims
     v = spec.variant("jit")
     for s in list(spec.corpus) + list(spec.edge_shapes):
         t, hq, hk, d, qs, ks, vs = s.dims
@@ -221,11 +244,13 @@ def _sglang_src(version: str, request) -> Path:
 
 @pytest.mark.wheels
 @pytest.mark.nvcc
+@pytest.mark.parametrize("variant", ["jit", "jit_dense"])
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_production_launcher_extracts_and_builds_both_headers_in_one_unit(version, request, tmp_path):
-    """The launcher includes qknorm.cuh and rope.cuh in one translation unit and launches the norm kernel, then
-    the fused rope + store kernel: both link into the library (0.5.17: anonymous namespace; 0.5.23: sglang::),
-    and the source facts pick the q/k norm kernels of each version."""
+def test_production_launcher_extracts_and_builds_its_headers_in_one_unit(version, variant, request, tmp_path):
+    """The launcher includes qknorm.cuh and rope.cuh (dense: and kvcache.cuh, whose names 0.5.17 would collide with
+    qknorm.cuh's) in one translation unit and launches the norm kernel, then the fused rope + store kernel (dense:
+    the rope kernel, then the store kernel): all link into the library (0.5.17: anonymous namespace; 0.5.23:
+    sglang::), and the source facts pick the kernels of each version."""
     if not _has_nvcc():
         pytest.skip("needs nvcc")
     from astra_sglang.build import Arch
@@ -236,7 +261,7 @@ def test_production_launcher_extracts_and_builds_both_headers_in_one_unit(versio
     ws_src = request.getfixturevalue("wheel_sources")
     roots = discover(_sglang_src(version, request), ws_src["flashinfer"], ws_src["tvm"])
     dest = tmp_path / OP
-    extract(get_op(OP), roots, dest, Arch(9, 0))
+    extract(get_op(OP), roots, dest, Arch(9, 0), variant=variant)
     ws = Workspace.open(OP, path=dest)
     assert ws.manifest["sources"]["sglang_jit"]["version"] == version
     assert ws.manifest["launch_facts"]["BLOCK_SIZE"] == "128" and ws.manifest["launch_facts"]["WARPS_PER_BLOCK"] == "4"
@@ -252,4 +277,8 @@ def test_production_launcher_extracts_and_builds_both_headers_in_one_unit(versio
         names = subprocess.run(f"strings {res.library} | c++filt", shell=True, capture_output=True,
                                text=True).stdout
         assert "fused_qknorm_warp<128l, true, __nv_bfloat16>" in names
-        assert "fused_rope_store_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>" in names
+        if variant == "jit":
+            assert "fused_rope_store_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>" in names
+        else:
+            assert "fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>" in names
+            assert "store_kvcache" in names

@@ -208,7 +208,36 @@ def test_the_shipped_adapter_fits_the_spec_and_binds_the_method_signature():
     spec, ad = get_op("qknorm_rope_store"), get_adapter("qknorm_rope_store")
     assert adapter_mismatch(spec, ad) is None
     assert Binder(Attn.apply_qk_norm_rope, ad, spec).ok
-    assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",)
+
+    def forward(self, positions, hidden_states, forward_batch):  # SGLang's dense Qwen3Attention.forward
+        raise AssertionError("not called")
+
+    assert Binder(forward, ad, spec).ok
+    assert spec.replaces == ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",
+                             "sglang.srt.models.qwen3:Qwen3Attention.forward")
+
+
+def test_the_call_site_picks_its_expand_and_the_dense_site_attends_without_storing(monkeypatch):
+    """qknorm_rope_store's adapter serves two methods: expand goes by the parameters (hidden_states: dense forward);
+    the dense site's result is the rest of Qwen3Attention.forward, the attention told not to store the KV the kernel
+    stored (save_kv_cache=False), then o_proj; the site travels with the views into the self-check's sequence."""
+    ad = __import__("astra_sglang.kernels.qknorm_rope_store.adapter", fromlist=["_"])
+    monkeypatch.setattr(ad, "_expand_dense", lambda a: "dense")
+    monkeypatch.setattr(ad, "_expand_moe", lambda a: "moe")
+    assert ad._expand_either({"self": 0, "positions": 0, "hidden_states": 0, "forward_batch": 0}) == "dense"
+    assert ad._expand_either({"self": 0, "qkv": 0, "positions": 0, "forward_batch": 0}) == "moe"
+
+    seen = {}
+
+    def attention(q, k, v, fb, save_kv_cache=True):
+        seen.update(shapes=(q.shape, k.shape, v.shape), fb=fb, save=save_kv_cache)
+        return q * 2
+
+    layer = types.SimpleNamespace(attn=attention, o_proj=lambda x: (x + 1, None))
+    qkv = torch.arange(2 * 8, dtype=torch.float32).view(2, 8)
+    out = ad._returns({"site": "dense", "layer": layer, "forward_batch": "fb", "qkv": qkv, "sizes": [4, 2, 2]})
+    assert seen == {"shapes": ((2, 4), (2, 2), (2, 2)), "fb": "fb", "save": False}
+    assert torch.equal(out, qkv[:, :4] * 2 + 1)
 
 
 def test_the_dense_adapter_fits_the_spec_and_binds_the_method_signature():
@@ -235,6 +264,7 @@ def test_an_expanding_adapter_needs_the_kernel_sequence():
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 @pytest.mark.parametrize("op,module,method", [
     ("qknorm_rope_store", "sglang.srt.models.qwen3_moe", "Qwen3MoeAttention.apply_qk_norm_rope"),
+    ("qknorm_rope_store", "sglang.srt.models.qwen3", "Qwen3Attention.forward"),
     ("qknorm_rope", "sglang.srt.models.qwen3", "Qwen3Attention.forward_prepare_native"),
 ])
 def test_discovery_finds_the_layer_method_in_real_sglang(version, op, module, method, request):
@@ -247,5 +277,5 @@ def test_discovery_finds_the_layer_method_in_real_sglang(version, op, module, me
     root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
                 else request.getfixturevalue("wheel_sources")["sglang"])
     disc = discover_for_specs([get_op(op)], roots={"sglang": root / "sglang"})
-    assert [(s.kind, s.module, s.local_name) for s in disc.for_op(op)] == [("definition", module, method)]
+    assert ("definition", module, method) in [(s.kind, s.module, s.local_name) for s in disc.for_op(op)]
     assert "replaced on its class" in format_report(disc, [op])

@@ -440,3 +440,37 @@ def test_fused_op_prediction_reads_its_members_kernels():
     # an arm without the fused op keeps its members' own rows (none measured here)
     q = predicted_from_profile({"captures": [base, patched]}, "A", ["B"], {"B": ["qknorm"]})[("B", 1)]
     assert q["saved_us"] is None and q["unmeasured_ops"] == ["qknorm"]
+
+
+def test_a_fused_op_with_two_call_sites_reads_the_members_that_ran_and_the_widest_fused_op_counts():
+    """Dense Qwen3 runs qknorm, rope and the KV store: qknorm_rope_store's dense member set (qknorm, rope,
+    kv_store) and qknorm_rope's (qknorm, rope) both ran. An arm patching both runs only the wider one (it replaces
+    the method that calls the narrower), so the prediction counts it alone."""
+    from astra_sglang.e2e.speedups import Speedup
+    from astra_sglang.e2e.step import predicted_from_profile
+
+    qwen3 = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
+    speed = {"qknorm_rope_store": 2.0, "qknorm_rope": 1.5}
+
+    class Table(SpeedupTable):
+        def lookup(self, op, dims, dtype="bf16"):
+            return Speedup(speed[op], "x", True, "bench.json", "2026-11-26") if op in speed else None
+
+    kernels = []
+    for i in range(4):
+        kernels.append(KernelEvent("fused_qknorm_warp<128>", ts=100.0 * i, dur=1.0))
+        kernels.append(KernelEvent("fused_rope_kernel<true>", ts=100.0 * i + 10, dur=1.0))
+        kernels.append(KernelEvent("store_kvcache<2048>", ts=100.0 * i + 20, dur=2.0))
+        kernels.append(KernelEvent("nvjet_gemm", ts=100.0 * i + 30, dur=50.0))
+    exclusive_times(kernels)
+    c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), qwen3, Table([]))
+    fused = {f["op"]: f for f in c["fused"]}
+    assert fused["qknorm_rope_store"]["replaces"] == ["qknorm", "rope", "kv_store"]
+    assert fused["qknorm_rope_store"]["us_per_step"] == pytest.approx(8.0)
+    assert fused["qknorm_rope"]["replaces"] == ["qknorm", "rope"]
+    base = {"arm": "A", "batch_size": 1, "stage": "decode", "kernel_us_per_step": 108.0, "ops": c["ops"],
+            "fused": c["fused"]}
+    patched = {"arm": "B", "batch_size": 1, "stage": "decode", "kernel_us_per_step": 104.0, "fused": [], "ops": []}
+    p = predicted_from_profile({"captures": [base, patched]}, "A", ["B"],
+                               {"B": ["qknorm_rope", "qknorm_rope_store"]})[("B", 1)]
+    assert p["saved_us"] == pytest.approx(4.0)  # 8 µs at 2x; qknorm_rope's 4 µs at 1.5x is not added

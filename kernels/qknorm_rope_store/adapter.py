@@ -1,9 +1,15 @@
-"""The patch adapter of a fused op: SGLang's Qwen3MoeAttention.apply_qk_norm_rope (0.5.17, 0.5.23), whose body on a
-CUDA server with a bf16 KV cache is two kernels back to back, the JIT q/k RMSNorm in place (models.utils.apply_qk_norm
--> fused_inplace_qknorm) and the JIT rope + KV store (RotaryEmbedding.forward_cuda with a fused_set_kv_buffer_arg ->
-apply_rope_inplace_with_kvcache). The method is replaced; `expand` reads the tensors the two kernels would get from the
-attention module and the batch, and declines (the method runs as before) wherever SGLang would take another path.
-patch/adapters.py holds the machinery and says what each field means."""
+"""The patch adapter of a fused op with two call sites, both replaced methods (patch/adapters.py holds the machinery
+and says what each field means):
+- SGLang's Qwen3MoeAttention.apply_qk_norm_rope (0.5.17, 0.5.23), whose body on a CUDA server with a bf16 KV cache is
+  two kernels back to back, the JIT q/k RMSNorm in place (models.utils.apply_qk_norm -> fused_inplace_qknorm) and the
+  JIT rope + KV store (RotaryEmbedding.forward_cuda with a fused_set_kv_buffer_arg -> apply_rope_inplace_with_kvcache);
+- dense Qwen3's Qwen3Attention.forward: the qkv GEMM, the same q/k norm, the JIT rope, then the attention, whose
+  backend stores the KV first (MHATokenToKVPool.set_kv_buffer -> store_cache) and o_proj. Replaced, it runs the GEMM,
+  this op's kernel (the store included) and the attention with save_kv_cache=False, as SGLang's own Qwen3-MoE path
+  does, wherever SGLang would fuse the store there (enable_fused_set_kv_buffer: a bf16 MHA pool, no SWA, no
+  context parallelism).
+`expand` reads the tensors the kernels would get from the attention module and the batch, and declines (the method
+runs as before) wherever SGLang would take another path."""
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -44,7 +50,7 @@ def _rope_path(rope) -> Any:
     return None
 
 
-def _expand(a: Dict[str, Any]):
+def _expand_moe(a: Dict[str, Any]):
     """apply_qk_norm_rope(self, qkv, positions, forward_batch) -> canonical arguments, or why SGLang keeps it."""
     import torch
     from sglang.srt.models import utils as mutils
@@ -74,6 +80,70 @@ def _expand(a: Dict[str, Any]):
     }
 
 
+def _dense_store_path(attn, fb) -> Any:
+    """None where the dense attention's KV store is the plain row store this op fuses (the store SGLang's own fused
+    Qwen3-MoE path replaces), else why not."""
+    from sglang.srt.models import utils as mutils
+
+    try:
+        if mutils.get_exec().deterministic.rl_on_policy_target is not None:
+            return "RL on-policy target (the method casts q and k to bf16)"
+    except ValueError:  # runtime config not published (outside a server): the method's default
+        pass
+    if getattr(attn, "use_fused_qk_norm_mrope", False) or getattr(attn, "use_fused_qk_norm_rope", False):
+        return "SGLang's own fused q/k norm + rope + KV store path (aiter) is enabled"
+    layer = attn.attn
+    if getattr(layer, "is_cross_attention", False) or layer.k_scale is not None or layer.v_scale is not None:
+        return "cross attention or a scaled KV cache"
+    if not mutils.enable_fused_set_kv_buffer(fb):
+        return "no fused KV store on this call (SGLang fuses it only into a bf16 MHA pool without SWA or CP)"
+    pool = mutils.get_token_to_kv_pool()
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    if isinstance(pool, MHATokenToKVPool) and type(pool) is not MHATokenToKVPool:
+        return f"{type(pool).__name__} stores rows its own way"
+    if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") != "nhd":
+        return "the KV pool is not in the NHD row layout"
+    if getattr(pool, "store_dtype", pool.dtype) != pool.dtype:
+        return "the KV pool stores another dtype"
+    return None
+
+
+def _expand_dense(a: Dict[str, Any]):
+    """Qwen3Attention.forward(self, positions, hidden_states, forward_batch) -> canonical arguments, or why SGLang
+    keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves what the
+    kernel does not take (patch/apply.py not_covered)."""
+    import torch
+    from sglang.srt.models import utils as mutils
+
+    attn, positions, hs, fb = a["self"], a["positions"], a["hidden_states"], a["forward_batch"]
+    if not isinstance(hs, torch.Tensor) or hs.device.type != "cuda" or hs.dim() != 2:
+        return "hidden_states is not a 2-D CUDA tensor"
+    d, hq, hk = attn.head_dim, attn.num_heads, attn.num_kv_heads
+    why = _dense_store_path(attn, fb) or _qknorm_path(attn, d, hs.dtype) or _rope_path(attn.rotary_emb)
+    if why:
+        return why
+    qkv, _ = attn.qkv_proj(hs)
+    t = qkv.shape[0]
+    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    arg = mutils.create_fused_set_kv_buffer_arg(value=v, layer=attn.attn, forward_batch=fb)
+    rope = attn.rotary_emb
+    return {
+        "q": q.view(t, hq, d), "k": k.view(t, hk, d), "v": v, "k_cache": arg.k_buffer, "v_cache": arg.v_buffer,
+        "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight, "cos_sin_cache": rope.cos_sin_cache,
+        "positions": positions, "out_loc": arg.cache_loc, "is_neox": rope.is_neox_style,
+        "eps": float(attn.q_norm.variance_epsilon),
+        # for returns: the rest of the method (attention without its own store, o_proj)
+        "site": "dense", "layer": attn, "forward_batch": fb, "qkv": qkv,
+        "sizes": [attn.q_size, attn.kv_size, attn.kv_size],
+    }
+
+
+def _expand_either(a: Dict[str, Any]):
+    """The call site by its parameters: dense Qwen3Attention.forward has hidden_states, the MoE method qkv."""
+    return _expand_dense(a) if "hidden_states" in a else _expand_moe(a)
+
+
 def _normalize(c):
     w = c["q"].shape[-1]
     for n in ("q_weight", "k_weight"):
@@ -84,24 +154,43 @@ def _normalize(c):
     if isinstance(res, str):
         return res
     views, dims = res
-    views.update(q_weight=c["q_weight"], k_weight=c["k_weight"])
+    # the call site travels with the views: the self-check's expected result runs that site's kernel sequence
+    views.update(q_weight=c["q_weight"], k_weight=c["k_weight"], site=c.get("site", "moe"))
     return views, dims
 
 
 def _sequence(c: Dict[str, Any]) -> None:
-    """SGLang's two kernels on canonical tensors: the fused q/k norm in place, then rope + KV store."""
-    from sglang.kernels.ops.attention.rope import apply_rope_inplace_with_kvcache
+    """SGLang's kernels on canonical tensors: the fused q/k norm in place, then rope + KV store (Qwen3-MoE: one
+    kernel; dense: the rope, then the store the attention backend makes, store_cache, every slot written as the
+    fused kernel writes it)."""
+    from sglang.kernels.ops.attention.rope import (apply_rope_inplace_with_kvcache,
+                                                   apply_rope_with_cos_sin_cache_inplace)
+    from sglang.kernels.ops.kvcache.kvcache import store_cache
     from sglang.kernels.ops.layernorm.norm import fused_inplace_qknorm
 
     q, k, v = c["q"], c["k"], c["v"]
     t, hk, d = k.shape[0], k.shape[1], k.shape[2]
+    neox = bool(int(c["is_neox"]))
     fused_inplace_qknorm(q=q, k=k, q_weight=c["q_weight"], k_weight=c["k_weight"], eps=float(c["eps"]),
                          head_dim=d)
-    apply_rope_inplace_with_kvcache(q, k, v.reshape(t, hk, d), c["k_cache"], c["v_cache"], c["cos_sin_cache"],
-                                    c["positions"], c["out_loc"], is_neox=bool(int(c["is_neox"])))
+    if c.get("site") != "dense":
+        apply_rope_inplace_with_kvcache(q, k, v.reshape(t, hk, d), c["k_cache"], c["v_cache"], c["cos_sin_cache"],
+                                        c["positions"], c["out_loc"], is_neox=neox)
+        return
+    apply_rope_with_cos_sin_cache_inplace(q=q, k=k, cos_sin_cache=c["cos_sin_cache"], positions=c["positions"],
+                                          is_neox=neox)
+    store_cache(k.reshape(t, hk * d), v.reshape(t, hk * d), c["k_cache"], c["v_cache"], c["out_loc"],
+                reserved_skip_index=-1)
 
 
 def _returns(c: Dict[str, Any]):
+    if c.get("site") == "dense":
+        # the rest of Qwen3Attention.forward: the attention reads the KV this op stored (save_kv_cache=False, as
+        # SGLang's Qwen3-MoE path calls it), then o_proj
+        attn = c["layer"]
+        q, k, v = c["qkv"].split(c["sizes"], dim=-1)
+        out, _ = attn.o_proj(attn.attn(q, k, v, c["forward_batch"], save_kv_cache=False))
+        return out
     # the method's non-fused branch: q, k, v column views of qkv, and the flag forward_core reads to skip the
     # attention's own KV store (the store happened here)
     c["layer"]._used_fused_qk_norm_rope_last_call = False
@@ -116,7 +205,7 @@ ADAPTER = OpAdapter(
     rowwise=("q", "k", "v", "positions", "out_loc"),
     normalize=_normalize,
     returns=_returns,
-    expand=_expand,
+    expand=_expand_either,
     sequence=_sequence,
     slot_indexed={"k_cache": "out_loc", "v_cache": "out_loc"},
 )

@@ -1,12 +1,30 @@
-"""The SGLang code `validate` drives for this fused op: Qwen3MoeAttention.apply_qk_norm_rope itself (the method patch
-replaces), called on an attention stand-in that holds SGLang's own submodules (two RMSNorm layers with the op's
-weights, a RotaryEmbedding with the op's cos/sin cache) and a forward context whose KV pool hands out the op's caches.
+"""The SGLang code `validate` drives for this fused op, at both call sites, each called on an attention stand-in that
+holds SGLang's own submodules (two RMSNorm layers with the op's weights, a RotaryEmbedding with the op's cos/sin
+cache):
+- Qwen3MoeAttention.apply_qk_norm_rope (the MoE method patch replaces), with a forward context whose KV pool hands
+  out the op's caches;
+- dense Qwen3Attention.forward, for the rows whose heads are a dense Qwen3's only (DENSE_HEADS): the stand-in's
+  qkv_proj returns the case's q/k/v row buffer (the GEMM is not what is validated), its attention stores k and v with
+  SGLang's store_cache when the method asks it to save the KV (every slot: the pool's skip of the padding slot 0 is
+  left out, since the fused op, like SGLang's own fused rope + store, writes it), and o_proj passes through.
 
-Outside a server SGLang's runtime config is not published; the values the method reads from it are supplied as a
+Outside a server SGLang's runtime config is not published; the values the methods read from it are supplied as a
 server without those flags has them (patch/layers.py server_defaults)."""
 from types import SimpleNamespace
 
+from astra_sglang.families.qkv import per_rank_heads
+from astra_sglang.models import model
 from astra_sglang.patch.layers import qk_norms_and_rope, server_defaults
+
+from .spec import DENSE_MODELS, FUSED_MODELS
+
+
+def _heads(models):
+    return {per_rank_heads(model(n), tp) + (model(n).head_dim,) for n, tps in models for tp in tps}
+
+
+# (q heads, kv heads, head_dim) per rank that only a dense Qwen3 has: those rows drive the dense call site
+DENSE_HEADS = _heads(DENSE_MODELS) - _heads(FUSED_MODELS)
 
 
 def _call_method(inp, dims, scalars):
@@ -35,6 +53,55 @@ def _call_method(inp, dims, scalars):
         return Qwen3MoeAttention.apply_qk_norm_rope(attn, qkv, inp["positions"], batch), attn
 
 
+class _Callable(SimpleNamespace):
+    """RadixAttention's stand-in: its attributes, and a call that runs `fn`."""
+
+    def __init__(self, attrs, fn):
+        super().__init__(**vars(attrs))
+        self._fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+
+def _call_dense_forward(inp, dims, scalars):
+    """Qwen3Attention.forward on the stand-in -> (q, k) as the attention received them, and whether it was asked to
+    store the KV itself (False: the fused op stored it)."""
+    import torch
+    from sglang.kernels.ops.kvcache.kvcache import store_cache
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.models.qwen3 import Qwen3Attention
+
+    t, hq, hk, d, qs, ks, vs = dims
+    eps = float(scalars.get("eps", 1e-6))
+    neox = bool(int(scalars.get("is_neox", 1)))
+    q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
+    qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
+    kc, vc = inp["k_cache"], inp["v_cache"]
+    seen = {}
+
+    def attention(q, k, v, forward_batch, save_kv_cache=True):
+        seen.update(q=q, k=k, save=save_kv_cache)
+        if save_kv_cache:  # what the backend does first: MHATokenToKVPool.set_kv_buffer -> store_cache
+            store_cache(k.reshape(t, hk * d), v.reshape(t, hk * d), kc, vc, forward_batch.out_cache_loc,
+                        reserved_skip_index=-1)
+        return q
+
+    radix = SimpleNamespace(layer_id=0, k_scale=None, v_scale=None, is_cross_attention=False)
+    pool = SimpleNamespace(dtype=qkv.dtype, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
+                           get_value_buffer=lambda i: vc.view(vc.shape[0], hk, d))
+    attn = SimpleNamespace(
+        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=q_norm, k_norm=k_norm,
+        rotary_emb=rope, alt_stream=None, use_fused_qk_norm_mrope=False, use_fused_qk_norm_rope=False,
+        qkv_proj=lambda h: (qkv, None), attn=_Callable(radix, attention), o_proj=lambda x: (x, None))
+    batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
+    ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    hidden = torch.empty((t, 8), device=qkv.device, dtype=qkv.dtype)  # what the stand-in GEMM ignores
+    with torch.no_grad(), forward_context(ctx):
+        Qwen3Attention.forward(attn, inp["positions"], hidden, batch)
+    return seen["q"], seen["k"], seen["save"]
+
+
 def run_layer(inp, dims, scalars):
     import torch
 
@@ -42,10 +109,14 @@ def run_layer(inp, dims, scalars):
     if inp["q"].dtype != torch.bfloat16:  # validate reports the shape n/a: SGLang's layer never runs this op there
         raise ValueError("SGLang fuses the KV store only into a bf16 KV cache (enable_fused_set_kv_buffer); on an "
                          "fp16 cache the attention stores it and this op's sequence does not run")
-    with server_defaults():
-        (q, k, v), attn = _call_method(inp, dims, scalars)
-    if attn._used_fused_qk_norm_rope_last_call is not False:
-        raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")
+    if tuple(dims[1:4]) in DENSE_HEADS:
+        with server_defaults():
+            q, k, _ = _call_dense_forward(inp, dims, scalars)
+    else:
+        with server_defaults():
+            (q, k, v), attn = _call_method(inp, dims, scalars)
+        if attn._used_fused_qk_norm_rope_last_call is not False:
+            raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")
     inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
     return {"q": inp["q"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}

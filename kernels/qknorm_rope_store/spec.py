@@ -1,11 +1,15 @@
 """qknorm_rope_store: a FUSED op. Qwen3's per-head q/k RMSNorm, then rotary embedding of q and k in place, with
 the rotated k and the untouched v stored into the KV cache at each token's slot, in one launch.
 
-It replaces the two kernels SGLang runs back to back in Qwen3-MoE attention on a bf16 KV cache
-(`Qwen3MoeAttention.apply_qk_norm_rope`, the path SGLang does not fuse itself): the JIT q/k norm in place
-(csrc/elementwise/qknorm.cuh, op qknorm), then the JIT fused rope + KV store (csrc/elementwise/rope.cuh
-FusedRopeKernel::run_fused, op rope_store). Production here is those two launches on one stream, exactly as
-SGLang makes them; a speedup of this op is over the SUM of the two.
+It replaces SGLang's q/k norm, rope and KV store at both places Qwen3 attention runs them on a bf16 KV cache:
+- Qwen3-MoE (`Qwen3MoeAttention.apply_qk_norm_rope`, the path SGLang does not fuse itself): two kernels, the JIT q/k
+  norm in place (csrc/elementwise/qknorm.cuh, op qknorm), then the JIT fused rope + KV store (csrc/elementwise/rope.cuh
+  FusedRopeKernel::run_fused, op rope_store). Production variant "jit".
+- dense Qwen3 (`Qwen3Attention.forward`): three kernels, the same q/k norm, the JIT rope (FusedRopeKernel::run, op
+  rope) and, inside the attention backend, the JIT KV store (csrc/elementwise/kvcache.cuh, op kv_store). Production
+  variant "jit_dense"; the patch stores the KV here and calls the attention with save_kv_cache=False, as SGLang's
+  own Qwen3-MoE path does.
+Production is those launches on one stream, exactly as SGLang makes them; a speedup of this op is over their SUM.
 
 Per token t, every q head h:  q[t,h,:] = rope(rmsnorm(q[t,h,:]) * q_weight)   (rmsnorm: x * rsqrt(mean(x^2) + eps))
 every kv head h:  k[t,h,:] likewise with k_weight, written in place and into k_cache[out_loc[t], h*D:(h+1)*D];
@@ -19,7 +23,9 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import qkv
+from astra_sglang.kernels.kv_store import spec as _kv_store_spec
 from astra_sglang.kernels.qknorm import spec as _qknorm_spec
+from astra_sglang.kernels.qknorm_rope import spec as _qknorm_rope_spec
 from astra_sglang.kernels.rope_store import spec as _rope_store_spec
 from astra_sglang.spec import DTYPE_BYTES, Shape, SourceFile, Variant
 
@@ -34,6 +40,8 @@ FUSED_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("qwen3-30b-a3b", (1, 2, 4)),
     ("qwen3-235b-a22b", (4, 8)),
 )
+# Dense Qwen3 (q/k norm, rope, and the attention's KV store): qknorm_rope's models.
+DENSE_MODELS = _qknorm_rope_spec.DENSE_MODELS
 
 
 def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
@@ -107,6 +115,14 @@ def _supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
+def _supports_dense(dims, dtype: str) -> Optional[str]:
+    why = _supports(dims, dtype)
+    row = dims[2] * dims[3] * DTYPE_BYTES[dtype]
+    if why is None and row not in _kv_store_spec.ROW_BYTES:
+        why = f"KV rows of {row} bytes (the store's launcher instantiates {_kv_store_spec.ROW_BYTES})"
+    return why
+
+
 _NEOX = qkv.neox_scalars(_GPTJ)
 
 
@@ -122,6 +138,8 @@ DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride"
 # taken from their specs, so a change to either sibling's facts reaches this launcher too.
 QKNORM_FACTS = _qknorm_spec.SPEC.variant("jit").source_facts
 ROPE_STORE_FACTS = _rope_store_spec.SPEC.variant("jit").source_facts
+# the dense sequence: qknorm_rope's launches (q/k norm, then the non-fused rope) and kv_store's
+DENSE_FACTS = _qknorm_rope_spec.SPEC.variant("jit").source_facts + _kv_store_spec.SPEC.variant("jit").source_facts
 
 TOLERANCE = qkv.NORM_ROPE_TOLERANCE  # why the floors are raised: families/qkv.py
 
@@ -145,6 +163,27 @@ JIT = Variant(
     supports=_supports,
 )
 
+JIT_DENSE = Variant(
+    name="jit_dense",
+    description="SGLang's three JIT kernels back to back on one stream, as dense Qwen3 attention runs them: "
+    "QKNormKernel, then FusedRopeKernel::run (fused_rope_kernel, no store), then the attention backend's "
+    "StoreKVCacheKernel (0.5.17: store_kvcache; 0.5.23: store_kvcache_kernel), int64 positions and slots, PDL "
+    "between them on sm_90+",
+    provenance="sglang/srt/models/qwen3.py Qwen3Attention.forward -> forward_prepare_native -> apply_qk_norm -> "
+    "fused_inplace_qknorm -> csrc/elementwise/qknorm.cuh QKNormKernel::run; self.rotary_emb(positions, q, k) -> "
+    "apply_rope_with_cos_sin_cache_inplace(fused_args=None) -> csrc/elementwise/rope.cuh FusedRopeKernel::run; "
+    "then self.attn(q, k, v, forward_batch) -> attention backend -> MHATokenToKVPool.set_kv_buffer -> "
+    "_set_kv_buffer_impl -> store_cache -> csrc/elementwise/kvcache.cuh StoreKVCacheKernel",
+    sources=(SourceFile("sglang_jit", _QKN), SourceFile("sglang_jit", _ROPE),
+             SourceFile("sglang_jit", "csrc/elementwise/kvcache.cuh")),
+    include_roots=("tvm_ffi", "dlpack"),
+    launcher="launch_jit_dense.cu.in",
+    flag_profile="sglang_jit",
+    source_facts=DENSE_FACTS,
+    dtypes=qkv.DTYPES,
+    supports=_supports_dense,
+)
+
 SPEC = qkv.spec(
     name="qknorm_rope_store",
     summary="FUSED q/k RMSNorm + rope + KV store in one launch (replaces SGLang's qknorm then fused rope+KV store "
@@ -155,7 +194,8 @@ SPEC = qkv.spec(
               ("out_loc", "in")),
     scalar_args=(("is_neox", "i64"), ("eps", "f64")),
     variant=JIT,
-    corpus=qkv.corpus(FUSED_MODELS, _dims),
+    more_variants=(JIT_DENSE,),
+    corpus=qkv.corpus(FUSED_MODELS + DENSE_MODELS, _dims),
     edge_shapes=EDGE,
     make_inputs=make_inputs,
     reference=reference,
@@ -163,8 +203,9 @@ SPEC = qkv.spec(
     bytes_moved=bytes_moved,
     distributions=("normal", "large"),
     tolerance=TOLERANCE,
-    replaces=("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",),
-    # only ours: SGLang's two kernels are attributed to the qknorm and rope_store ops
+    replaces=("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope",
+              "sglang.srt.models.qwen3:Qwen3Attention.forward"),
+    # only ours: SGLang's kernels are attributed to the qknorm, rope_store, rope and kv_store ops
     kernel_symbols=(r"astra_qkrs::",),
-    fuses=("qknorm", "rope_store"),
+    fuses=(("qknorm", "rope_store"), ("qknorm", "rope", "kv_store")),  # Qwen3-MoE, dense Qwen3
 )
