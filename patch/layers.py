@@ -85,3 +85,46 @@ def qk_norms_and_rope(inp, head_dim: int, eps: float, neox: bool):
     rope = construct(RotaryEmbedding, head_dim, head_dim, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
     rope.cos_sin_cache = cache
     return norms[0], norms[1], rope
+
+
+class _Callable(SimpleNamespace):
+    """A module stand-in: its attributes, and a call that runs `fn`."""
+
+    def __init__(self, fn, **attrs):
+        super().__init__(**attrs)
+        self._fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+
+def storing_attention(inp, num_kv_heads: int, head_dim: int):
+    """(attn, seen): a RadixAttention stand-in for a dense attention forward's self.attn, holding the op's caches.
+    Called as attn(q, k, v, forward_batch, save_kv_cache=True) it records q, k and save_kv_cache in `seen` and, when
+    asked to save the KV, stores k and v as the attention backend does first (MHATokenToKVPool.set_kv_buffer ->
+    SGLang's store_cache), every slot written: the pool's skip of the padding slot 0 is left out, since the fused
+    ops, like SGLang's own fused rope + store, write it. It returns q (the stand-in o_proj passes it through)."""
+    from sglang.kernels.ops.kvcache.kvcache import store_cache
+
+    kc, vc, row = inp["k_cache"], inp["v_cache"], num_kv_heads * head_dim
+    seen = {}
+
+    def attention(q, k, v, forward_batch, save_kv_cache=True):
+        seen.update(q=q, k=k, save=save_kv_cache)
+        if save_kv_cache:
+            t = q.shape[0]
+            store_cache(k.reshape(t, row), v.reshape(t, row), kc, vc, forward_batch.out_cache_loc,
+                        reserved_skip_index=-1)
+        return q
+
+    return _Callable(attention, layer_id=0, k_scale=None, v_scale=None, is_cross_attention=False), seen
+
+
+def kv_pool_context(inp, num_kv_heads: int, head_dim: int):
+    """A forward context whose KV pool hands out the op's caches as the pool layer's [slots, heads, head_dim]."""
+    from sglang.srt.model_executor.forward_context import ForwardContext
+
+    kc, vc = inp["k_cache"], inp["v_cache"]
+    pool = SimpleNamespace(dtype=kc.dtype, get_key_buffer=lambda i: kc.view(kc.shape[0], num_kv_heads, head_dim),
+                           get_value_buffer=lambda i: vc.view(vc.shape[0], num_kv_heads, head_dim))
+    return ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))

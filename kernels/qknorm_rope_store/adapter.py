@@ -85,13 +85,6 @@ def _dense_store_path(attn, fb) -> Any:
     Qwen3-MoE path replaces), else why not."""
     from sglang.srt.models import utils as mutils
 
-    try:
-        if mutils.get_exec().deterministic.rl_on_policy_target is not None:
-            return "RL on-policy target (the method casts q and k to bf16)"
-    except ValueError:  # runtime config not published (outside a server): the method's default
-        pass
-    if getattr(attn, "use_fused_qk_norm_mrope", False) or getattr(attn, "use_fused_qk_norm_rope", False):
-        return "SGLang's own fused q/k norm + rope + KV store path (aiter) is enabled"
     layer = attn.attn
     if getattr(layer, "is_cross_attention", False) or layer.k_scale is not None or layer.v_scale is not None:
         return "cross attention or a scaled KV cache"
@@ -119,6 +112,13 @@ def _expand_dense(a: Dict[str, Any]):
     attn, positions, hs, fb = a["self"], a["positions"], a["hidden_states"], a["forward_batch"]
     if not isinstance(hs, torch.Tensor) or hs.device.type != "cuda" or hs.dim() != 2:
         return "hidden_states is not a 2-D CUDA tensor"
+    try:
+        if mutils.get_exec().deterministic.rl_on_policy_target is not None:
+            return "RL on-policy target (the method casts q and k to bf16)"
+    except ValueError:  # runtime config not published (outside a server): the method's default
+        pass
+    if getattr(attn, "use_fused_qk_norm_mrope", False) or getattr(attn, "use_fused_qk_norm_rope", False):
+        return "SGLang's own fused q/k norm + rope + KV store path (aiter) is enabled"
     d, hq, hk = attn.head_dim, attn.num_heads, attn.num_kv_heads
     why = _dense_store_path(attn, fb) or _qknorm_path(attn, d, hs.dtype) or _rope_path(attn.rotary_emb)
     if why:
@@ -163,9 +163,7 @@ def _sequence(c: Dict[str, Any]) -> None:
     """SGLang's kernels on canonical tensors: the fused q/k norm in place, then rope + KV store (Qwen3-MoE: one
     kernel; dense: the rope, then the store the attention backend makes, store_cache, every slot written as the
     fused kernel writes it)."""
-    from sglang.kernels.ops.attention.rope import (apply_rope_inplace_with_kvcache,
-                                                   apply_rope_with_cos_sin_cache_inplace)
-    from sglang.kernels.ops.kvcache.kvcache import store_cache
+    from sglang.kernels.ops.attention.rope import apply_rope_inplace_with_kvcache
     from sglang.kernels.ops.layernorm.norm import fused_inplace_qknorm
 
     q, k, v = c["q"], c["k"], c["v"]
@@ -173,24 +171,39 @@ def _sequence(c: Dict[str, Any]) -> None:
     neox = bool(int(c["is_neox"]))
     fused_inplace_qknorm(q=q, k=k, q_weight=c["q_weight"], k_weight=c["k_weight"], eps=float(c["eps"]),
                          head_dim=d)
-    if c.get("site") != "dense":
+    if c.get("site") == "dense":
+        _rope_then_store(c)
+    else:
         apply_rope_inplace_with_kvcache(q, k, v.reshape(t, hk, d), c["k_cache"], c["v_cache"], c["cos_sin_cache"],
                                         c["positions"], c["out_loc"], is_neox=neox)
-        return
+
+
+def _rope_then_store(c: Dict[str, Any]) -> None:
+    """Dense attention's two SGLang kernels on canonical tensors: the JIT rope in place, then the store the attention
+    backend makes (store_cache), every slot written as the fused kernel writes it."""
+    from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace
+    from sglang.kernels.ops.kvcache.kvcache import store_cache
+
+    q, k, v = c["q"], c["k"], c["v"]
+    t, hk, d = k.shape[0], k.shape[1], k.shape[2]
     apply_rope_with_cos_sin_cache_inplace(q=q, k=k, cos_sin_cache=c["cos_sin_cache"], positions=c["positions"],
-                                          is_neox=neox)
+                                          is_neox=bool(int(c["is_neox"])))
     store_cache(k.reshape(t, hk * d), v.reshape(t, hk * d), c["k_cache"], c["v_cache"], c["out_loc"],
                 reserved_skip_index=-1)
 
 
+def _attend_without_store(c: Dict[str, Any]):
+    """The rest of a dense attention forward after q/k/v are ready and the KV is stored: the attention reads the KV
+    this op stored (save_kv_cache=False, as SGLang's Qwen3-MoE path calls it), then o_proj."""
+    attn = c["layer"]
+    q, k, v = c["qkv"].split(c["sizes"], dim=-1)
+    out, _ = attn.o_proj(attn.attn(q, k, v, c["forward_batch"], save_kv_cache=False))
+    return out
+
+
 def _returns(c: Dict[str, Any]):
     if c.get("site") == "dense":
-        # the rest of Qwen3Attention.forward: the attention reads the KV this op stored (save_kv_cache=False, as
-        # SGLang's Qwen3-MoE path calls it), then o_proj
-        attn = c["layer"]
-        q, k, v = c["qkv"].split(c["sizes"], dim=-1)
-        out, _ = attn.o_proj(attn.attn(q, k, v, c["forward_batch"], save_kv_cache=False))
-        return out
+        return _attend_without_store(c)
     # the method's non-fused branch: q, k, v column views of qkv, and the flag forward_core reads to skip the
     # attention's own KV store (the store happened here)
     c["layer"]._used_fused_qk_norm_rope_last_call = False

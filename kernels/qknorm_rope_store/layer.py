@@ -10,11 +10,11 @@ cache):
 
 Outside a server SGLang's runtime config is not published; the values the methods read from it are supplied as a
 server without those flags has them (patch/layers.py server_defaults)."""
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 from astra_sglang.families.qkv import per_rank_heads
 from astra_sglang.models import model
-from astra_sglang.patch.layers import qk_norms_and_rope, server_defaults
+from astra_sglang.patch.layers import kv_pool_context, qk_norms_and_rope, server_defaults, storing_attention
 
 from .spec import DENSE_MODELS, FUSED_MODELS
 
@@ -30,7 +30,7 @@ DENSE_HEADS = _heads(DENSE_MODELS) - _heads(FUSED_MODELS)
 def _call_method(inp, dims, scalars):
     """Qwen3MoeAttention.apply_qk_norm_rope on the stand-in -> ((q, k, v), the stand-in)."""
     import torch
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.qwen3_moe import Qwen3MoeAttention
 
     t, hq, hk, d, qs, ks, vs = dims
@@ -40,36 +40,20 @@ def _call_method(inp, dims, scalars):
     # the qkv row buffer the method splits: q, k, v column blocks (the harness's q/k/v share one row layout
     # only where their strides are equal; otherwise they are copied into one buffer and back)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
-    kc, vc = inp["k_cache"], inp["v_cache"]
-    pool = SimpleNamespace(dtype=qkv.dtype, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
-                           get_value_buffer=lambda i: vc.view(vc.shape[0], hk, d))
     attn = SimpleNamespace(
         use_fused_qk_norm_rope=False, head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d,
         q_norm=q_norm, k_norm=k_norm, rotary_emb=rope, alt_stream=None, compatible_with_fused_kv_buffer=True,
         attn=SimpleNamespace(layer_id=0, k_scale=None, v_scale=None), _used_fused_qk_norm_rope_last_call=None)
     batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
-    ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
-    with torch.no_grad(), forward_context(ctx):
+    with torch.no_grad(), forward_context(kv_pool_context(inp, hk, d)):
         return Qwen3MoeAttention.apply_qk_norm_rope(attn, qkv, inp["positions"], batch), attn
-
-
-class _Callable(SimpleNamespace):
-    """RadixAttention's stand-in: its attributes, and a call that runs `fn`."""
-
-    def __init__(self, attrs, fn):
-        super().__init__(**vars(attrs))
-        self._fn = fn
-
-    def __call__(self, *args, **kwargs):
-        return self._fn(*args, **kwargs)
 
 
 def _call_dense_forward(inp, dims, scalars):
     """Qwen3Attention.forward on the stand-in -> (q, k) as the attention received them, and whether it was asked to
     store the KV itself (False: the fused op stored it)."""
     import torch
-    from sglang.kernels.ops.kvcache.kvcache import store_cache
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.qwen3 import Qwen3Attention
 
     t, hq, hk, d, qs, ks, vs = dims
@@ -77,27 +61,15 @@ def _call_dense_forward(inp, dims, scalars):
     neox = bool(int(scalars.get("is_neox", 1)))
     q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
-    kc, vc = inp["k_cache"], inp["v_cache"]
-    seen = {}
-
-    def attention(q, k, v, forward_batch, save_kv_cache=True):
-        seen.update(q=q, k=k, save=save_kv_cache)
-        if save_kv_cache:  # what the backend does first: MHATokenToKVPool.set_kv_buffer -> store_cache
-            store_cache(k.reshape(t, hk * d), v.reshape(t, hk * d), kc, vc, forward_batch.out_cache_loc,
-                        reserved_skip_index=-1)
-        return q
-
-    radix = SimpleNamespace(layer_id=0, k_scale=None, v_scale=None, is_cross_attention=False)
-    pool = SimpleNamespace(dtype=qkv.dtype, get_key_buffer=lambda i: kc.view(kc.shape[0], hk, d),
-                           get_value_buffer=lambda i: vc.view(vc.shape[0], hk, d))
+    radix, seen = storing_attention(inp, hk, d)
     attn = SimpleNamespace(
         head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=q_norm, k_norm=k_norm,
         rotary_emb=rope, alt_stream=None, use_fused_qk_norm_mrope=False, use_fused_qk_norm_rope=False,
-        qkv_proj=lambda h: (qkv, None), attn=_Callable(radix, attention), o_proj=lambda x: (x, None))
+        qkv_proj=lambda h: (qkv, None), attn=radix, o_proj=lambda x: (x, None))
+    attn.forward_prepare_native = MethodType(Qwen3Attention.forward_prepare_native, attn)  # SGLang's, on the stand-in
     batch = SimpleNamespace(out_cache_loc=inp["out_loc"])
-    ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
     hidden = torch.empty((t, 8), device=qkv.device, dtype=qkv.dtype)  # what the stand-in GEMM ignores
-    with torch.no_grad(), forward_context(ctx):
+    with torch.no_grad(), forward_context(kv_pool_context(inp, hk, d)):
         Qwen3Attention.forward(attn, inp["positions"], hidden, batch)
     return seen["q"], seen["k"], seen["save"]
 

@@ -1,0 +1,86 @@
+"""dense_rope_store: a FUSED op. Rotary embedding of q and k in place, with the rotated k and the untouched v stored
+into the KV cache at each token's slot, in one launch, where dense (Llama-style) attention on a bf16 KV cache runs two
+SGLang kernels: the JIT rope (csrc/elementwise/rope.cuh FusedRopeKernel::run, op rope), then, inside the attention
+backend, the JIT KV store (csrc/elementwise/kvcache.cuh StoreKVCacheKernel, op kv_store). Production is those two
+launches on one stream, exactly as SGLang makes them; a speedup of this op is over their SUM.
+
+The computation is rope_store's (SGLang's own fused rope + KV store, which it runs only in MoE attention such as
+Qwen3-MoE's); its contract, inputs, reference and bytes are taken from there. The patch replaces
+`LlamaAttention.forward`: the qkv GEMM, this op's kernel, the attention with save_kv_cache=False (as SGLang's
+Qwen3-MoE path calls it), o_proj.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from astra_sglang.families import qkv
+from astra_sglang.kernels.kv_store import spec as _kv_store_spec
+from astra_sglang.kernels.rope import spec as _rope_spec
+from astra_sglang.kernels.rope_store import spec as _rope_store_spec
+from astra_sglang.spec import DTYPE_BYTES, SourceFile, Variant
+
+HEAD_DIMS = _rope_store_spec.HEAD_DIMS
+
+# Models whose attention is LlamaAttention (rope, then the attention's KV store), and the TP degrees.
+DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
+    ("llama-3-8b", (1, 2)),
+    ("llama-3-70b", (4, 8)),
+)
+
+_dims = _rope_store_spec._dims
+model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+
+
+def _supports(dims, dtype: str) -> Optional[str]:
+    why = _rope_store_spec._supports(dims, dtype)
+    row = dims[2] * dims[3] * DTYPE_BYTES[dtype]
+    if why is None and row not in _kv_store_spec.ROW_BYTES:
+        why = f"KV rows of {row} bytes (the store's launcher instantiates {_kv_store_spec.ROW_BYTES})"
+    return why
+
+
+# The launcher relies in each header on what its sibling launchers rely on: rope's and kv_store's facts.
+SOURCE_FACTS = _rope_spec.SPEC.variant("jit").source_facts + _kv_store_spec.SPEC.variant("jit").source_facts
+
+JIT = Variant(
+    name="jit",
+    description="SGLang's two JIT kernels back to back on one stream, as dense attention runs them: "
+    "FusedRopeKernel::run (fused_rope_kernel, rope_dim = head_dim, no store), then the attention backend's "
+    "StoreKVCacheKernel (0.5.17: store_kvcache; 0.5.23: store_kvcache_kernel), int64 positions and slots, PDL "
+    "between them on sm_90+",
+    provenance="sglang/srt/models/llama.py LlamaAttention.forward -> forward_prepare_native -> "
+    "self.rotary_emb(positions, q, k) -> RotaryEmbedding.forward_cuda -> "
+    "apply_rope_with_cos_sin_cache_inplace(fused_args=None) -> csrc/elementwise/rope.cuh FusedRopeKernel::run; then "
+    "self.attn(q, k, v, forward_batch) -> attention backend -> MHATokenToKVPool.set_kv_buffer -> _set_kv_buffer_impl "
+    "-> store_cache -> csrc/elementwise/kvcache.cuh StoreKVCacheKernel",
+    sources=(SourceFile("sglang_jit", "csrc/elementwise/rope.cuh"),
+             SourceFile("sglang_jit", "csrc/elementwise/kvcache.cuh")),
+    include_roots=("tvm_ffi", "dlpack"),
+    launcher="launch_jit.cu.in",
+    flag_profile="sglang_jit",
+    source_facts=SOURCE_FACTS,
+    dtypes=qkv.DTYPES,
+    supports=_supports,
+)
+
+SPEC = qkv.spec(
+    name="dense_rope_store",
+    summary="FUSED rope + KV store of dense (Llama) attention in one launch (replaces SGLang's rope kernel, then the "
+    "attention backend's KV store; speedups are over the sum of the two kernels)",
+    dim_names=_rope_store_spec.DIM_NAMES,
+    pointers=(("q", "inout"), ("k", "inout"), ("v", "in"), ("k_cache", "inout"), ("v_cache", "inout"),
+              ("cos_sin_cache", "in"), ("positions", "in"), ("out_loc", "in")),
+    scalar_args=(("is_neox", "i64"),),
+    variant=JIT,
+    corpus=qkv.corpus(DENSE_MODELS, _dims),
+    edge_shapes=tuple(s for s in _rope_store_spec.EDGE if _supports(s.dims, "fp16") is None),
+    make_inputs=_rope_store_spec.make_inputs,
+    reference=_rope_store_spec.reference,
+    scalars=qkv.neox_scalars(_rope_store_spec._GPTJ),
+    bytes_moved=_rope_store_spec.bytes_moved,
+    distributions=("normal", "large"),
+    replaces=("sglang.srt.models.llama:LlamaAttention.forward",),
+    # only ours: SGLang's two kernels are attributed to the rope and kv_store ops
+    kernel_symbols=(r"astra_drs::",),
+    fuses=("rope", "kv_store"),
+)

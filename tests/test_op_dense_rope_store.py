@@ -1,0 +1,134 @@
+"""dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense (Llama) attention, where SGLang
+runs its rope kernel and then the attention backend's KV store. On CPU: the spec is rope_store's computation under
+its own name and production; the corpus is Llama-3's and every row fits the store's launcher; the harness runs the
+edge shapes on CPU; the adapter binds LlamaAttention.forward and discovery finds it in real SGLang; the production
+launcher (SGLang's two JIT kernels back to back) extracts from sglang 0.5.17 and 0.5.23 and builds with nvcc.
+
+No kernel runs here (no GPU in CI)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from astra_sglang.registry import get_op, op_part, shipped_kernel  # noqa: E402
+
+OP = "dense_rope_store"
+
+
+def test_spec_is_rope_store_s_computation_with_its_own_production():
+    spec, rs = get_op(OP), get_op("rope_store")
+    assert spec.symbol == "astra_dense_rope_store"
+    assert [(a.name, a.role, a.ctype) for a in spec.abi] == [(a.name, a.role, a.ctype) for a in rs.abi]
+    assert spec.c_signature() == rs.c_signature().replace("astra_rope_store(", "astra_dense_rope_store(")
+    assert spec.reference is rs.reference and spec.make_inputs is rs.make_inputs
+    assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",)
+    assert spec.fused_member_sets() == (("rope", "kv_store"),)
+    assert spec.kernel_symbols == (r"astra_drs::",)
+    v = spec.variant("jit")
+    assert [s.path for s in v.sources] == ["csrc/elementwise/rope.cuh", "csrc/elementwise/kvcache.cuh"]
+    assert v.source_facts == (get_op("rope").variant("jit").source_facts
+                              + get_op("kv_store").variant("jit").source_facts)
+    assert "FUSED" in spec.summary and "sum" in spec.summary
+
+
+def test_corpus_is_llama_3_and_every_shape_fits_the_store():
+    spec = get_op(OP)
+    assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b"}
+    assert {s.dims[0] for s in spec.corpus} >= {1, 16, 64, 256, 1024, 16384}
+    assert (1, 32, 8, 128, 6144, 6144, 6144) in {s.dims for s in spec.corpus}  # llama-3-8b, one decode token
+    v = spec.variant("jit")
+    for s in list(spec.corpus) + list(spec.edge_shapes):
+        for dt in spec.dtypes:
+            assert v.supports(s.dims, dt) is None, (s.dims, dt)
+    assert "KV rows" in v.supports((3, 5, 1, 64, 448, 448, 448), "fp16")  # 128-byte rows: not a store width
+
+
+def test_harness_runs_every_edge_shape_on_cpu(monkeypatch):
+    from astra_sglang.harness.guards import GuardedSet
+    from astra_sglang.harness.oracle import run_case
+
+    rs = op_part("rope_store", "spec")
+    monkeypatch.setattr(rs, "MAX_POSITION", 64)  # CPU-sized cos/sin cache and KV pool (make_inputs is rope_store's)
+    monkeypatch.setattr(rs, "cache_slots", lambda t: max(32, 2 * t))
+    spec = get_op(OP)
+
+    def impl(tensors, dims, dtype, scalars, stream=None):
+        ins = {a.name: tensors[a.name] for a in spec.abi if a.ctype == "ptr"}
+        for n, r in spec.reference({n: x.double() for n, x in ins.items()}, dims, scalars).items():
+            tensors[n].copy_(r.to(tensors[n].dtype))
+        return 0
+
+    for shape in list(spec.edge_shapes) + [spec.corpus[0]]:
+        for dt in spec.dtypes:
+            protos = spec.make_inputs(shape.dims, dt, torch.Generator().manual_seed(1), "normal", device="cpu")
+            bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
+            for run, dist in enumerate(spec.distributions):
+                details, failures, _ = run_case(spec, impl, impl, bc, bp, shape.dims, dt, dist, 7, "cpu",
+                                                run_index=run)
+                assert not failures, failures
+
+
+def test_shipped_kernel_passes_the_static_checks_and_declares_the_abi():
+    from astra_sglang.static_checks import scan_file
+
+    src = shipped_kernel(OP)
+    assert scan_file(src) == [] and scan_file(src.parent / "launch_jit.cu.in") == []
+    text = src.read_text()
+    assert "namespace astra_drs {" in text and "namespace {" in text and "#include \"" not in text
+    assert get_op(OP).c_signature().split("(")[0] in text
+    assert "griddepcontrol.wait" in text
+
+
+def test_the_adapter_fits_the_spec_and_binds_llama_attention_forward():
+    from astra_sglang.patch.adapters import Binder, adapter_mismatch, get_adapter
+
+    def forward(self, positions, hidden_states, forward_batch):  # SGLang's LlamaAttention.forward
+        raise AssertionError("not called")
+
+    spec, ad = get_op(OP), get_adapter(OP)
+    assert adapter_mismatch(spec, ad) is None and Binder(forward, ad, spec).ok
+    assert ad.slot_indexed == {"k_cache": "out_loc", "v_cache": "out_loc"}
+    assert not getattr(op_part(OP, "adapter"), "DEFAULT_OFF", "")  # on in --ops all
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_discovery_finds_llama_attention_forward_in_real_sglang(version, request):
+    from astra_sglang.patch.discover import discover_for_specs
+
+    root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
+                else request.getfixturevalue("wheel_sources")["sglang"])
+    disc = discover_for_specs([get_op(OP)], roots={"sglang": root / "sglang"})
+    assert ("definition", "sglang.srt.models.llama", "LlamaAttention.forward") in [
+        (s.kind, s.module, s.local_name) for s in disc.for_op(OP)]
+
+
+@pytest.mark.wheels
+@pytest.mark.nvcc
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_production_launcher_extracts_and_builds_both_headers_in_one_unit(version, request, tmp_path):
+    """rope.cuh and kvcache.cuh in one translation unit: the rope kernel, then the store kernel of each version."""
+    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+        pytest.skip("needs nvcc")
+    from astra_sglang.build import Arch
+    from astra_sglang.build.workspace import Workspace
+    from astra_sglang.extract import discover, extract
+
+    ws_src = request.getfixturevalue("wheel_sources")
+    src = (Path(ws_src["sglang"]) if version == "0.5.23"
+           else Path(request.getfixturevalue("sglang_0_5_17_source")))
+    dest = tmp_path / OP
+    extract(get_op(OP), discover(src, ws_src["flashinfer"], ws_src["tvm"]), dest, Arch(9, 0))
+    ws = Workspace.open(OP, path=dest)
+    assert ws.manifest["sources"]["sglang_jit"]["version"] == version
+    kv = "store_kvcache_kernel" if version == "0.5.23" else "store_kvcache"
+    assert f"#define ASTRA_KV_{kv} 1" in ws.baseline.read_text()
+    res = ws.build()
+    assert res.ok, res.log[-3000:]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(res.library)], capture_output=True, text=True).stdout
+    assert get_op(OP).symbol in syms
