@@ -183,6 +183,16 @@ class OpSpec:
             return (tuple(self.fuses),)
         return tuple(tuple(ms) for ms in self.fuses)
 
+    def fused_sites(self) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+        """(replaced target, its member ops) per call site: the i-th member set belongs to the i-th target; a single
+        member set belongs to every target."""
+        sets = self.fused_member_sets()
+        if not sets:
+            return ()
+        if len(sets) == 1:
+            return tuple((t, sets[0]) for t in self.replaces)
+        return tuple(zip(self.replaces, sets))
+
     def variant(self, name: str) -> Variant:
         for v in self.variants:
             if v.name == name:

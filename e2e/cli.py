@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,15 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
             "--cuda-graph-max-bs", str(cuda_graph_max_bs),
             "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return args + list(extra)
+
+
+def fresh_counter_dir(cdir: Path) -> Path:
+    """An arm's counter directory, emptied first: a rerun into the same --out would otherwise sum the earlier run's
+    processes into this run's counters (that run's report, overwritten in the same --out, already had them)."""
+    if cdir.exists():
+        shutil.rmtree(cdir)
+    cdir.mkdir(parents=True)
+    return cdir
 
 
 def launcher_cmd(python: str, ops: str, counter_dir: Path, args: List[str], self_check: str,
@@ -280,8 +290,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     all_runs = []
     try:
         for arm, p, o in (("A", port, "none"), ("B", port + 1, ops)):
-            cdir = out_dir / f"counters-{arm}"
-            cdir.mkdir(exist_ok=True)
+            cdir = fresh_counter_dir(out_dir / f"counters-{arm}")
             args = server_args(model_path, load_format, p, max_total_tokens, mem_fraction, cuda_graph_max_bs,
                                list(extra))
             cmd = launcher_cmd(python_exe, o, cdir, args, self_check, candidates if o != "none" else None)

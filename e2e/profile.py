@@ -45,19 +45,31 @@ def _fmt_dims(dims) -> str:
     return ", ".join(parts[:3])
 
 
+def _site_of_model(target: str, model_type: str) -> bool:
+    """Whether a replaced target can run in a model of `model_type`: a method of SGLang's model module
+    sglang.srt.models.<m> runs in model type <m> only (HF's model_type names those modules: llama, qwen3,
+    qwen3_moe); anything else, or an unknown model type, may run anywhere."""
+    module = target.split(":", 1)[0]
+    if not model_type or not module.startswith("sglang.srt.models."):
+        return True
+    return module.rsplit(".", 1)[1] == model_type
+
+
 def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: str,
                 speedups: Optional[SpeedupTable], step_us: float) -> List[dict]:
     """The fused ops whose replaced kernels all ran in this capture (SGLang's, unpatched), as rows of their
     own: the members' time per step, the fused op's bench speedup over their sum, the saving. Kept apart from
-    `ops`, whose rows the member kernels already fill; the step prediction swaps members for these. An op with
-    several call sites (OpSpec.fuses) counts the first site whose members all ran."""
+    `ops`, whose rows the member kernels already fill; the step prediction swaps members for these. A call site
+    in a model's own module (sglang.srt.models.llama:LlamaAttention.forward) counts only for that model type
+    (config.json model_type); an op with several call sites (OpSpec.fuses) counts the first whose members all ran."""
     from astra_sglang.registry import get_op, op_names
 
     by_op = {r["op"]: r for r in rows}
+    model_type = str((cfg or {}).get("model_type", ""))
     out = []
     for name in op_names():
-        ran = [ms for ms in get_op(name).fused_member_sets()
-               if all(m in by_op and not by_op[m]["astra_kernel"] for m in ms)]
+        ran = [ms for target, ms in get_op(name).fused_sites() if _site_of_model(target, model_type)
+               and all(m in by_op and not by_op[m]["astra_kernel"] for m in ms)]
         if not ran:
             continue
         members = ran[0]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .cli import Server, launcher_cmd, server_args
+from .cli import Server, fresh_counter_dir, launcher_cmd, server_args
 from .client import Workload, make_prompts, run_workload, wait_ready
 
 
@@ -92,8 +92,7 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
             startup_timeout: float, profile_steps: int = 0, into: Optional[Dict[str, dict]] = None) -> dict:
     """One server's run; `into[arm]` holds what is known so far (a run cut off while the server stops
     keeps its tokens and counters)."""
-    cdir = out / f"counters-{arm}"
-    cdir.mkdir(parents=True, exist_ok=True)
+    cdir = fresh_counter_dir(out / f"counters-{arm}")
     args = server_args(model, "dummy", port, 16384, 0.85, 8, ["--tp-size", str(tp), "--disable-piecewise-cuda-graph"])
     cmd = launcher_cmd(sys.executable, ops, cdir, args, "first")
     _say(f"arm {arm}: {' '.join(cmd)}")

@@ -465,6 +465,8 @@ def test_a_fused_op_with_two_call_sites_reads_the_members_that_ran_and_the_wides
     exclusive_times(kernels)
     c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), qwen3, Table([]))
     fused = {f["op"]: f for f in c["fused"]}
+    # dense_rope_store's members ran too, but its call site is Llama's attention: not in a qwen3 model
+    assert sorted(fused) == ["qknorm_rope", "qknorm_rope_store"]
     assert fused["qknorm_rope_store"]["replaces"] == ["qknorm", "rope", "kv_store"]
     assert fused["qknorm_rope_store"]["us_per_step"] == pytest.approx(8.0)
     assert fused["qknorm_rope"]["replaces"] == ["qknorm", "rope"]
@@ -474,3 +476,13 @@ def test_a_fused_op_with_two_call_sites_reads_the_members_that_ran_and_the_wides
     p = predicted_from_profile({"captures": [base, patched]}, "A", ["B"],
                                {"B": ["qknorm_rope", "qknorm_rope_store"]})[("B", 1)]
     assert p["saved_us"] == pytest.approx(4.0)  # 8 µs at 2x; qknorm_rope's 4 µs at 1.5x is not added
+
+
+def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_type():
+    from astra_sglang.e2e.profile import _site_of_model
+
+    assert _site_of_model("sglang.srt.models.llama:LlamaAttention.forward", "llama")
+    assert not _site_of_model("sglang.srt.models.llama:LlamaAttention.forward", "qwen3")
+    assert not _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "qwen3_moe")
+    assert _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "")  # unknown model: any
+    assert _site_of_model("sglang.kernels.ops.attention.rope:apply_rope_inplace_with_kvcache", "qwen3")
