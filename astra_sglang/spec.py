@@ -163,8 +163,8 @@ class OpSpec:
     kernel_symbols: Tuple[str, ...] = ()
     # A fused op: the ops whose SGLang kernels it replaces in one launch (qknorm_rope: qknorm then rope), or, for
     # an op with several call sites, one such tuple per site (qknorm_rope_store: (qknorm, rope_store) in Qwen3-MoE,
-    # (qknorm, rope, kv_store) in dense Qwen3). The profile's prediction then reads their kernels in an unpatched
-    # step as this op's.
+    # (qknorm, rope, kv_store) in dense Qwen3), in the order of `replaces`, with its `variants` in that order too
+    # (each site's production). The profile's prediction then reads their kernels in an unpatched step as this op's.
     fuses: Tuple[Any, ...] = ()
     # canonical(outputs, dims) -> the outputs in a canonical form, applied to candidate and production
     # outputs before any comparison, for ops whose production result is only defined up to an order
@@ -183,15 +183,16 @@ class OpSpec:
             return (tuple(self.fuses),)
         return tuple(tuple(ms) for ms in self.fuses)
 
-    def fused_sites(self) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
-        """(replaced target, its member ops) per call site: the i-th member set belongs to the i-th target; a single
-        member set belongs to every target."""
+    def fused_sites(self) -> Tuple[Tuple[str, Tuple[str, ...], Optional[str]], ...]:
+        """(replaced target, its member ops, its production variant) per call site: the i-th member set and the
+        i-th variant belong to the i-th target (qknorm_rope_store: "jit" for Qwen3-MoE, "jit_dense" for dense
+        Qwen3); a single member set belongs to every target, any variant (None)."""
         sets = self.fused_member_sets()
         if not sets:
             return ()
         if len(sets) == 1:
-            return tuple((t, sets[0]) for t in self.replaces)
-        return tuple(zip(self.replaces, sets))
+            return tuple((t, sets[0], None) for t in self.replaces)
+        return tuple((t, ms, v.name) for t, ms, v in zip(self.replaces, sets, self.variants))
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:

@@ -68,13 +68,15 @@ def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: st
     model_type = str((cfg or {}).get("model_type", ""))
     out = []
     for name in op_names():
-        ran = [ms for target, ms in get_op(name).fused_sites() if _site_of_model(target, model_type)
+        ran = [(ms, v) for target, ms, v in get_op(name).fused_sites() if _site_of_model(target, model_type)
                and all(m in by_op and not by_op[m]["astra_kernel"] for m in ms)]
         if not ran:
             continue
-        members = ran[0]
+        members, variant = ran[0]
         us = sum(by_op[m]["us_per_step"] for m in members)
-        sp = speedups.lookup(name, lookup_dims(name, "", cfg, tokens, tp), dtype) if speedups else None
+        # the speedup over this site's production (its bench against that variant)
+        sp = (speedups.lookup(name, lookup_dims(name, "", cfg, tokens, tp), dtype, variant=variant)
+              if speedups else None)
         saved = us * (1.0 - 1.0 / sp.value) if sp else 0.0
         out.append({"op": name, "replaces": list(members), "us_per_step": us,
                     "speedup": sp.value if sp else None, "speedup_label": sp.label() if sp else "unmeasured",

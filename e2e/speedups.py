@@ -41,7 +41,7 @@ def is_shipped_candidate(op: str, candidate) -> bool:
     return str(candidate).replace("\\", "/").endswith(f"kernels/{op}/kernel.cu")
 
 
-def _rows_of(path: Path) -> Optional[Tuple[str, str, list]]:
+def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
     try:
         if path.stat().st_size > 20 * 2 ** 20:
             return None
@@ -54,7 +54,7 @@ def _rows_of(path: Path) -> Optional[Tuple[str, str, list]]:
         return None
     rows = [dict(r, speedup=serving_speedup(r)) for r in d["rows"]
             if isinstance(r, dict) and "shape" in r and isinstance(r.get("speedup"), (int, float))]
-    return (str(d["op"]), str(d.get("date", "")), rows) if rows else None
+    return (str(d["op"]), str(d.get("date", "")), rows, str(d.get("variant") or "")) if rows else None
 
 
 def serving_speedup(row: dict) -> float:
@@ -69,13 +69,13 @@ def serving_speedup(row: dict) -> float:
 
 class SpeedupTable:
     def __init__(self, files: Sequence[Path]):
-        # op -> [(date, file, rows)] newest first
-        self.by_op: Dict[str, List[Tuple[str, str, list]]] = {}
+        # op -> [(date, file, rows, production variant)] newest first
+        self.by_op: Dict[str, List[Tuple[str, str, list, str]]] = {}
         for f in files:
             got = _rows_of(Path(f))
             if got:
-                op, date, rows = got
-                self.by_op.setdefault(op, []).append((date, str(f), rows))
+                op, date, rows, variant = got
+                self.by_op.setdefault(op, []).append((date, str(f), rows, variant))
         for v in self.by_op.values():
             v.sort(key=lambda t: t[0], reverse=True)
 
@@ -90,16 +90,22 @@ class SpeedupTable:
                 files += sorted(d.rglob("*.json"))
         return cls(files)
 
-    def lookup(self, op: str, dims: Optional[Tuple[int, ...]], dtype: str = "bf16") -> Optional[Speedup]:
+    def _files(self, op: str, variant: Optional[str]):
+        """The op's bench files, newest first; with `variant`, only those against that production (a fused op
+        with two call sites has one production sequence per site; a file that names none counts)."""
+        return [(d, s, r) for d, s, r, v in self.by_op.get(op, []) if not variant or not v or v == variant]
+
+    def lookup(self, op: str, dims: Optional[Tuple[int, ...]], dtype: str = "bf16",
+               variant: Optional[str] = None) -> Optional[Speedup]:
         if dims is None:
             return None
         key = "x".join(str(x) for x in dims)
-        for date, src, rows in self.by_op.get(op, []):
+        for date, src, rows in self._files(op, variant):
             for r in rows:
                 if r["shape"] == key and r.get("dtype", dtype) == dtype:
                     return Speedup(float(r["speedup"]), key, True, src, date)
         best = None
-        for date, src, rows in self.by_op.get(op, []):
+        for date, src, rows in self._files(op, variant):
             for r in rows:
                 try:
                     rd = tuple(int(x) for x in str(r["shape"]).split("x"))

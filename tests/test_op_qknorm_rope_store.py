@@ -52,8 +52,8 @@ def test_spec_loads_with_the_fixed_abi():
     # one member set per call site: the profile finds whichever ran
     assert spec.fused_member_sets() == (("qknorm", "rope_store"), ("qknorm", "rope", "kv_store"))
     assert spec.fused_sites() == (
-        ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope", ("qknorm", "rope_store")),
-        ("sglang.srt.models.qwen3:Qwen3Attention.forward", ("qknorm", "rope", "kv_store")))
+        ("sglang.srt.models.qwen3_moe:Qwen3MoeAttention.apply_qk_norm_rope", ("qknorm", "rope_store"), "jit"),
+        ("sglang.srt.models.qwen3:Qwen3Attention.forward", ("qknorm", "rope", "kv_store"), "jit_dense"))
     assert "FUSED" in spec.summary and "sum" in spec.summary
     assert spec.scalars((1, 32, 4, 128, 5120, 5120, 5120)) == {"is_neox": 1, "eps": 1e-6}
     assert spec.scalars((5, 8, 2, 128, 1536, 1536, 1536))["is_neox"] == 0  # the GPT-J edge shape

@@ -193,6 +193,22 @@ def test_speedup_lookup_takes_only_the_shipped_kernels_benches(tmp_path):
     assert t.lookup("silu_and_mul", (1, 4096)) is None
 
 
+def test_speedup_lookup_of_a_call_site_reads_the_bench_against_its_production(tmp_path):
+    """qknorm_rope_store is benched against Qwen3-MoE's two kernels (variant jit) and dense Qwen3's three
+    (jit_dense): a site's lookup reads its own variant's file, whichever is newer; no variant: the newest."""
+    cand = "/r/kernels/qknorm_rope_store/kernel.cu"
+    for name, variant, date, sp in (("moe", "jit", "2026-11-26T12:00", 1.9), ("dense", "jit_dense",
+                                                                              "2026-11-26T14:00", 2.5)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "op": "qknorm_rope_store", "variant": variant, "date": date, "candidate": cand,
+            "rows": [{"shape": "1x32x4x128x5120x5120x5120", "dtype": "bf16", "speedup": sp}]}))
+    t = SpeedupTable.from_dirs([tmp_path])
+    dims = (1, 32, 4, 128, 5120, 5120, 5120)
+    assert t.lookup("qknorm_rope_store", dims, variant="jit").value == 1.9
+    assert t.lookup("qknorm_rope_store", dims, variant="jit_dense").value == 2.5
+    assert t.lookup("qknorm_rope_store", dims).value == 2.5
+
+
 def test_speedup_is_over_the_installed_callable_where_the_bench_timed_it(tmp_path):
     """moe_combine's <= 32-token rows: 1.13x over the extracted JIT sum, 0.63x over the torch.compile'd
     callable SGLang runs (H200, 2026-11-26). The profile predicts with the second."""
@@ -416,7 +432,7 @@ def test_fused_op_prediction_reads_its_members_kernels():
     qwen3_moe = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
 
     class Table(SpeedupTable):
-        def lookup(self, op, dims, dtype="bf16"):
+        def lookup(self, op, dims, dtype="bf16", variant=None):
             return Speedup(2.0, "x", True, "bench.json", "2026-11-26") if op == "qknorm_rope_store" else None
 
     kernels = []
@@ -453,7 +469,7 @@ def test_a_fused_op_with_two_call_sites_reads_the_members_that_ran_and_the_wides
     speed = {"qknorm_rope_store": 2.0, "qknorm_rope": 1.5}
 
     class Table(SpeedupTable):
-        def lookup(self, op, dims, dtype="bf16"):
+        def lookup(self, op, dims, dtype="bf16", variant=None):
             return Speedup(speed[op], "x", True, "bench.json", "2026-11-26") if op in speed else None
 
     kernels = []
