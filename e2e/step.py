@@ -298,6 +298,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
              procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
              gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1,
              candidates: Optional[Dict[str, Path]] = None) -> str:
+    from . import step_memory as sm
     from . import step_stats as ss
     from .model_configs import resolve_model_path
     from .profile import analyze_dir, write_outputs
@@ -331,6 +332,9 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     sargs = lambda i: worker_server_args(max_bs, batch_sizes, kv, mem_fraction, port + 20 * i, prefill_graph,  # noqa: E731
                                          [*tp_args, *extra])
     wave_list = ss.waves(procs, procs_at_once or procs)
+    if module == WORKER_MODULE:   # a stand-in worker (tests) loads no weights
+        # before any load: a wave that cannot fit dies out of memory only after minutes of loading
+        sm.check_fits(cfg, len(arms) * max(len(w) for w in wave_list), tp, sm.gpu_memory_bytes())
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
             "processes per arm": procs, "tensor parallel": tp,

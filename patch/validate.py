@@ -252,6 +252,7 @@ def _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress,
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     env.pop("ASTRA_SGLANG_OPS", None)  # the child must run SGLang unpatched
     start = 0
+    streak: List[int] = []  # indices of the latest run of back-to-back crashes with one reason
     while start < len(cases):
         args = json.dumps({"ops": list(ops), "dtypes": list(dtypes) if dtypes else None, "shapes": shapes, "seed": seed,
                            "device": device, "start": start, "dir": work, "layers": layers_ref})
@@ -271,6 +272,11 @@ def _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress,
         progress(f"SGLang's own {c.op} crashed on {'x'.join(map(str, c.dims))} {c.dtype} {c.dist}; "
                  f"continuing in a fresh process")
         start = current + 1
+        prev = cases[streak[-1]] if streak else None
+        same = prev is not None and streak[-1] == current - 1 and prev.op == c.op and prev.detail == c.detail
+        streak = streak + [current] if same else [current]
+        if _hopeless(cases, streak):
+            start = _skip_op(cases, start, c, len(streak), progress)
     out: List[Dict[str, Any]] = []
     for i, c in enumerate(cases):
         pt = os.path.join(work, f"{i}.pt")
@@ -284,6 +290,28 @@ def _unpatched_isolated(cases, ops, dtypes, shapes, seed, device, progress,
         else:
             out.append(rec["outputs"])
     return out
+
+
+CRASH_STREAK = 3  # back-to-back crashes of one op, one reason, over more than one shape: its layer crashes always
+
+
+def _hopeless(cases: Sequence[Case], streak: Sequence[int]) -> bool:
+    """Whether the latest crashes say the op's layer crashes on every case (a layer that cannot run here, not a
+    shape SGLang's kernel faults on): CRASH_STREAK in a row with the same reason, on at least two shapes. Each
+    crash costs a fresh process (~25 s on a GPU)."""
+    return len(streak) >= CRASH_STREAK and len({cases[i].dims for i in streak}) > 1
+
+
+def _skip_op(cases: Sequence[Case], start: int, crashed: Case, n: int, progress) -> int:
+    """Mark the crashed op's remaining cases n/a (not run) -> the index of the next op's first case."""
+    end = next((j for j in range(start, len(cases)) if cases[j].op != crashed.op), len(cases))
+    for c in cases[start:end]:
+        c.status = "n/a"
+        c.detail = f"not run: SGLang's own layer crashed on the {n} cases before it, each the same way"
+    if end > start:
+        progress(f"SGLang's own {crashed.op} crashed {n} times in a row the same way on several shapes; "
+                 f"its {end - start} remaining case(s) are not run")
+    return end
 
 
 def _child(argv: Sequence[str]) -> None:

@@ -740,6 +740,35 @@ def test_validate_isolates_a_crashing_original(monkeypatch):
     assert all(c.status == "PASS" for d in [(4, 64), (5, 128)] for c in by[d]), text
 
 
+def test_validate_stops_running_an_op_whose_layer_crashes_the_same_way_on_every_shape(monkeypatch):
+    """A layer that cannot run at all (every case kills its process the same way: a missing runtime config cost
+    5 minutes of GPU time on 2026-11-26) is not restarted once per case: after CRASH_STREAK identical crashes
+    over more than one shape, the op's remaining cases are n/a, not run. Crashes on one shape only (each of its
+    distributions) do not stop the op."""
+    import sglang_cpu_env as E
+    import validate_crashing_layers as VL
+    from astra_sglang.patch.validate import CRASH_STREAK, format_results, validate
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", tests_dir + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    progress = []
+    cases = validate(["silu_and_mul"], device="cpu", layers=VL.LAYERS, backends=E.astra_standins(),
+                     targets={"silu_and_mul": ["validate_crashing_layers:silu_and_mul"]},
+                     shapes="3x1001,5x1003,2x1005,4x64", dtypes=["fp32"],
+                     isolate="validate_crashing_layers:LAYERS", progress=progress.append)
+    text = format_results(cases)
+    crashed = [c for c in cases if "crashed on this shape" in c.detail]
+    skipped = [c for c in cases if c.detail.startswith("not run")]
+    per_shape = sum(c.dims == (3, 1001) for c in cases)
+    assert per_shape + 1 >= CRASH_STREAK, text  # the first shape alone does not stop it
+    # one crash on the second shape completes the streak (the op's first n/a case then reads FAIL: no case of it
+    # reached the astra kernel)
+    assert len(crashed) + sum(c.status == "FAIL" for c in cases) == per_shape + 1, text
+    assert [c.dims for c in crashed][-1] == (5, 1003), text
+    assert {c.dims for c in skipped} == {(5, 1003), (2, 1005), (4, 64)} and all(c.status == "n/a" for c in skipped)
+    assert any("remaining case(s) are not run" in m for m in progress)
+
+
 def test_validate_runs_sglangs_own_layers(sglang_tree, tmp_path):
     """validate's SGLang layer calls (SiluAndMul, RMSNorm with residual, merge_state) on the real
     modules of both versions, on CPU: unpatched they reach the sgl_kernel stand-ins, patched the

@@ -1,0 +1,71 @@
+"""Will the processes of a `e2e --step` wave fit the GPU? Checked before any of them loads.
+
+Each worker loads the whole model (dummy weights) and they sit side by side: a wave that does not
+fit dies with an out-of-memory error only after minutes of loading. The weight estimate comes from
+config.json alone (no weights are read); norms and biases are left out (well under 1%).
+"""
+from __future__ import annotations
+
+import subprocess
+from typing import Optional
+
+from astra_sglang.errors import AstraError
+
+GIB = 1 << 30
+USABLE = 0.95      # the driver, NCCL and fragmentation take the rest
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+def weight_bytes(cfg: dict) -> int:
+    """The model's weight bytes from a HF config.json dict (embeddings, attention, MLP or MoE)."""
+    hidden, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    params = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)      # embeddings (+ lm_head)
+    attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden   # q, k, v, o
+    dense = 3 * hidden * cfg.get("intermediate_size", 0)                           # gate, up, down
+    experts = cfg.get("num_experts") or cfg.get("n_routed_experts")
+    moe_size = cfg.get("moe_intermediate_size")
+    if experts and moe_size:
+        shared = cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * moe_size
+        moe = experts * 3 * hidden * moe_size + hidden * experts + 3 * hidden * shared   # experts, router, shared
+        # layers that keep a dense MLP: Qwen's mlp_only_layers, DeepSeek's first_k_dense_replace
+        n_dense = min(layers, len(cfg.get("mlp_only_layers") or []) + (cfg.get("first_k_dense_replace") or 0))
+        params += layers * attn + n_dense * dense + (layers - n_dense) * moe
+    else:
+        params += layers * (attn + dense)
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+    return params * DTYPE_BYTES.get(dtype, 2)
+
+
+def gpu_memory_bytes() -> Optional[int]:
+    """The first GPU's total memory; None without a working nvidia-smi (then nothing is checked)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            return None
+        return int(float(p.stdout.strip().splitlines()[0])) << 20      # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def check_fits(cfg: dict, procs_per_wave: int, tp: int, gpu_bytes: Optional[int],
+               per_process_overhead: int = 3 * GIB) -> None:
+    """Raise AstraError when procs_per_wave processes, each with its 1/tp of the weights plus
+    per_process_overhead (CUDA context, graphs, the capped KV pool), exceed the usable GPU memory."""
+    if gpu_bytes is None:
+        return
+    weights = weight_bytes(cfg) / tp
+    each = weights + per_process_overhead
+    usable = USABLE * gpu_bytes
+    if procs_per_wave * each <= usable:
+        return
+    per_gpu = f"{weights / GIB:.1f} GiB of weights" + (f" per GPU at --tp {tp}" if tp > 1 else "")
+    raise AstraError(
+        f"{procs_per_wave} processes loaded side by side need ~{procs_per_wave * each / GIB:.1f} GiB "
+        f"({per_gpu} + {per_process_overhead / GIB:.1f} GiB overhead each) but the GPU has "
+        f"{gpu_bytes / GIB:.1f} GiB ({usable / GIB:.1f} usable): at most {int(usable // each)} fit at once; "
+        f"load fewer with --procs-at-once 1 (one process per arm at a time), split the weights with --tp, "
+        f"or use a GPU with more memory")

@@ -1,0 +1,105 @@
+"""CPU tests of `e2e --step`'s memory check (e2e/step_memory.py): the weight estimate from the shipped
+configs, the refusal, and run_step refusing before any worker starts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from astra_sglang.e2e import step as step_mod
+from astra_sglang.e2e import step_memory as sm
+from astra_sglang.e2e.model_configs import CONFIGS_DIR, shipped_configs
+from astra_sglang.errors import AstraError
+
+GIB = 1 << 30
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((CONFIGS_DIR / name / "config.json").read_text())
+
+
+def test_weight_bytes_of_the_shipped_configs():
+    assert sm.weight_bytes(_cfg("qwen3-30b-a3b")) == pytest.approx(57 * GIB, rel=0.1)   # 30.5B params, bf16
+    assert sm.weight_bytes(_cfg("llama3-8b")) == pytest.approx(15 * GIB, rel=0.1)
+    assert sm.weight_bytes(_cfg("llama3-70b")) == pytest.approx(70.6e9 * 2, rel=0.05)
+    assert sm.weight_bytes(_cfg("llama-small")) < 1 * GIB
+    for name in shipped_configs():
+        assert sm.weight_bytes(_cfg(name)) > 0
+
+
+def test_moe_outweighs_the_dense_model_of_its_width():
+    moe = _cfg("qwen3-30b-a3b")
+    dense = {k: v for k, v in moe.items() if k not in ("num_experts", "moe_intermediate_size")}
+    assert sm.weight_bytes(moe) > 2 * sm.weight_bytes(dense)
+    shared = {**moe, "shared_expert_intermediate_size": 4096}
+    assert sm.weight_bytes(shared) - sm.weight_bytes(moe) == moe["num_hidden_layers"] * 3 * 2048 * 4096 * 2
+
+
+def test_dtype_and_tied_embeddings():
+    cfg = _cfg("llama-small")
+    assert sm.weight_bytes({**cfg, "torch_dtype": "float32"}) == 2 * sm.weight_bytes(cfg)
+    tied = sm.weight_bytes({**cfg, "tie_word_embeddings": True})
+    assert sm.weight_bytes(cfg) - tied == cfg["vocab_size"] * cfg["hidden_size"] * 2
+
+
+def test_check_fits():
+    qwen = _cfg("qwen3-30b-a3b")
+    with pytest.raises(AstraError) as e:
+        sm.check_fits(qwen, 4, 1, 80 * GIB)
+    msg = str(e.value)
+    assert "\n" not in msg and "--procs-at-once 1" in msg and "4 processes" in msg and "80.0 GiB" in msg
+    sm.check_fits(qwen, 2, 1, 141 * GIB)             # A and B, one process each, on an H200
+    sm.check_fits(qwen, 4, 2, 141 * GIB)             # half the weights per GPU at --tp 2
+    with pytest.raises(AstraError):
+        sm.check_fits(qwen, 2, 1, 80 * GIB)          # the OOM that prompted the check
+    sm.check_fits(qwen, 100, 1, None)                # no nvidia-smi: no check
+
+
+def test_gpu_memory_bytes_without_nvidia_smi(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert sm.gpu_memory_bytes() is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 81559\necho 81559\n")
+    smi.chmod(0o755)
+    assert sm.gpu_memory_bytes() == 81559 << 20
+
+
+class _Started(Exception):
+    pass
+
+
+def _no_workers(monkeypatch):
+    started = []
+
+    def worker(name, *a, **k):
+        started.append(name)
+        raise _Started(name)
+
+    monkeypatch.setattr(step_mod, "WorkerProc", worker)
+    return started
+
+
+def _run(tmp_path, procs, **kw):
+    return step_mod.run_step("qwen3-30b-a3b", "all", [1], 16, 8, 1, tmp_path / "out", procs=procs,
+                             profile=False, **kw)
+
+
+def test_run_step_refuses_before_any_worker_starts(monkeypatch, tmp_path):
+    started = _no_workers(monkeypatch)
+    monkeypatch.setattr(sm, "gpu_memory_bytes", lambda: 80 * GIB)
+    with pytest.raises(AstraError, match="--procs-at-once") as e:
+        _run(tmp_path, 2)
+    assert started == [] and "4 processes" in str(e.value)
+    # one process per arm on an H200 fits: the first worker starts
+    monkeypatch.setattr(sm, "gpu_memory_bytes", lambda: 141 * GIB)
+    with pytest.raises(_Started):
+        _run(tmp_path, 2, procs_at_once=1)
+    assert started == ["A-p1"]
+
+
+def test_run_step_checks_nothing_for_a_stand_in_worker(monkeypatch, tmp_path):
+    started = _no_workers(monkeypatch)
+    monkeypatch.setattr(sm, "gpu_memory_bytes", lambda: 80 * GIB)
+    with pytest.raises(_Started):
+        _run(tmp_path, 2, module="tests/step_fake_worker.py")
+    assert started == ["A-p1"]
