@@ -71,9 +71,7 @@ def qk_norms_and_rope(inp, head_dim: int, eps: float, neox: bool):
     """(q_norm, k_norm, rotary_emb) of a Qwen3 attention stand-in: SGLang's own RMSNorm layers holding the op's
     weights and its RotaryEmbedding holding the op's cos/sin cache (both sides rotate by the same angles).
     Build it inside server_defaults(): 0.5.17's RotaryEmbedding reads the runtime config."""
-    import torch
     from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     dev, dt = inp["q"].device, inp["q"].dtype
     norms = []
@@ -81,10 +79,19 @@ def qk_norms_and_rope(inp, head_dim: int, eps: float, neox: bool):
         n = construct(RMSNorm, head_dim, eps=eps).to(device=dev, dtype=dt)
         n.weight.data.copy_(w)
         norms.append(n)
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, head_dim, head_dim, cache.shape[0], 1_000_000, neox, torch.float32).to(dev)
+    return norms[0], norms[1], rotary_embedding(inp["cos_sin_cache"], head_dim, head_dim, neox)
+
+
+def rotary_embedding(cache, head_size: int, rotary_dim: int, neox: bool):
+    """SGLang's RotaryEmbedding holding the op's cos/sin cache (both sides rotate by the same angles). Build it
+    inside server_defaults(): 0.5.17's __init__ reads the runtime config."""
+    import torch
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    rope = construct(RotaryEmbedding, head_size, rotary_dim, cache.shape[0], 1_000_000, neox, torch.float32)
+    rope = rope.to(cache.device)
     rope.cos_sin_cache = cache
-    return norms[0], norms[1], rope
+    return rope
 
 
 class _Callable(SimpleNamespace):

@@ -279,3 +279,66 @@ def test_discovery_finds_the_layer_method_in_real_sglang(version, op, module, me
     disc = discover_for_specs([get_op(op)], roots={"sglang": root / "sglang"})
     assert ("definition", module, method) in [(s.kind, s.module, s.local_name) for s in disc.for_op(op)]
     assert "replaced on its class" in format_report(disc, [op])
+
+
+@pytest.fixture
+def fake_sglang_utils(monkeypatch):
+    """Stand-ins for the SGLang names the dense sites' expand reads (sglang.srt.models.utils, the KV pool class):
+    a bf16 MHA pool of [slots, kv heads, head_dim] layers, and SGLang's own fused-store decision as a switch."""
+    pool_cls = type("MHATokenToKVPool", (), {})
+    pool = pool_cls()
+    pool.dtype = BF16
+    pool.k, pool.v = torch.zeros(SLOTS, HK, D, dtype=BF16), torch.zeros(SLOTS, HK, D, dtype=BF16)
+    state = {"fused": True}
+
+    def create_arg(value, layer, forward_batch):
+        return types.SimpleNamespace(k_buffer=pool.k.view(SLOTS, -1), v_buffer=pool.v.view(SLOTS, -1),
+                                     cache_loc=forward_batch.out_cache_loc)
+
+    utils = types.ModuleType("sglang.srt.models.utils")
+    utils.enable_fused_set_kv_buffer = lambda fb: state["fused"]
+    utils.get_token_to_kv_pool = lambda: pool
+    utils.create_fused_set_kv_buffer_arg = create_arg
+    mem = types.ModuleType("sglang.srt.mem_cache.memory_pool")
+    mem.MHATokenToKVPool = pool_cls
+    for name in ("sglang", "sglang.srt", "sglang.srt.models", "sglang.srt.mem_cache"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.models.utils", utils)
+    monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", mem)
+    sys.modules["sglang.srt.models"].utils = utils
+    return pool, state
+
+
+def _dense_attn():
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(3, (HQ + 2 * HK) * D, generator=g).to(BF16)
+    rope = types.SimpleNamespace(cos_sin_cache=torch.zeros(64, D), is_neox_style=True)
+    return types.SimpleNamespace(
+        head_dim=D, num_heads=HQ, num_kv_heads=HK, q_size=HQ * D, kv_size=HK * D, rotary_emb=rope,
+        qkv_proj=lambda h: (qkv, None), attn=types.SimpleNamespace(k_scale=None, v_scale=None, layer_id=0)), qkv
+
+
+def test_the_dense_sites_store_only_where_sglang_would_fuse_a_plain_row_store(fake_sglang_utils):
+    """_dense_store_path: SGLang's own fused-store decision first, then the pool (a subclass of the MHA pool, a
+    non-NHD layout, another stored dtype) and the layer (scales, cross attention) decline; _dense_canonical runs
+    the GEMM once and hands the pool layer's rows and the batch's slots to the kernel."""
+    from astra_sglang.kernels.qknorm_rope_store.adapter import _dense_canonical, _dense_store_path
+
+    pool, state = fake_sglang_utils
+    attn, qkv = _dense_attn()
+    fb = types.SimpleNamespace(out_cache_loc=torch.tensor([5, 0, 7]))
+    assert _dense_store_path(attn, fb) is None
+    state["fused"] = False
+    assert "no fused KV store" in _dense_store_path(attn, fb)
+    state["fused"] = True
+    pool.kv_cache_layout = "hnd"
+    assert "NHD" in _dense_store_path(attn, fb)
+    del pool.kv_cache_layout
+    attn.attn.k_scale = 0.5
+    assert "scaled" in _dense_store_path(attn, fb)
+    attn.attn.k_scale = None
+    c = _dense_canonical(attn, torch.arange(3), torch.empty(3, 8), fb)
+    assert c["site"] == "dense" and c["qkv"] is qkv and c["sizes"] == [HQ * D, HK * D, HK * D]
+    assert c["q"].shape == (3, HQ, D) and c["k"].shape == (3, HK, D) and c["q"].data_ptr() == qkv.data_ptr()
+    assert c["k_cache"].shape == (SLOTS, HK * D) and c["k_cache"].data_ptr() == pool.k.data_ptr()
+    assert c["out_loc"] is fb.out_cache_loc and c["is_neox"] is True

@@ -6,21 +6,18 @@ Outside a server the rope's construction reads the runtime config; it is supplie
 (patch/layers.py server_defaults)."""
 from types import MethodType, SimpleNamespace
 
-from astra_sglang.patch.layers import construct, kv_pool_context, server_defaults, storing_attention
+from astra_sglang.patch.layers import kv_pool_context, rotary_embedding, server_defaults, storing_attention
 
 
 def _call_forward(inp, dims, scalars):
     """LlamaAttention.forward on the stand-in -> (q, k) as the attention received them."""
     import torch
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
     from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.llama import LlamaAttention
 
     t, hq, hk, d, qs, ks, vs = dims
     neox = bool(int(scalars.get("is_neox", 1)))
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(cache.device)
-    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    rope = rotary_embedding(inp["cos_sin_cache"], d, d, neox)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
     radix, seen = storing_attention(inp, hk, d)
     attn = SimpleNamespace(head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d,

@@ -102,6 +102,28 @@ def _dense_store_path(attn, fb) -> Any:
     return None
 
 
+def _dense_canonical(attn, positions, hs, fb) -> Dict[str, Any]:
+    """A dense attention forward's own work up to the fused kernel: the qkv GEMM and the split; -> the canonical
+    tensors of a rope + KV store (the pool layer's caches and slots as SGLang's fused path takes them) and what
+    `_attend_without_store` needs. Called once every reason to decline is behind."""
+    from sglang.srt.models import utils as mutils
+
+    d, hq, hk = attn.head_dim, attn.num_heads, attn.num_kv_heads
+    qkv, _ = attn.qkv_proj(hs)
+    t = qkv.shape[0]
+    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    arg = mutils.create_fused_set_kv_buffer_arg(value=v, layer=attn.attn, forward_batch=fb)
+    rope = attn.rotary_emb
+    return {
+        "q": q.view(t, hq, d), "k": k.view(t, hk, d), "v": v, "k_cache": arg.k_buffer, "v_cache": arg.v_buffer,
+        "cos_sin_cache": rope.cos_sin_cache, "positions": positions, "out_loc": arg.cache_loc,
+        "is_neox": rope.is_neox_style,
+        # for returns: the rest of the method (attention without its own store, o_proj)
+        "site": "dense", "layer": attn, "forward_batch": fb, "qkv": qkv,
+        "sizes": [attn.q_size, attn.kv_size, attn.kv_size],
+    }
+
+
 def _expand_dense(a: Dict[str, Any]):
     """Qwen3Attention.forward(self, positions, hidden_states, forward_batch) -> canonical arguments, or why SGLang
     keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves what the
@@ -119,24 +141,11 @@ def _expand_dense(a: Dict[str, Any]):
         pass
     if getattr(attn, "use_fused_qk_norm_mrope", False) or getattr(attn, "use_fused_qk_norm_rope", False):
         return "SGLang's own fused q/k norm + rope + KV store path (aiter) is enabled"
-    d, hq, hk = attn.head_dim, attn.num_heads, attn.num_kv_heads
-    why = _dense_store_path(attn, fb) or _qknorm_path(attn, d, hs.dtype) or _rope_path(attn.rotary_emb)
+    why = _dense_store_path(attn, fb) or _qknorm_path(attn, attn.head_dim, hs.dtype) or _rope_path(attn.rotary_emb)
     if why:
         return why
-    qkv, _ = attn.qkv_proj(hs)
-    t = qkv.shape[0]
-    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-    arg = mutils.create_fused_set_kv_buffer_arg(value=v, layer=attn.attn, forward_batch=fb)
-    rope = attn.rotary_emb
-    return {
-        "q": q.view(t, hq, d), "k": k.view(t, hk, d), "v": v, "k_cache": arg.k_buffer, "v_cache": arg.v_buffer,
-        "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight, "cos_sin_cache": rope.cos_sin_cache,
-        "positions": positions, "out_loc": arg.cache_loc, "is_neox": rope.is_neox_style,
-        "eps": float(attn.q_norm.variance_epsilon),
-        # for returns: the rest of the method (attention without its own store, o_proj)
-        "site": "dense", "layer": attn, "forward_batch": fb, "qkv": qkv,
-        "sizes": [attn.q_size, attn.kv_size, attn.kv_size],
-    }
+    return {**_dense_canonical(attn, positions, hs, fb), "q_weight": attn.q_norm.weight,
+            "k_weight": attn.k_norm.weight, "eps": float(attn.q_norm.variance_epsilon)}
 
 
 def _expand_either(a: Dict[str, Any]):

@@ -1,6 +1,6 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda (no fused KV store) on views
 of a qkv-shaped buffer, as every Llama/Qwen attention calls it."""
-from astra_sglang.patch.layers import construct, server_defaults, write_back
+from astra_sglang.patch.layers import rotary_embedding, server_defaults, write_back
 
 
 def run_layer(inp, dims, scalars):
@@ -11,14 +11,10 @@ def run_layer(inp, dims, scalars):
 
 def _run(inp, dims, scalars):
     import torch
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     t, hq, hk, d, r, qs, ks = dims
     neox = bool(int(scalars.get("is_neox", 1)))
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, d, r, cache.shape[0], 1_000_000, neox, torch.float32)
-    rope = rope.to(cache.device)
-    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    rope = rotary_embedding(inp["cos_sin_cache"], d, r, neox)
     q_buf, k_buf = inp["q"], inp["k"]
     q, k = q_buf[:, : hq * d], k_buf[:, : hk * d]
     with torch.no_grad():

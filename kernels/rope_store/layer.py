@@ -1,6 +1,6 @@
 """The SGLang layer `validate` drives for this op: RotaryEmbedding.forward_cuda with a fused_set_kv_buffer_arg, as
 Qwen3-MoE attention calls it on a bf16 KV cache (views of a qkv buffer, the pool layer's caches)."""
-from astra_sglang.patch.layers import construct, server_defaults, write_back
+from astra_sglang.patch.layers import rotary_embedding, server_defaults, write_back
 
 
 def run_layer(inp, dims, scalars):
@@ -12,13 +12,10 @@ def run_layer(inp, dims, scalars):
 def _run(inp, dims, scalars):
     import torch
     from sglang.kernels.ops.attention.rope import FusedSetKVBufferArg
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     t, hq, hk, d, qs, ks, vs = dims
     neox = bool(int(scalars.get("is_neox", 1)))
-    cache = inp["cos_sin_cache"]
-    rope = construct(RotaryEmbedding, d, d, cache.shape[0], 1_000_000, neox, torch.float32).to(cache.device)
-    rope.cos_sin_cache = cache  # the op's cache, so both sides rotate by the same angles
+    rope = rotary_embedding(inp["cos_sin_cache"], d, d, neox)
     q_buf, k_buf = inp["q"], inp["k"]
     q, k, v = q_buf[:, : hq * d], k_buf[:, : hk * d], inp["v"][:, : hk * d]
     arg = FusedSetKVBufferArg(value=v, k_buffer=inp["k_cache"], v_buffer=inp["v_cache"], cache_loc=inp["out_loc"])
