@@ -151,7 +151,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T, int W, int K, bool CL>
 __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) gemma_fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual,
                                                                  const T* __restrict__ weight, uint32_t tokens,
-                                                                 uint32_t nv, uint32_t slice, float inv_d,
+                                                                 uint32_t nv, uint32_t slice, float fd,
                                                                  float eps, int prefetch) {
   __shared__ float red[32];
   __shared__ float red_cl;
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) gemma_fused_add_rmsnor
     for (int k = 0; k < K; ++k)
       if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
   }
-  const float rcp = rsqrtf(ss * inv_d + eps);
+  const float rcp = rsqrtf(ss / fd + eps);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) gemma_fused_add_rmsnor
 template <typename T, int W>
 __global__ void __launch_bounds__(1024) gemma_fused_add_rmsnorm_smem_kernel(T* __restrict__ input, T* __restrict__ residual,
                                                                       const T* __restrict__ weight, uint32_t nv,
-                                                                      float inv_d, float eps) {
+                                                                      float fd, float eps) {
   extern __shared__ float xs[];
   __shared__ float red[32];
   const size_t roff = size_t(blockIdx.x) * nv * W;
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(1024) gemma_fused_add_rmsnorm_smem_kernel(T* _
   __syncthreads();
   ss = 0.f;
   for (uint32_t i = 0; i < (blockDim.x >> 5); ++i) ss += red[i];
-  const float rcp = rsqrtf(ss * inv_d + eps);
+  const float rcp = rsqrtf(ss / fd + eps);
   for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
     const Vec<T, W> w = ldg<T, W>(weight + size_t(v) * W);
     Vec<T, W> o;
@@ -379,7 +379,7 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
 inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
 
 template <typename T, int W>
-cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv, float inv_d, float eps, bool pdl,
+cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv, float fd, float eps, bool pdl,
                         cudaStream_t stream) {
   const size_t smem = size_t(nv) * W * sizeof(float);
   int dev = 0, optin = 0;
@@ -403,17 +403,17 @@ cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, gemma_fused_add_rmsnorm_smem_kernel<T, W>, in, res, w, nv, inv_d, eps);
+  return cudaLaunchKernelEx(&cfg, gemma_fused_add_rmsnorm_smem_kernel<T, W>, in, res, w, nv, fd, eps);
 }
 
 template <typename T, int W, bool CL>
 cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* in, T* res,
-                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float inv_d, float eps,
+                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float fd, float eps,
                      int prefetch) {
   switch (k) {
-    case 1: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
-    case 2: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
-    case 4: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 1: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
+    case 2: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
+    case 4: return launch(gemma_fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -451,7 +451,8 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
   const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
-  const float inv_d = 1.0f / float(d);  // mean of squares as sum * (1/d)
+  const float fd = float(d);  // mean of squares = sum / d, divided as FlashInfer does: sum * (1/d) rounds
+  // differently where 1/d is inexact (d not a power of two) and flips bf16 outputs (Gemma-2 greedy tokens diverged)
 
   // Cluster split for few tokens with wide rows (sm_90+).
   uint32_t cl = 1;
@@ -467,16 +468,16 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
     int K;
     if (!pick_rk(slice, R, K)) return cudaErrorInvalidValue;
     return launch_k<T, W, true>(K, dim3(tokens * cl), dim3(R, 1), cl, stream, pdl, in, res, w, tokens, nv, slice,
-                                inv_d, eps, prefetch);
+                                fd, eps, prefetch);
   }
   uint32_t R;
   int K;
-  if (!pick_rk(nv, R, K)) return launch_smem<T, W>(in, res, w, tokens, nv, inv_d, eps, pdl, stream);
+  if (!pick_rk(nv, R, K)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
   // Rows per CTA: up to 256 threads per CTA, but keep at least one CTA per SM while tokens allow.
   uint32_t rows = 1;
   while (R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
   const uint32_t blocks = (tokens + rows - 1) / rows;
-  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, in, res, w, tokens, nv, nv, inv_d,
+  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, in, res, w, tokens, nv, nv, fd,
                                eps, prefetch);
 }
 

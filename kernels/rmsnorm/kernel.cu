@@ -137,7 +137,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T, int W, int K, bool CL>
 __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) rmsnorm_kernel(T* out, const T* input,
                                                                        const T* __restrict__ weight, uint32_t tokens,
-                                                                       uint32_t nv, uint32_t slice, float inv_d,
+                                                                       uint32_t nv, uint32_t slice, float fd,
                                                                        float eps, int prefetch) {
   __shared__ float red[32];
   __shared__ float red_cl;
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) rmsnorm_kernel(T* out,
     for (int k = 0; k < K; ++k)
       if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
   }
-  const float rcp = rsqrtf(ss * inv_d + eps);
+  const float rcp = rsqrtf(ss / fd + eps);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) rmsnorm_kernel(T* out,
 // Each thread reads and writes the same vectors in both passes, so out may alias input.
 template <typename T, int W>
 __global__ void __launch_bounds__(1024) rmsnorm_2pass_kernel(T* out, const T* input, const T* __restrict__ weight,
-                                                             uint32_t nv, float inv_d, float eps) {
+                                                             uint32_t nv, float fd, float eps) {
   __shared__ float red[32];
   const size_t roff = size_t(blockIdx.x) * nv * W;
 #if ASTRA_PDL >= 1
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_2pass_kernel(T* out, const T* in
   __syncthreads();
   ss = 0.f;
   for (uint32_t i = 0; i < (blockDim.x >> 5); ++i) ss += red[i];
-  const float rcp = rsqrtf(ss * inv_d + eps);
+  const float rcp = rsqrtf(ss / fd + eps);
   for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
     const Vec<T, W> a = ld<T, W>(input + roff + size_t(v) * W);
     const Vec<T, W> w = ldg<T, W>(weight + size_t(v) * W);
@@ -347,11 +347,11 @@ inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
 
 template <typename T, int W, bool CL>
 cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* out, const T* in,
-                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float inv_d, float eps, int prefetch) {
+                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float fd, float eps, int prefetch) {
   switch (k) {
-    case 1: return launch(rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, inv_d, eps, prefetch);
-    case 2: return launch(rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, inv_d, eps, prefetch);
-    case 4: return launch(rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, inv_d, eps, prefetch);
+    case 1: return launch(rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, fd, eps, prefetch);
+    case 2: return launch(rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, fd, eps, prefetch);
+    case 4: return launch(rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, out, in, w, tokens, nv, slice, fd, eps, prefetch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -387,7 +387,8 @@ cudaError_t run_w(T* out, const T* in, const T* w, int64_t tokens64, int64_t d, 
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
   const int prefetch = (uint64_t(tokens) * uint64_t(d) * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
-  const float inv_d = 1.0f / float(d);
+  const float fd = float(d);  // mean of squares = sum / d, divided as FlashInfer does: sum * (1/d) rounds
+  // differently where 1/d is inexact (d not a power of two) and flips bf16 outputs (Gemma-2 greedy tokens diverged)
 
   if (nv > kMaxVecPerCta) {  // rows too wide for one CTA's registers
     uint32_t cl = 1;
@@ -400,9 +401,9 @@ cudaError_t run_w(T* out, const T* in, const T* w, int64_t tokens64, int64_t d, 
       int K;
       if (!pick_rk(slice, R, K)) return cudaErrorInvalidValue;
       return launch_k<T, W, true>(K, dim3(tokens * cl), dim3(R, 1), cl, stream, pdl, out, in, w, tokens, nv, slice,
-                                  inv_d, eps, prefetch);
+                                  fd, eps, prefetch);
     }
-    return launch(rmsnorm_2pass_kernel<T, W>, dim3(tokens), dim3(1024), 1, stream, pdl, out, in, w, nv, inv_d, eps);
+    return launch(rmsnorm_2pass_kernel<T, W>, dim3(tokens), dim3(1024), 1, stream, pdl, out, in, w, nv, fd, eps);
   }
   uint32_t R;
   int K;
@@ -411,7 +412,7 @@ cudaError_t run_w(T* out, const T* in, const T* w, int64_t tokens64, int64_t d, 
   uint32_t rows = 1;
   while (R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
   const uint32_t blocks = (tokens + rows - 1) / rows;
-  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, out, in, w, tokens, nv, nv, inv_d, eps,
+  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, out, in, w, tokens, nv, nv, fd, eps,
                                prefetch);
 }
 
