@@ -120,12 +120,20 @@ def short_name(name: str, width: int = 60) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+_GEMMA_NORMS = {"rmsnorm": "gemma_rmsnorm", "fused_add_rmsnorm": "gemma_fused_add_rmsnorm"}
+
+
 def classify(name: str, hidden_act: str = "silu",
-             rules: Optional[Sequence[Tuple[str, Sequence[str]]]] = None) -> Match:
+             rules: Optional[Sequence[Tuple[str, Sequence[str]]]] = None, gemma: bool = False) -> Match:
+    """The op a kernel name belongs to. hidden_act names the activation of SGLang's generic act_and_mul kernel;
+    gemma: the model is a Gemma, whose (1 + w) norms run FlashInfer's plain RMSNorm kernels (weight bias 1, the
+    same kernel names), so those are the gemma ops."""
     rules = registry_rules() if rules is None else rules
     is_astra = bool(ASTRA_NAMESPACE.search(name))
     for op, pats in rules:
         if any(_rx(p).search(name) for p in pats):
+            if gemma and not is_astra:
+                op = _GEMMA_NORMS.get(op, op)
             return Match(op, "op", True, is_astra)
     covered = {op for op, _ in rules} | shipped_ops()
     for r in KNOWN:
@@ -133,6 +141,8 @@ def classify(name: str, hidden_act: str = "silu",
             op = r.op
             if op == "act_and_mul":   # activation functor not in the name: the model's own
                 op = f"{hidden_act.replace('gelu_pytorch_tanh', 'gelu_tanh')}_and_mul"
+            if gemma and not is_astra:
+                op = _GEMMA_NORMS.get(op, op)
             return Match(op, r.category, op in covered, is_astra)
     return Match(f"other: {short_name(name, 40)}", "other", False, is_astra)
 
@@ -151,6 +161,8 @@ def shape_hints(cfg: dict, tokens: int, tp: int = 1) -> Dict[str, str]:
     out = {
         "fused_add_rmsnorm": f"{tokens}x{h}",
         "rmsnorm": f"{tokens}x{h}",
+        "gemma_fused_add_rmsnorm": f"{tokens}x{h}",   # Gemma's (1 + w) norms, where a Gemma model runs them
+        "gemma_rmsnorm": f"{tokens}x{h}",
         "qknorm": f"q {tokens}x{heads}x{hd}, k {tokens}x{kv}x{hd}",
         "rope": f"q {tokens}x{heads}x{hd}, k {tokens}x{kv}x{hd}",
         "rope+kv_store": f"q {tokens}x{heads}x{hd}, k/v {tokens}x{kv}x{hd}",
@@ -170,6 +182,7 @@ def shape_hints(cfg: dict, tokens: int, tp: int = 1) -> Dict[str, str]:
     else:
         out["silu_and_mul"] = f"{tokens}x{inter}"
         out["gelu_and_mul"] = f"{tokens}x{inter}"
+        out["gelu_tanh_and_mul"] = f"{tokens}x{inter}"
     return out
 
 
@@ -199,8 +212,8 @@ def lookup_dims(op: str, hint: str, cfg: Optional[dict] = None, tokens: int = 0,
     return covered_dims(op, hint)
 
 
-def classify_all(names: Sequence[str], hidden_act: str = "silu") -> Dict[str, Match]:
-    return {n: classify(n, hidden_act) for n in set(names)}
+def classify_all(names: Sequence[str], hidden_act: str = "silu", gemma: bool = False) -> Dict[str, Match]:
+    return {n: classify(n, hidden_act, gemma=gemma) for n in set(names)}
 
 
 def kernel_patterns_table() -> List[Tuple[str, str, str]]:

@@ -87,6 +87,7 @@ def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: st
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
                     shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
     hidden_act = str(cfg.get("hidden_act", "silu"))
+    gemma = str(cfg.get("model_type", "")).startswith("gemma")   # FlashInfer's norm kernels are the gemma ops
     dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
     total = exclusive_times(kernels)
     steps = max(cap.steps, 1)
@@ -94,14 +95,14 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     seen_shapes: Dict[str, set] = defaultdict(set)
     for k in shape_kernels:
         if k.shapes:
-            m = classify(k.name, hidden_act)
+            m = classify(k.name, hidden_act, gemma=gemma)
             s = _fmt_dims(k.shapes)
             if s:
                 seen_shapes[m.op].add(f"{s} ({k.torch_op})" if k.torch_op else s)
     ops: Dict[str, dict] = {}
     per_kernel: Dict[str, dict] = {}
     for k in kernels:
-        m = classify(k.name, hidden_act)
+        m = classify(k.name, hidden_act, gemma=gemma)
         o = ops.setdefault(m.op, {"op": m.op, "category": m.category, "covered": m.covered, "astra": False,
                                   "excl": 0.0, "raw": 0.0, "calls": 0, "kernels": set()})
         o["excl"] += k.excl

@@ -76,6 +76,19 @@ def test_specs_declare_kernel_symbols():
     assert at.classify("MergeStateKernel<bf16>").op == "merge_state"
 
 
+def test_a_gemma_model_s_flashinfer_norm_kernels_are_the_gemma_ops():
+    """Gemma's (1 + w) norms run FlashInfer's RMSNormKernel / FusedAddRMSNormKernel with weight bias 1: the same
+    names as the plain norms. In a Gemma model they are the gemma ops, so arm A's kernels line up with arm B's
+    astra gemma kernels in the in-graph prediction; elsewhere they stay the plain ops."""
+    rms, farn = "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)", \
+        "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)"
+    assert (at.classify(rms).op, at.classify(farn).op) == ("rmsnorm", "fused_add_rmsnorm")
+    assert (at.classify(rms, gemma=True).op, at.classify(farn, gemma=True).op) == (
+        "gemma_rmsnorm", "gemma_fused_add_rmsnorm")
+    astra = "void astra_farn::(anonymous namespace)::fused_add_rmsnorm_kernel<__nv_bfloat16, 8>(...)"
+    assert at.classify(astra, gemma=True).op == at.classify(astra).op   # astra's own kernels say which op they are
+
+
 def test_shape_hints_from_config():
     h = at.shape_hints(LLAMA, 8)
     assert h["fused_add_rmsnorm"] == "8x4096" and h["silu_and_mul"] == "8x14336"
@@ -84,6 +97,9 @@ def test_shape_hints_from_config():
     assert at.shape_hints(moe, 4)["silu_and_mul"] == "32x768"
     assert at.covered_dims("silu_and_mul", "32x768") == (32, 768)
     assert at.covered_dims("rope", "q 1x32x128, k 1x8x128") is None
+    gemma = json.loads((HERE.parent / "e2e" / "configs" / "gemma2-9b" / "config.json").read_text())
+    g = at.shape_hints(gemma, 1)   # the Gemma family's ops get shapes too (their bench rows are tokens x width)
+    assert (g["gemma_rmsnorm"], g["gemma_fused_add_rmsnorm"], g["gelu_tanh_and_mul"]) == ("1x3584", "1x3584", "1x14336")
 
 
 def test_lookup_dims_come_from_the_ops_spec_where_no_hint_spells_them():
