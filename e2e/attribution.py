@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # astra's shipped kernels live in namespaces astra_<short>:: (kernels/<op>/kernel.cu)
-ASTRA_NAMESPACE = re.compile(r"\bastra_[a-z]+::")
+ASTRA_NAMESPACE = re.compile(r"\bastra_[a-z0-9_]+::")  # astra_farn::, astra_gelu_tanh::, astra_kv_k::
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ KNOWN: Tuple[Rule, ...] = (
     # the combine: sgl_kernel moe_sum_reduce above 32 tokens, a torch.compile'd weighted sum below
     # (SGLang 0.5.17 on the H200: triton_per_fused_copy__mul_sum_0)
     Rule("moe_combine", "op", r"moe_?sum|moefinalize|fused_sum|sum_reduce|triton_(per|red)_fused\w*mul_sum"),
+    Rule("gelu_tanh_and_mul", "op", r"gelu_?tanh.*and_?mul|act_and_mul.*gelu_?tanh"),
     Rule("gelu_and_mul", "op", r"gelu.*and_?mul|act_and_mul.*gelu"),
     Rule("silu_and_mul", "op", r"silu.*and_?mul|act_and_mul.*silu|swiglu"),
     Rule("act_and_mul", "op", r"act_and_mul"),

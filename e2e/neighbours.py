@@ -33,8 +33,10 @@ from .trace import KernelEvent, load_trace
 Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
 
 
-def pairs(kernels: Sequence[KernelEvent]) -> Dict[Tuple[str, str], List[Pair]]:
-    """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream."""
+def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu",
+          gemma: bool = False) -> Dict[Tuple[str, str], List[Pair]]:
+    """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream; kernel
+    names classified as for the model (attribution.classify: its activation, Gemma's norms)."""
     by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
     for k in kernels:
         if k.kind == "kernel":
@@ -43,15 +45,16 @@ def pairs(kernels: Sequence[KernelEvent]) -> Dict[Tuple[str, str], List[Pair]]:
     for ks in by_stream.values():
         ks.sort(key=lambda k: k.ts)
         for p, n in zip(ks, ks[1:]):
-            m = classify(p.name)
+            m = classify(p.name, hidden_act, gemma=gemma)
             if m.covered:
-                out[(m.op, classify(n.name).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
+                out[(m.op, classify(n.name, hidden_act, gemma=gemma).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
     return out
 
 
-def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int) -> List[dict]:
+def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
+                     gemma: bool = False) -> List[dict]:
     """One row per (op, next op) seen in both arms, largest |Δ span per step| first."""
-    pa, pb = pairs(a), pairs(b)
+    pa, pb = pairs(a, hidden_act, gemma), pairs(b, hidden_act, gemma)
     rows = []
     for key in sorted(set(pa) & set(pb)):
         xa, xb = pa[key], pb[key]
@@ -87,10 +90,19 @@ def decode_captures(pdir: Path) -> Dict[Tuple[str, int], dict]:
             if c.get("stage") == "decode"}
 
 
+def model_kind(pdir: Path) -> Tuple[str, bool]:
+    """(hidden_act, is a Gemma) of the model in PDIR/profile-meta.json's config, as the profile classifies."""
+    from .profile import META
+
+    cfg = json.loads((pdir / META).read_text()).get("config") or {}
+    return str(cfg.get("hidden_act", "silu")), str(cfg.get("model_type", "")).startswith("gemma")
+
+
 def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
     """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows."""
     pdir = Path(pdir)
     caps = decode_captures(pdir)
+    act, gemma = model_kind(pdir)
     out = []
     for (arm, bs), c in sorted(caps.items()):
         b0 = caps.get((base, bs))
@@ -99,7 +111,7 @@ def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
         if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
             continue
         rows = consumer_effects(load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels,
-                                int(c.get("steps", 1)))
+                                int(c.get("steps", 1)), act, gemma)
         out.append({"base": base, "arm": arm, "batch_size": bs, "rows": rows})
     return out
 

@@ -33,6 +33,11 @@ def test_pairs_follow_each_stream():
     assert p[("fused_add_rmsnorm", "gemm")] == [(3.0, 70.0, 73.0), (3.0, 70.0, 73.0)]
 
 
+def test_pairs_name_a_gemma_model_s_flashinfer_norm_the_gemma_op():
+    p = pairs(step(NORM_A, 3.0, 70.0, steps=1), gemma=True)
+    assert list(p) == [("gemma_fused_add_rmsnorm", "gemm")]
+
+
 def test_a_faster_op_that_slows_its_consumer_is_a_loss():
     rows = consumer_effects(step(NORM_A, 3.0, 70.0), step(NORM_B, 2.5, 75.0), steps=3)
     r = rows[0]
@@ -41,16 +46,16 @@ def test_a_faster_op_that_slows_its_consumer_is_a_loss():
     assert r["span_delta_step_us"] == pytest.approx(4.5)
 
 
-def _capture_dir(tmp_path):
+def _capture_dir(tmp_path, config=None, norm_b=NORM_B):
     caps = []
-    for arm, norm, g in (("A", NORM_A, 70.0), ("B", NORM_B, 75.0), ("A-TP1", NORM_A, 70.0)):
+    for arm, norm, g in (("A", NORM_A, 70.0), ("B", norm_b, 75.0), ("A-TP1", NORM_A, 70.0)):
         ev = [{"ph": "X", "cat": "kernel", "name": k.name, "ts": k.ts, "dur": k.dur, "pid": 0, "tid": 7,
                "args": {"stream": 7, "device": 0}} for k in step(norm, 3.0 if arm != "B" else 2.5, g)]
         fn = f"{arm}-bs1-decode.trace.json.gz"
         with gzip.open(tmp_path / fn, "wt") as f:
             json.dump({"traceEvents": ev}, f)
         caps.append({"stage": "decode", "batch_size": 1, "tokens": 1, "steps": 3, "trace": fn, "arm": arm})
-    (tmp_path / "profile-meta.json").write_text(json.dumps({"captures": caps}))
+    (tmp_path / "profile-meta.json").write_text(json.dumps({"captures": caps, "config": config or {}}))
     return tmp_path
 
 
@@ -58,6 +63,11 @@ def test_compare_dir_pairs_each_arm_with_the_base_and_skips_other_ranks(tmp_path
     res = compare_dir(_capture_dir(tmp_path))
     assert [(r["arm"], r["batch_size"]) for r in res] == [("B", 1)]
     assert res[0]["rows"][0]["span_delta_step_us"] == pytest.approx(4.5)
+    # a Gemma: SGLang's FlashInfer norm in A is the gemma op astra's gemma kernel replaces in B (the capture's
+    # config says so)
+    gemma = compare_dir(_capture_dir(tmp_path, {"model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh"},
+                                     "void astra_gfarn::(anonymous namespace)::gemma_fused_add_rmsnorm_kernel<1>(...)"))
+    assert gemma[0]["rows"][0]["op"] == "gemma_fused_add_rmsnorm"
 
 
 def test_cli_table_and_errors(tmp_path):

@@ -66,6 +66,16 @@ def test_unknown_kernel_is_other_with_its_short_name():
     assert m.category == "other" and m.op == "other: mystery::frob_kernel"
 
 
+def test_astra_kernels_with_underscores_in_their_namespace_are_astra_s():
+    """astra_gelu_tanh:: (and astra_kv_k::, astra_rope_k::) were read as SGLang's kernels, and gelu_tanh's as
+    gelu's: a Gemma profile credited neither to astra."""
+    m = at.classify("void astra_gelu_tanh::(anonymous namespace)::gelu_tanh_and_mul_kernel<__nv_bfloat16, 8>(...)")
+    assert (m.op, m.astra) == ("gelu_tanh_and_mul", True)
+    assert at.classify("void astra_kv_k::(anonymous namespace)::kv_store_kernel<2048>(...)").astra
+    assert at.classify("void astra_gelu::(anonymous namespace)::gelu_and_mul_kernel<__nv_bfloat16, 8>(...)").op == \
+        "gelu_and_mul"
+
+
 def test_generic_act_and_mul_follows_the_models_activation():
     assert at.classify("act_and_mul_kernel<bf16>", hidden_act="gelu_pytorch_tanh", rules=()).op == "gelu_tanh_and_mul"
 
