@@ -284,6 +284,30 @@ def test_format_check_prints_results_with_in_graph_and_stream_rows():
     assert format_check(only).startswith("PASS rmsnorm") and only.worst() == []
 
 
+def test_check_reports_how_much_of_the_candidate_is_bit_identical_to_production():
+    """Within tolerance is not identical: check counts, per output, the elements equal to production's bit for
+    bit (NaN matching NaN) and prints the least identical output (Gemma-2's norms passed every check yet flipped
+    greedy tokens through last-bit differences)."""
+    import torch
+
+    from astra_sglang.harness.oracle import identical_fraction
+    from astra_sglang.harness.results import CheckResult, format_check
+
+    p = torch.tensor([1.0, 2.0, float("nan"), 4.0], dtype=torch.bfloat16)
+    assert identical_fraction(p.clone(), p) == 1.0
+    c = p.clone()
+    c[3] = 4.03125  # the next bf16 after 4.0: one element, one last bit
+    assert identical_fraction(c, p) == 0.75
+    assert identical_fraction(c.float(), p) is None and identical_fraction(c[:2], p) is None
+    rows = [{"shape": "1x3584", "dtype": "bf16", "dist": "normal", "run": 0, "tensor": t, "cand_err": 0.001,
+             "prod_err": 0.004, "tol": 0.016, "ok": True, "identical": f} for t, f in (("out", 0.9921875),
+                                                                                       ("residual", 1.0))]
+    text = format_check(CheckResult(ok=True, reason="", details=rows, op="gemma_fused_add_rmsnorm"))
+    assert "bit-identical to production: 1 of 2 output comparisons; the least out bf16 1x3584: 99.22%" in text
+    assert "bit-identical to production: 1 of 1 output comparisons\n" in format_check(
+        CheckResult(ok=True, reason="", details=rows[1:], op="gemma_fused_add_rmsnorm")) + "\n"
+
+
 def test_timed_graph_recheck_judges_repeated_in_place_outputs_normwise():
     """After k calls on one set an in-place output took its own rounding walk: a near-zero element may be
     off by a few ulps of the row's scale (elementwise error ~1) while the result is right; a wrong

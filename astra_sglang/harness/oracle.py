@@ -134,6 +134,21 @@ def references(spec: OpSpec, inputs: Dict[str, Any], dims, scalars: Dict[str, An
     return outs[0], outs[-1]
 
 
+def identical_fraction(cand: Any, prod: Any) -> Optional[float]:
+    """The share of the candidate's elements equal to production's, bit for bit (NaN matching NaN), or None where
+    the two are not comparable element by element. Within tolerance is not identical: a last-bit difference can
+    still flip a greedy token downstream (Gemma-2's norms, 2026-11-26)."""
+    import torch
+
+    if not (isinstance(cand, torch.Tensor) and isinstance(prod, torch.Tensor)) or cand.shape != prod.shape \
+            or cand.dtype != prod.dtype or cand.numel() == 0:
+        return None
+    same = cand == prod
+    if cand.is_floating_point():
+        same |= cand.isnan() & prod.isnan()
+    return float(same.float().mean())
+
+
 def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int, outs: Dict[str, Dict[str, Any]],
           ref: Dict[str, Any], ref_p: Dict[str, Any], baseline_only: bool = False,
           again: str = "") -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
@@ -176,6 +191,8 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"], "tol": tol, "ok": ok,
             "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"],
             "nan": rc_["nan"], "ref_nonfinite": int(rp["ref_nonfinite"]),
+            "identical": None if baseline_only else identical_fraction(outs["candidate"][name],
+                                                                       outs["production"][name]),
         })
     if failures:
         for d in details:

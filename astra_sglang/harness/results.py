@@ -384,6 +384,14 @@ def format_check(result: Any, verbose: bool = False) -> str:
     for f in result.static:
         if f.get("severity") == "warning":
             lines.append(f"  warning: {Path(f['file']).name}:{f['line']}: {f['rule']}: {f['reason']}")
+    same = [d for d in result.details if d.get("identical") is not None]
+    if same:
+        least = min(same, key=lambda d: d["identical"])
+        whole = sum(d["identical"] == 1.0 for d in same)
+        lines.append(f"  bit-identical to production: {whole} of {len(same)} output comparisons"
+                     + ("" if whole == len(same) else
+                        f"; the least {least['tensor']} {least['dtype']} {least['shape']}: "
+                        f"{100 * least['identical']:.2f}% of its elements"))
     worst = result.worst()
     if worst:
         lines.append("  worst error / tolerance per output and dtype:")
