@@ -50,28 +50,12 @@ def test_corpus_is_llama_3_and_every_shape_fits_the_store():
 
 
 def test_harness_runs_every_edge_shape_on_cpu(monkeypatch):
-    from astra_sglang.harness.guards import GuardedSet
-    from astra_sglang.harness.oracle import run_case
+    from reference_harness import run_edge_cases_on_cpu
 
     rs = op_part("rope_store", "spec")
     monkeypatch.setattr(rs, "MAX_POSITION", 64)  # CPU-sized cos/sin cache and KV pool (make_inputs is rope_store's)
     monkeypatch.setattr(rs, "cache_slots", lambda t: max(32, 2 * t))
-    spec = get_op(OP)
-
-    def impl(tensors, dims, dtype, scalars, stream=None):
-        ins = {a.name: tensors[a.name] for a in spec.abi if a.ctype == "ptr"}
-        for n, r in spec.reference({n: x.double() for n, x in ins.items()}, dims, scalars).items():
-            tensors[n].copy_(r.to(tensors[n].dtype))
-        return 0
-
-    for shape in list(spec.edge_shapes) + [spec.corpus[0]]:
-        for dt in spec.dtypes:
-            protos = spec.make_inputs(shape.dims, dt, torch.Generator().manual_seed(1), "normal", device="cpu")
-            bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
-            for run, dist in enumerate(spec.distributions):
-                details, failures, _ = run_case(spec, impl, impl, bc, bp, shape.dims, dt, dist, 7, "cpu",
-                                                run_index=run)
-                assert not failures, failures
+    run_edge_cases_on_cpu(get_op(OP))
 
 
 def test_shipped_kernel_passes_the_static_checks_and_declares_the_abi():

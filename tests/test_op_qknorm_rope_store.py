@@ -148,39 +148,14 @@ def test_rope_after_the_norm_keeps_each_head_s_norm():
         assert torch.allclose(out.norm(dim=-1), normed.norm(dim=-1), rtol=1e-6)  # fp32 cos^2 + sin^2
 
 
-def _standin():
-    spec = get_op(OP)
-
-    def impl(tensors, dims, dtype, scalars, stream=None):
-        ins = {a.name: tensors[a.name] for a in spec.abi if a.ctype == "ptr"}
-        ref = spec.reference({n: x.double() for n, x in ins.items()}, dims, scalars)
-        for n, r in ref.items():
-            tensors[n].copy_(r.to(tensors[n].dtype))
-        return 0
-
-    return impl
-
-
 def test_harness_runs_every_edge_shape_and_distribution_on_cpu(monkeypatch):
     """make_inputs, the guard regions, in-place roles, scalars and the tolerance rule fit together."""
-    from astra_sglang.harness.guards import GuardedSet
-    from astra_sglang.harness.oracle import run_case
+    from reference_harness import run_edge_cases_on_cpu
 
     mod = op_part(OP, "spec")
     monkeypatch.setattr(mod, "MAX_POSITION", 64)  # CPU-sized cos/sin cache and KV pool
     monkeypatch.setattr(mod, "cache_slots", lambda t: max(32, 2 * t))
-    spec = get_op(OP)
-    impl = _standin()
-    for shape in list(spec.edge_shapes) + [spec.corpus[0]]:
-        for dt in spec.dtypes:
-            protos = spec.make_inputs(shape.dims, dt, torch.Generator().manual_seed(1), spec.distributions[0],
-                                      device="cpu")
-            bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
-            for run, dist in enumerate(spec.distributions):
-                details, failures, _ = run_case(spec, impl, impl, bc, bp, shape.dims, dt, dist, 7, "cpu",
-                                                run_index=run)
-                assert not failures, failures
-                assert details and all(d["ok"] for d in details)
+    run_edge_cases_on_cpu(get_op(OP))
 
 
 # ------------------------------------------------------------------------------------------ corpus

@@ -167,25 +167,10 @@ def test_rope_store_reference_is_rope_plus_the_store():
     assert torch.equal(ref["v_cache"][others], d64["v_cache"][others])
 
 
-def _standin(op):
-    """An ABI implementation from the spec's own reference: lets the harness run on CPU."""
-    spec = get_op(op)
-
-    def impl(tensors, dims, dtype, scalars):
-        ins = {a.name: tensors[a.name] for a in spec.abi if a.ctype == "ptr"}
-        ref = spec.reference({n: v.double() for n, v in ins.items()}, dims, scalars)
-        for n, r in ref.items():
-            tensors[n].copy_(r.to(tensors[n].dtype))
-        return 0
-
-    return impl
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_harness_runs_every_edge_shape_and_distribution_on_cpu(op, monkeypatch):
     """make_inputs, the guard regions, in-place roles, scalars and the tolerance rule fit together."""
-    from astra_sglang.harness.guards import GuardedSet
-    from astra_sglang.harness.oracle import run_case
+    from reference_harness import run_edge_cases_on_cpu
 
     # CPU-sized tables: a short cos/sin cache and KV pool (the GPU runs use the spec's)
     mod = op_part(op, "spec")
@@ -193,26 +178,7 @@ def test_harness_runs_every_edge_shape_and_distribution_on_cpu(op, monkeypatch):
         monkeypatch.setattr(mod, "MAX_POSITION", 64)
     if hasattr(mod, "cache_slots"):
         monkeypatch.setattr(mod, "cache_slots", lambda t: max(32, 2 * t))
-
-    class Impl:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __call__(self, tensors, dims, dtype, scalars, stream=None):
-            return self.fn(tensors, dims, dtype, scalars)
-
-    spec = get_op(op)
-    impl = Impl(_standin(op))
-    for shape in list(spec.edge_shapes) + [spec.corpus[0]]:
-        for dt in spec.dtypes:
-            protos = spec.make_inputs(shape.dims, dt, torch.Generator().manual_seed(1), spec.distributions[0],
-                                      device="cpu")
-            bc, bp = GuardedSet(spec, protos, "cpu", 1024), GuardedSet(spec, protos, "cpu", 1024)
-            for run, dist in enumerate(spec.distributions):
-                details, failures, _ = run_case(spec, impl, impl, bc, bp, shape.dims, dt, dist, 7, "cpu",
-                                                run_index=run)
-                assert not failures, failures
-                assert details and all(d["ok"] for d in details)
+    run_edge_cases_on_cpu(get_op(op))
 
 
 @pytest.mark.parametrize("op", OPS)
