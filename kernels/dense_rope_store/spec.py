@@ -17,7 +17,7 @@ from astra_sglang.families import qkv
 from astra_sglang.kernels.kv_store import spec as _kv_store_spec
 from astra_sglang.kernels.rope import spec as _rope_spec
 from astra_sglang.kernels.rope_store import spec as _rope_store_spec
-from astra_sglang.spec import DTYPE_BYTES, SourceFile, Variant
+from astra_sglang.spec import SourceFile, Variant
 
 HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 
@@ -32,11 +32,7 @@ model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from
 
 
 def _supports(dims, dtype: str) -> Optional[str]:
-    why = _rope_store_spec._supports(dims, dtype)
-    row = dims[2] * dims[3] * DTYPE_BYTES[dtype]
-    if why is None and row not in _kv_store_spec.ROW_BYTES:
-        why = f"KV rows of {row} bytes (the store's launcher instantiates {_kv_store_spec.ROW_BYTES})"
-    return why
+    return _rope_store_spec._supports(dims, dtype) or _kv_store_spec.store_row_problem(dims[2], dims[3], dtype)
 
 
 # The launcher relies in each header on what its sibling launchers rely on: rope's and kv_store's facts.

@@ -93,6 +93,13 @@ def _supports(dims, dtype: str) -> Optional[str]:
     return None
 
 
+def store_row_problem(kv_heads: int, head_dim: int, dtype: str) -> Optional[str]:
+    """Why this launcher's store cannot take KV rows of kv_heads * head_dim elements, or None: for the fused ops whose
+    production ends with this store (qknorm_rope_store's jit_dense, dense_rope_store)."""
+    row = kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return None if row in ROW_BYTES else f"KV rows of {row} bytes (the store's launcher instantiates {ROW_BYTES})"
+
+
 _KV = "csrc/elementwise/kvcache.cuh"
 DIM_NAMES = ("num_tokens", "k_row", "v_row", "k_stride", "v_stride")
 

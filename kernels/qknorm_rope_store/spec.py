@@ -116,11 +116,7 @@ def _supports(dims, dtype: str) -> Optional[str]:
 
 
 def _supports_dense(dims, dtype: str) -> Optional[str]:
-    why = _supports(dims, dtype)
-    row = dims[2] * dims[3] * DTYPE_BYTES[dtype]
-    if why is None and row not in _kv_store_spec.ROW_BYTES:
-        why = f"KV rows of {row} bytes (the store's launcher instantiates {_kv_store_spec.ROW_BYTES})"
-    return why
+    return _supports(dims, dtype) or _kv_store_spec.store_row_problem(dims[2], dims[3], dtype)
 
 
 _NEOX = qkv.neox_scalars(_GPTJ)
