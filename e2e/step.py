@@ -245,8 +245,8 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                 p["in_context_saved_us"] = sum(r["us_per_step"] - theirs.get(r["op"], r["us_per_step"])
                                                for r in c["ops"] if r["covered"] and r["op"] in theirs)
                 # a fused op's kernel in the arm against its members' kernels in the base
-                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]]
-                                                for f in _widest_fused(c.get("fused", ()))
+                # (only a fused op whose kernel ran in the arm: of two overlapping ones, the one the arm ran)
+                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in c.get("fused", ())
                                                 if f["op"] in theirs and not set(f["replaces"]) & set(theirs))
                 p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p

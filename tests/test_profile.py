@@ -518,6 +518,12 @@ def test_a_fused_op_with_two_call_sites_reads_the_members_that_ran_and_the_wides
     p = predicted_from_profile({"captures": [base, patched]}, "A", ["B"],
                                {"B": ["qknorm_rope", "qknorm_rope_store"]})[("B", 1)]
     assert p["saved_us"] == pytest.approx(4.0)  # 8 µs at 2x; qknorm_rope's 4 µs at 1.5x is not added
+    # an arm that patched only the narrower op ran its kernel: the in-graph saving is that op's against its members
+    narrow = dict(patched, ops=[{"op": "qknorm_rope", "covered": True, "speedup": None, "saved_us": 0.0,
+                                 "us_per_step": 3.0}])
+    q = predicted_from_profile({"captures": [base, narrow]}, "A", ["B"], {"B": ["qknorm_rope"]})[("B", 1)]
+    assert q["saved_us"] == pytest.approx(4.0 * (1 - 1 / 1.5))
+    assert q["in_context_saved_us"] == pytest.approx(4.0 - 3.0)
 
 
 def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_type():
