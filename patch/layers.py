@@ -107,7 +107,7 @@ class _Callable(SimpleNamespace):
 
 def storing_attention(inp, num_kv_heads: int, head_dim: int):
     """(attn, seen): a RadixAttention stand-in for a dense attention forward's self.attn, holding the op's caches.
-    Called as attn(q, k, v, forward_batch, save_kv_cache=True) it records q, k and save_kv_cache in `seen` and, when
+    Called as attn(q, k, v, forward_batch, save_kv_cache=True) it records q and k in `seen` and, when
     asked to save the KV, stores k and v as the attention backend does first (MHATokenToKVPool.set_kv_buffer ->
     SGLang's store_cache), every slot written: the pool's skip of the padding slot 0 is left out, since the fused
     ops, like SGLang's own fused rope + store, write it. It returns q (the stand-in o_proj passes it through)."""
@@ -117,7 +117,7 @@ def storing_attention(inp, num_kv_heads: int, head_dim: int):
     seen = {}
 
     def attention(q, k, v, forward_batch, save_kv_cache=True):
-        seen.update(q=q, k=k, save=save_kv_cache)
+        seen.update(q=q, k=k)
         if save_kv_cache:
             t = q.shape[0]
             store_cache(k.reshape(t, row), v.reshape(t, row), kc, vc, forward_batch.out_cache_loc,

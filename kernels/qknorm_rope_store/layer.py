@@ -50,8 +50,7 @@ def _call_method(inp, dims, scalars):
 
 
 def _call_dense_forward(inp, dims, scalars):
-    """Qwen3Attention.forward on the stand-in -> (q, k) as the attention received them, and whether it was asked to
-    store the KV itself (False: the fused op stored it)."""
+    """Qwen3Attention.forward on the stand-in -> (q, k) as the attention received them."""
     import torch
     from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.qwen3 import Qwen3Attention
@@ -71,7 +70,7 @@ def _call_dense_forward(inp, dims, scalars):
     hidden = torch.empty((t, 8), device=qkv.device, dtype=qkv.dtype)  # what the stand-in GEMM ignores
     with torch.no_grad(), forward_context(kv_pool_context(inp, hk, d)):
         Qwen3Attention.forward(attn, inp["positions"], hidden, batch)
-    return seen["q"], seen["k"], seen["save"]
+    return seen["q"], seen["k"]
 
 
 def run_layer(inp, dims, scalars):
@@ -83,7 +82,7 @@ def run_layer(inp, dims, scalars):
                          "fp16 cache the attention stores it and this op's sequence does not run")
     if tuple(dims[1:4]) in DENSE_HEADS:
         with server_defaults():
-            q, k, _ = _call_dense_forward(inp, dims, scalars)
+            q, k = _call_dense_forward(inp, dims, scalars)
     else:
         with server_defaults():
             (q, k, v), attn = _call_method(inp, dims, scalars)
