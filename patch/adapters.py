@@ -43,6 +43,14 @@ class JitRoute:
 
 
 @dataclass(frozen=True)
+class Served:
+    """What `expand` returns for a call the op answers from its own earlier work, with no kernel: `value` is the
+    callable's result (moe_route_align: the alignment its fused kernel wrote when it routed the same ids)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
 class OpAdapter:
     op: str
     data: str  # canonical tensor whose dtype is the ABI dtype
@@ -82,6 +90,10 @@ class OpAdapter:
     # layer, hundreds of MB. The self-check then copies just those rows (a compact cache, the index
     # renumbered) instead of cloning the pool, and restores just those rows on a mismatch.
     slot_indexed: Mapping[str, str] = field(default_factory=dict)
+    # Outputs a callable or `sequence` *returns* as new tensors that the harness's installed baseline then copies
+    # into the ABI's buffers (moe_route_align: fused_topk's weights and ids): bench times just these copies as
+    # the binding's, not SGLang's. Empty: every output `outputs_of` names, else every mutated ABI tensor.
+    returned: Tuple[str, ...] = ()
 
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
@@ -283,7 +295,7 @@ class Binder:
             vals[k] = v
         if self.adapter.expand is not None:
             canon = self.adapter.expand({**self.defaults, **vals})
-            return (None, canon) if isinstance(canon, str) else (canon, vals)
+            return (None, canon) if isinstance(canon, str) else (canon, vals)  # a Served passes through
         canon: Dict[str, Any] = {}
         for p in self.params:
             if p in vals:

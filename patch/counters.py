@@ -13,6 +13,8 @@ Per op:
                 arguments, or the op disabled)
   checks_passed, checks_failed   self-checks against the original
   disabled      1 once the op was turned off (self-check mismatch, kernel error)
+  served        calls answered from the op's own earlier launch, with no kernel (moe_route_align's
+                alignment, written when it routed the same ids)
 
 Shape telemetry: beside it, <pid>.shp holds a histogram per op of the shapes (op dims in the
 spec's order, and dtype) the astra kernel was launched on: `record_shape` finds the shape's slot
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-FIELDS = ("calls", "captured", "fallbacks", "checks_passed", "checks_failed", "disabled")
+FIELDS = ("calls", "captured", "fallbacks", "checks_passed", "checks_failed", "disabled", "served")
 _MAGIC = b"ASTRCNT1"
 _HEADER = struct.Struct("<8sqqq")  # magic, pid, n_ops, n_fields
 _NAME = 48

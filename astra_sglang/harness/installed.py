@@ -53,7 +53,7 @@ class InstalledImpl:
         self.binder = Binder(self.fn, get_adapter(spec.name), spec)
         if not self.binder.ok:
             raise AstraError(f"the installed {target} does not map onto {spec.name}'s ABI: {self.binder.problem}")
-        self.returns_outputs = self.binder.adapter.outputs_of is not None
+        self.returns_outputs = self.binder.adapter.outputs_of is not None or bool(self.binder.adapter.returned)
         self._scratch: Dict[Any, Any] = {}
 
     def kwargs(self, tensors: Mapping[str, Any], scalars: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -73,7 +73,7 @@ class InstalledImpl:
 
     def binding(self, tensors) -> None:
         """The copies a call makes to land returned outputs in `tensors`, alone (same sizes, same kernels)."""
-        for n in self.binder.layout.mutated:
+        for n in self.binder.adapter.returned or self.binder.layout.mutated:
             if n in tensors:
                 t = tensors[n]
                 key = (n, tuple(t.shape), t.dtype, t.device)
