@@ -181,14 +181,17 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
               help="The patched arm serves OP with this kernel instead of kernels/OP/kernel.cu (repeatable): "
                    "a candidate's serving A/B before it ships.")
+@click.option("--base-ops", default="none", show_default=True,
+              help="--step: ops patched in arm A too (comma-separated or 'all'), so the Δ is what --ops adds on top "
+              "of them (a fused op against the ops it replaces). No profile prediction then.")
 @click.option("--tp", default=1, show_default=True, help="Tensor parallel size (GPUs 0..TP-1): servers get --tp-size; "
               "--step workers spawn one process per rank, as SGLang's one-batch benchmark does.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
-            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items, tp,
-            worker_module):
+            tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
+            base_ops, tp, worker_module):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
@@ -197,6 +200,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
     if tp < 1:
         raise AstraError("--tp must be >= 1")
+    if base_ops.strip() != "none" and not step:
+        raise AstraError("--base-ops is for --step (a server A/B's arm A is SGLang unpatched)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     candidates = {}
@@ -247,6 +252,10 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             for w in wls:
                 if w.input_len + w.output_len > max_total_tokens:
                     raise AstraError(f"{w.name}: {w.input_len}+{w.output_len} tokens exceed --max-total-tokens")
+            if cfg_path.is_file():   # both arms' servers run at once, on the same GPUs
+                from . import step_memory as sm
+
+                sm.check_servers_fit(json.loads(cfg_path.read_text()), 2, tp, max_total_tokens, sm.gpu_memory_bytes())
     if not analyze_path and not stand_in and python_exe == sys.executable:  # SGLang runs in this Python: what it lacks, first
         from astra_sglang.preconditions import require
         require("sglang", "gpu", "cuda_torch")
@@ -268,7 +277,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
                       self_check=self_check, tokenizer_path=tokenizer_path, procs=procs, procs_at_once=procs_at_once,
                       warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor,
-                      tp=tp, candidates=candidates)
+                      tp=tp, candidates=candidates, base_ops=base_ops)
         click.echo(md)
         return
     out_dir = out_dir.resolve()

@@ -1,7 +1,9 @@
-"""Will the processes of a `e2e --step` wave fit the GPU? Checked before any of them loads.
+"""Will the processes of a `e2e --step` wave, or the two servers of a serving A/B, fit the GPU? Checked
+before any of them loads.
 
 Each worker loads the whole model (dummy weights) and they sit side by side: a wave that does not
-fit dies with an out-of-memory error only after minutes of loading. The weight estimate comes from
+fit dies with an out-of-memory error only after minutes of loading (the two servers of `e2e` died in
+CUDA-graph capture: Gemma-2-9B with a 65536-token KV pool each on an 80 GB H100, 2026-11-26). The weight estimate comes from
 config.json alone (no weights are read); norms and biases are left out (well under 1%).
 """
 from __future__ import annotations
@@ -37,6 +39,38 @@ def weight_bytes(cfg: dict) -> int:
         params += layers * (attn + dense)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
     return params * DTYPE_BYTES.get(dtype, 2)
+
+
+def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
+    """Bytes a token takes in the KV pool (k and v of every layer, the model dtype), per GPU at `tp`."""
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+    per_gpu_heads = max(1, kv_heads // tp)
+    return cfg["num_hidden_layers"] * 2 * per_gpu_heads * head_dim * DTYPE_BYTES.get(dtype, 2)
+
+
+def check_servers_fit(cfg: dict, servers: int, tp: int, max_total_tokens: int, gpu_bytes: Optional[int],
+                      per_process_overhead: int = 3 * GIB) -> None:
+    """Raise AstraError when `servers` SGLang servers side by side (weights / tp, a KV pool of max_total_tokens,
+    per_process_overhead each) exceed the usable GPU memory; the message names the --max-total-tokens that fits."""
+    if gpu_bytes is None:
+        return
+    weights = weight_bytes(cfg) / tp
+    kv_tok = kv_bytes_per_token(cfg, tp)
+    each = weights + kv_tok * max_total_tokens + per_process_overhead
+    usable = USABLE * gpu_bytes
+    if servers * each <= usable:
+        return
+    fits = int((usable / servers - weights - per_process_overhead) // kv_tok)
+    hint = (f"pass --max-total-tokens {fits // 1024 * 1024} or less" if fits >= 1024 else
+            "the weights alone do not leave room for a KV pool: split them with --tp or use a GPU with more memory")
+    raise AstraError(
+        f"{servers} servers side by side need ~{servers * each / GIB:.1f} GiB ({weights / GIB:.1f} GiB of weights + "
+        f"{kv_tok * max_total_tokens / GIB:.1f} GiB of KV pool for --max-total-tokens {max_total_tokens} + "
+        f"{per_process_overhead / GIB:.1f} GiB overhead each) but the GPU has {gpu_bytes / GIB:.1f} GiB "
+        f"({usable / GIB:.1f} usable): {hint}")
 
 
 def gpu_memory_bytes() -> Optional[int]:

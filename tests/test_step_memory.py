@@ -103,3 +103,29 @@ def test_run_step_checks_nothing_for_a_stand_in_worker(monkeypatch, tmp_path):
     with pytest.raises(_Started):
         _run(tmp_path, 2, module="tests/step_fake_worker.py")
     assert started == ["A-p1"]
+
+
+def test_two_gemma2_servers_with_65536_token_pools_do_not_fit_an_h100():
+    """What happened on an H100 (2026-11-26): arm A died in CUDA-graph capture. The check says so up front, with a
+    --max-total-tokens that fits, and lets the H200 and the smaller pool through."""
+    cfg = _cfg("gemma2-9b")
+    assert sm.kv_bytes_per_token(cfg) == 42 * 2 * 8 * 256 * 2
+    with pytest.raises(AstraError, match="--max-total-tokens") as e:
+        sm.check_servers_fit(cfg, 2, 1, 65536, 80 * GIB)
+    fits = int(str(e.value).split("pass --max-total-tokens ")[1].split()[0])
+    assert 16384 <= fits < 65536
+    sm.check_servers_fit(cfg, 2, 1, fits, 80 * GIB)
+    sm.check_servers_fit(cfg, 2, 1, 65536, 141 * GIB)
+    sm.check_servers_fit(cfg, 2, 1, 65536, None)          # no nvidia-smi: nothing checked
+    with pytest.raises(AstraError, match="--tp"):
+        sm.check_servers_fit(cfg, 2, 1, 1024, 40 * GIB)
+
+
+def test_the_20_layer_moe_config_fits_the_step_on_an_h100():
+    full = _cfg("qwen3-30b-a3b")
+    cut = _cfg("qwen3-30b-a3b-20l")
+    with pytest.raises(AstraError):
+        sm.check_fits(full, 2, 1, 80 * GIB)
+    sm.check_fits(cut, 2, 1, 80 * GIB)
+    assert {k: v for k, v in cut.items() if k not in ("num_hidden_layers", "max_window_layers")} == \
+        {k: v for k, v in full.items() if k not in ("num_hidden_layers", "max_window_layers")}
