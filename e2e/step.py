@@ -264,13 +264,23 @@ def _widest_fused(fused: Sequence[dict]) -> List[dict]:
     return out
 
 
-def arms_for(ops: str, aa: bool, calibrate: bool) -> Dict[str, object]:
-    patched = "all" if ops.strip() == "all" else [o.strip() for o in ops.split(",") if o.strip()]
+def _op_list(text: str) -> object:
+    t = text.strip()
+    return t if t in ("all", "none") else [o.strip() for o in t.split(",") if o.strip()]
+
+
+def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none") -> Dict[str, object]:
+    """Arm -> its ops. A (and A2) run `base_ops` (default: unpatched), B runs `ops`: with a base, the Δ is what
+    `ops` adds on top of it (one fused op against the ops it replaces, both patched in one run)."""
+    patched, base = _op_list(ops), _op_list(base_ops or "none")
     if aa:
-        return {"A": "none", "A2": "none"}
+        return {"A": base, "A2": base}
     if ops.strip() == "none" or not patched:
         raise AstraError("--ops none would compare the baseline with itself; use --aa for an A/A run")
-    return {"A": "none", "A2": "none", "B": patched} if calibrate else {"A": "none", "B": patched}
+    if base != "none" and (base == patched or (not isinstance(base, str) and not isinstance(patched, str)
+                                                 and set(base) == set(patched))):
+        raise AstraError("--base-ops equals --ops: the arms would be the same")
+    return {"A": base, "A2": base, "B": patched} if calibrate else {"A": base, "B": patched}
 
 
 def load_floors(path: Optional[Path]) -> Optional[Dict[int, dict]]:
@@ -297,7 +307,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
              self_check: str = "first", tokenizer_path: Optional[str] = None, procs: int = 2,
              procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
              gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1,
-             candidates: Optional[Dict[str, Path]] = None) -> str:
+             candidates: Optional[Dict[str, Path]] = None, base_ops: str = "none") -> str:
     from . import step_memory as sm
     from . import step_stats as ss
     from .model_configs import resolve_model_path
@@ -317,7 +327,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
     if tp < 1:
         raise AstraError("--tp must be >= 1")
-    arms = arms_for(ops, aa, calibrate)
+    arms = arms_for(ops, aa, calibrate, base_ops)
     floors = load_floors(aa_floor)
     src = resolve_model_path(model_path)
     out = Path(out).resolve()
@@ -404,7 +414,9 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         write_outputs(analysis, out / "profile", cfg, str(model_path))
     _dump(out, meta, records)
     pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
-    predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms) if analysis else None
+    # the prediction reads arm A's profile as SGLang's own kernels: none with a patched base
+    predicted = (predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms)
+                 if analysis and arms["A"] == "none" else None)
     neighbours = consumer_effects_of(out / "profile") if analysis else []
     add_consumer_prediction(predicted, neighbours)
     summary = ss.summarize(records, pairs, predicted, floors=floors)
@@ -511,10 +523,10 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     pairs = [("A", a) for a in arms if a != "A"]
     pdir = Path(results).parent / "profile"
     predicted = None
-    if (pdir / "profile-meta.json").is_file():
+    arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
+    if (pdir / "profile-meta.json").is_file() and arm_ops.get("A", "none") == "none":
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
-        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs],
-                                           arms_from_meta(data.get("meta", {}).get("arms", "")))
+        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)
         add_consumer_prediction(predicted, consumer_effects_of(pdir))
     summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})

@@ -215,6 +215,12 @@ def test_arms_sizes_kv_and_server_args():
     assert arms_for("all", False, False) == {"A": "none", "B": "all"}
     assert arms_for("silu_and_mul,fused_add_rmsnorm", False, True)["B"] == ["silu_and_mul", "fused_add_rmsnorm"]
     assert arms_for("none", True, False) == {"A": "none", "A2": "none"}
+    # a patched base: B's Δ is what its ops add on top (a fused op against the two it replaces)
+    assert arms_for("moe_router,moe_align,moe_route_align", False, False, "moe_router,moe_align") == \
+        {"A": ["moe_router", "moe_align"], "B": ["moe_router", "moe_align", "moe_route_align"]}
+    assert arms_for("all", False, True, "silu_and_mul")["A2"] == ["silu_and_mul"]
+    with pytest.raises(AstraError, match="same"):
+        arms_for("silu_and_mul,rmsnorm", False, False, "rmsnorm,silu_and_mul")
     with pytest.raises(AstraError, match="--aa"):
         arms_for("none", False, False)
     assert arms_from_meta("A: ops none, A2: ops none, B: ops silu_and_mul,fused_add_rmsnorm") == {
@@ -375,6 +381,7 @@ def test_step_calibrate_runs_three_arms(tmp_path):
     (["--procs", "0"], None, "--procs"),
     (["--skip-steps", "7"], None, "--skip-steps"),
     (["--aa-floor", "/"], None, "no summary.json"),
+    (["--ops", "all", "--base-ops", "all"], None, "--base-ops equals --ops"),
 ])
 def test_step_bad_input_is_one_error_line(tmp_path, args, env, msg):
     r = _step(tmp_path, *args, env=env)
@@ -404,3 +411,11 @@ def test_step_candidate_errors(tmp_path, item, msg):
     r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--candidate", item.format(cand=cand))
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("error:") and msg in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_step_with_a_patched_base_runs_it_in_arm_a_and_predicts_nothing(tmp_path):
+    r = _step(tmp_path, "--ops", "silu_and_mul,fused_add_rmsnorm", "--base-ops", "fused_add_rmsnorm", "--no-profile")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["meta"]["arms"] == "A: ops fused_add_rmsnorm, B: ops silu_and_mul,fused_add_rmsnorm"
+    assert all(not x.get("predicted") for x in s["comparisons"])
