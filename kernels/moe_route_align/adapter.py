@@ -32,10 +32,11 @@ from astra_sglang.patch.adapters import OpAdapter, Served, contiguity_problem, t
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
-# Calls with more tokens keep the two ops (moe_router, moe_align): in context on Qwen3-30B-A3B's rows the fused
-# kernel is 2.58x / 2.36x / 1.40x at 1 / 8 / 32 tokens and 0.95x at 64 (one block routes every token; H100,
-# 2026-11-26, results/2026-11-26-h100/moe_route_align/)
-MAX_TOKENS = 32
+# Calls with more tokens keep the two ops (moe_router, moe_align). Against SGLang's own pair the fused kernel is
+# 2.58x / 2.36x / 1.40x / 0.95x at 1 / 8 / 32 / 64 tokens in context, but against astra's two (which `--ops all`
+# runs) it only matches them: in the decode graph 3.90 vs 2.02 + 2.21 us at 1 token, 4.21 vs 2.01 + 2.25 at 8,
+# 7.33 vs 2.02 + 3.17 at 32 (one block routes every token) (H100, 2026-11-26, results/2026-11-26-h100/)
+MAX_TOKENS = 8
 _TOPK_MOD = "sglang.srt.layers.moe.topk"
 _WRAP_MOD = "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size"
 
@@ -188,8 +189,11 @@ def _returns(c: Dict[str, Any]):
     return out._replace(router_logits=c["scores"])
 
 
-# Not in `--ops all` until measured on a GPU (check, bench in context, validate, a Qwen3-30B-A3B step).
-DEFAULT_OFF = "not yet measured on a GPU"
+# Not in `--ops all`: on top of moe_router + moe_align (on by default) the decode step moved -0.15% at batch 1 and
+# +0.15% (n.s.) at 8 (qwen3-30b-a3b-20l, --base-ops all, H100, 2026-11-26). Correct (check, validate 33/33, every
+# fused launch served in a server, greedy ids identical) but no gain worth a second route.
+DEFAULT_OFF = ("no gain over moe_router + moe_align in the decode step: -0.15% at batch 1, +0.15% (n.s.) at 8 "
+               "(H100, 2026-11-26, results/2026-11-26-h100/step/qwen3-30b-a3b-20l-mra-over-all/)")
 
 ADAPTER = OpAdapter(
     op="moe_route_align",
