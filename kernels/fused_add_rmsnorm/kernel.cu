@@ -12,17 +12,18 @@
 //    (every load in flight before the first use), keeps x in registers, and writes residual and the
 //    output straight from them: input/residual are read once, no shared-memory copy of the row, no
 //    second pass, and the weight load is not serialised behind the reduction.
-//  * Threads per row R (a multiple of 32) and rows per CTA chosen from the hidden size and the token
-//    count: warp-per-row (no __syncthreads) for narrow rows, several rows per CTA when there are many
-//    tokens, one barrier for the cross-warp sum otherwise.  Rows of more than 1024 vectors use 4
-//    vectors per thread and load the weight after the reduction (fewer live registers, more rows
-//    resident per SM).
-//  * Rows that fit neither (misaligned rows over 2048 vectors, or pre-sm_90 GPUs): FlashInfer's
+//  * The sum of squares in FlashInfer's order, bit for bit (see row_plan): outputs equal SGLang's, so
+//    greedy tokens match.  Threads per row R (a multiple of 32) and rows per CTA chosen from the hidden
+//    size and the token count: warp-per-row (no __syncthreads) for narrow rows, several rows per CTA
+//    when there are many tokens, one barrier for the cross-warp sum otherwise.  Rows of more than 1024
+//    vectors use up to 4 vectors per thread and load the weight after the reduction (fewer live
+//    registers, more rows resident per SM).
+//  * Rows that fit neither (rows over 2048 vectors without clusters, e.g. pre-sm_90 GPUs): FlashInfer's
 //    layout, x in dynamic shared memory (d floats), one 1024-thread CTA per row.
 //  * Rows wider than one CTA's registers hold (> 2048 vectors, e.g. hidden > 16384 in fp16): a
 //    thread-block cluster splits each row over C CTAs; the partial sums of squares meet through
 //    distributed shared memory (sm_90). (Splitting narrower decode rows the same way measured slower:
-//    the cluster launch and barrier cost more than the extra SMs bring; ASTRA_CLUSTER=1 re-enables.)
+//    the cluster launch and barrier cost more than the extra SMs bring.)
 //  * Vector width W = widest (<= 16 bytes) dividing hidden and the pointers' alignment: any hidden size.
 //  * Programmatic dependent launch on sm_90+: all reads and writes behind griddepcontrol.wait; the
 //    dependents are released right after it, and problems <= 8 MB warm L2 with their rows (the
@@ -43,23 +44,8 @@
 #ifndef ASTRA_W_LATE
 #define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction at every K (default: only K = 4)
 #endif
-#ifndef ASTRA_K4_MIN
-#define ASTRA_K4_MIN 1024  // rows of more vectors than this use K = 4 (weight loaded late)
-#endif
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
-#endif
-#ifndef ASTRA_RMS_KT
-#define ASTRA_RMS_KT 2  // target vectors per thread when picking threads per row
-#endif
-#ifndef ASTRA_KT1_MAX
-#define ASTRA_KT1_MAX 256  // rows of at most this many vectors: 1 vector per thread (measured vs 2: kernels/NOTES.md)
-#endif
-#ifndef ASTRA_CLUSTER
-#define ASTRA_CLUSTER 0  // 1: also split wide rows over a cluster when tokens are few (measured slower)
-#endif
-#ifndef ASTRA_CL_MIN
-#define ASTRA_CL_MIN 256  // fewest vectors of a row per CTA of a cluster
 #endif
 
 namespace astra_farn {
@@ -68,6 +54,10 @@ namespace astra_farn {
 // loaded into one process (a baseline and a candidate derived from it, or two variants), each then
 // trusting a cache filled for another library's kernels.
 namespace {
+
+// FlashInfer multiplies by (weight_bias + weight) with weight_bias = 0 in fp32: a -0 (or flushed
+// subnormal) weight becomes +0 there, so the sign of a zero output matches only with the same add.
+constexpr float kWeightBias = 0.f;
 
 // ---------------------------------------------------------------- device helpers
 __device__ __forceinline__ void pdl_wait() {
@@ -146,43 +136,89 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ---------------------------------------------------------------- kernel
-// blockDim = (R, ROWS): R threads (a multiple of 32) per row, ROWS rows per CTA.
-// CL > 1: a cluster of CL CTAs (ROWS == 1) shares one row; CTA rank r owns vectors
-// [r*slice, min((r+1)*slice, nv)).  Thread x owns vectors base + x + k*R, k < K.
-template <typename T, int W, int K, bool CL>
-__global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual,
-                                                                 const T* __restrict__ weight, uint32_t tokens,
-                                                                 uint32_t nv, uint32_t slice, float fd,
-                                                                 float eps, int prefetch) {
+// blockDim = (R, ROWS): R threads (a multiple of 32) per row, ROWS rows per CTA; CL: a cluster of CTAs
+// (ROWS == 1) shares one row.  Thread x holds K vectors (slots); each slot is one vector of one of
+// FlashInfer's threads (its warp vw, this lane: thread t = 32*vw + lane, vector t + i*n_fi of round i),
+// laid out by L (see row_plan).  A run of slots of one FlashInfer thread sums its squares in its order
+// (one fma chain); each chain's warp sum goes to red[vw], and the warp sums meet in its butterfly.
+// CL with n_fi == 0 (rows over 4096 vectors only): CTA rank r owns vectors [r*slice, (r+1)*slice),
+// thread x the vectors r*slice + x + k*R, one chain: not FlashInfer's order.
+enum Layout { kOne = 0, kTwo = 1, kPacked = 2, kCluster = 3 };
+template <int L> constexpr int kSlots = L == kOne ? 1 : L == kTwo ? 2 : 4;
+
+// Slot k of a thread of warp `warp`: FlashInfer's warp vw and round i, and whether the slot continues
+// slot k - 1's chain (the same FlashInfer thread).
+template <int L>
+__device__ __forceinline__ bool slot(int k, uint32_t warp, uint32_t wpr, uint32_t nv, uint32_t rank, uint32_t cl,
+                                     uint32_t& vw, uint32_t& i) {
+  vw = warp;
+  i = 0;
+  if constexpr (L == kTwo) {
+    vw = uint32_t(k) * wpr + warp;  // FlashInfer's warps w and w + R/32
+  } else if constexpr (L == kPacked) {
+    // FlashInfer's warps of two rounds first (nd of them, both rounds in one slot pair), then those of
+    // one round, four slots per warp: the thread count of a plain 4-vectors-per-thread split.
+    const uint32_t nd = (nv - 1024u + 31u) >> 5, p = 4u * warp + uint32_t(k);
+    if (p < 2u * nd) {
+      vw = p >> 1;
+      i = p & 1u;
+      return i != 0;
+    }
+    vw = p - nd;  // >= 32 past the row: masked
+  } else if constexpr (L == kCluster) {
+    vw = rank + cl * warp;  // a cluster deals FlashInfer's warps out round robin: its butterfly is each
+    i = uint32_t(k);        // CTA's butterfly over its warps, then one over the CTAs
+    return k > 0;
+  }
+  return false;
+}
+
+// Register caps keep the earlier layout's occupancy (the separate chains tempt ptxas into more):
+// kTwo 48, kPacked 72 (2 CTAs of up to 448 threads per SM), fp32 clusters 64 (2 CTAs of 512; fp16/bf16
+// spill there and keep 1).
+template <typename T, int W, int L>
+__global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
+    __maxnreg__(L == kTwo ? 48 : L == kPacked ? 72 : L == kCluster ? (sizeof(T) == 4 ? 64 : 128) : 64)
+    fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual, const T* __restrict__ weight,
+                             uint32_t tokens, uint32_t nv, uint32_t n_fi, uint32_t slice, float fd, float eps,
+                             int prefetch) {
+  constexpr int K = kSlots<L>;
+  constexpr bool CL = L == kCluster;
   __shared__ float red[32];
   __shared__ float red_cl;
   const uint32_t R = blockDim.x;
   const uint32_t lane = threadIdx.x & 31u;
-  const uint32_t wpr = R >> 5;  // warps per row
-  uint32_t row, base;
+  const uint32_t warp = threadIdx.x >> 5;
+  uint32_t row, rank = 0, cl = 1;
   if constexpr (CL) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    const uint32_t rank = cluster_ctarank();
-#else
-    const uint32_t rank = 0;
+    rank = cluster_ctarank();
 #endif
-    const uint32_t cl = gridDim.x / tokens;  // cluster size (grid = tokens * cl)
+    cl = gridDim.x / tokens;  // cluster size (grid = tokens * cl)
     row = blockIdx.x / cl;
-    base = rank * slice;
   } else {
     row = blockIdx.x * blockDim.y + threadIdx.y;
-    base = 0;
   }
   const bool row_ok = row < tokens;
-  const uint32_t lim = min(nv, base + slice);  // this CTA's vectors end here
+  const bool fi = !CL || n_fi != 0;  // FlashInfer's order (always, but for the widest cluster rows)
+  const uint32_t lim = fi ? nv : min(nv, rank * slice + slice);  // vectors of this CTA end here
+  // red[] holds FlashInfer's warp sums of this row (of this CTA's warps, in a cluster)
+  const uint32_t nred = CL ? (R >> 5) : (n_fi >> 5);
   const size_t roff = size_t(row) * nv * W;
 
+  // Slot k's vector (FlashInfer's thread t = 32*vw + lane, round i), recomputed where used rather than
+  // held across the loads: fewer live registers.
+  auto vec = [&](int k) {
+    uint32_t vw, i;
+    slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
+    return size_t(fi ? 32u * vw + lane + i * n_fi : rank * slice + threadIdx.x + uint32_t(k) * R);
+  };
   bool ok[K];
-  uint32_t vi[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    vi[k] = base + threadIdx.x + uint32_t(k) * R;
-    ok[k] = row_ok && vi[k] < lim;
+    uint32_t vw, i;
+    slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
+    ok[k] = row_ok && (fi ? 32u * vw + lane < n_fi : true) && vec(k) < lim;
   }
 #if ASTRA_PDL >= 2
   if (prefetch) {
@@ -192,9 +228,9 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (ok[k]) {
-        prefetch_l2(input + roff + size_t(vi[k]) * W);
-        prefetch_l2(residual + roff + size_t(vi[k]) * W);
-        if (pf_w) prefetch_l2(weight + size_t(vi[k]) * W);
+        prefetch_l2(input + roff + vec(k) * W);
+        prefetch_l2(residual + roff + vec(k) * W);
+        if (pf_w) prefetch_l2(weight + vec(k) * W);
       }
     }
   }
@@ -214,52 +250,55 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
-      a[k] = ld<T, W>(input + roff + size_t(vi[k]) * W);
-      b[k] = ld<T, W>(residual + roff + size_t(vi[k]) * W);
-      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
+      a[k] = ld<T, W>(input + roff + vec(k) * W);
+      b[k] = ld<T, W>(residual + roff + vec(k) * W);
+      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + vec(k) * W);
     }
   }
   float x[K][W];
-  float ss = 0.f;
+  float s = 0.f, ss = 0.f;
+  float* rr = red + threadIdx.y * nred;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
+    uint32_t vw, i, vw1, i1;
+    if (!slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i)) s = 0.f;  // a FlashInfer thread's sum_sq starts
     if (ok[k]) {
       Vec<T, W> r;
 #pragma unroll
-      for (int i = 0; i < W; ++i) {
-        const float v = to_f(a[k].v[i]) + to_f(b[k].v[i]);
-        x[k][i] = v;
-        ss += v * v;
-        r.v[i] = from_f<T>(v);
+      for (int e = 0; e < W; ++e) {
+        const float v = to_f(a[k].v[e]) + to_f(b[k].v[e]);
+        x[k][e] = v;
+        s += v * v;
+        r.v[e] = from_f<T>(v);
       }
-      st<T, W>(residual + roff + size_t(vi[k]) * W, r);
+      st<T, W>(residual + roff + vec(k) * W, r);
     } else {
 #pragma unroll
-      for (int i = 0; i < W; ++i) x[k][i] = 0.f;
+      for (int e = 0; e < W; ++e) x[k][e] = 0.f;
+    }
+    if (k + 1 == K || !slot<L>((k + 1) % K, warp, R >> 5, nv, rank, cl, vw1, i1)) {
+      ss = warp_sum(s);  // ... and ends: its warp's butterfly, the warp sum to red[]
+      const uint32_t q = CL ? warp : vw;
+      if (lane == 0 && q < nred) rr[q] = ss;
     }
   }
-  ss = warp_sum(ss);
-  if (CL || wpr > 1) {
-    if (lane == 0) red[threadIdx.y * wpr + (threadIdx.x >> 5)] = ss;
+  if (CL || nred > 1) {
     __syncthreads();
-    ss = 0.f;
-    for (uint32_t i = 0; i < wpr; ++i) ss += red[threadIdx.y * wpr + i];
+    ss = warp_sum(lane < nred ? rr[lane] : 0.f);  // FlashInfer's cross-warp butterfly, zero padded
   }
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   if constexpr (CL) {
-    const uint32_t cl = gridDim.x / tokens;
     if (threadIdx.x == 0) red_cl = ss;
     cluster_arrive();
     cluster_wait();
-    ss = 0.f;
-    for (uint32_t r = 0; r < cl; ++r) ss += ld_dsmem(&red_cl, r);
+    ss = warp_sum(lane < cl ? ld_dsmem(&red_cl, lane) : 0.f);
     cluster_arrive();  // our reads of the peers' red_cl are done; waited for before exit
   }
 #endif
   if constexpr (kWLate) {
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (ok[k]) w[k] = ldg<T, W>(weight + size_t(vi[k]) * W);
+      if (ok[k]) w[k] = ldg<T, W>(weight + vec(k) * W);
   }
   const float rcp = rsqrtf(ss / fd + eps);
 #pragma unroll
@@ -267,8 +306,8 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
     if (ok[k]) {
       Vec<T, W> o;
 #pragma unroll
-      for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(x[k][i] * rcp * to_f(w[k].v[i]));
-      st<T, W>(input + roff + size_t(vi[k]) * W, o);
+      for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(x[k][i] * rcp * (kWeightBias + to_f(w[k].v[i])));
+      st<T, W>(input + roff + vec(k) * W, o);
     }
   }
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -279,8 +318,9 @@ __global__ void __launch_bounds__(K >= 4 ? 512 : 1024, 1) fused_add_rmsnorm_kern
 #endif
 }
 
-// Fallback for rows that neither one CTA's registers nor a cluster hold (misaligned very wide rows,
-// or > 16384 vectors): FlashInfer's layout, x kept in dynamic shared memory (d floats), one CTA per row.
+// Fallback for rows that neither one CTA's registers nor a cluster hold (rows over 2048 vectors without
+// clusters, or > 16384 vectors): FlashInfer's layout and sums, x kept in dynamic shared memory (d floats),
+// one 1024-thread CTA per row (thread t: vectors t, t + 1024, ...).
 template <typename T, int W>
 __global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restrict__ input, T* __restrict__ residual,
                                                                       const T* __restrict__ weight, uint32_t nv,
@@ -311,14 +351,13 @@ __global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restr
   ss = warp_sum(ss);
   if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = ss;
   __syncthreads();
-  ss = 0.f;
-  for (uint32_t i = 0; i < (blockDim.x >> 5); ++i) ss += red[i];
+  ss = warp_sum(red[threadIdx.x & 31u]);  // 32 warps: FlashInfer's cross-warp butterfly
   const float rcp = rsqrtf(ss / fd + eps);
   for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
     const Vec<T, W> w = ldg<T, W>(weight + size_t(v) * W);
     Vec<T, W> o;
 #pragma unroll
-    for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(xs[v * W + i] * rcp * to_f(w.v[i]));
+    for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(xs[v * W + i] * rcp * (kWeightBias + to_f(w.v[i])));
     st<T, W>(input + roff + size_t(v) * W, o);
   }
 #if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
@@ -377,7 +416,56 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+// ---- row plan (tests/test_norm_reduction_order.py compiles this part on the host; same in the 4 norms)
+// The sum of squares in FlashInfer's order, bit for bit: outputs equal SGLang's, so greedy tokens match.
+// norm.cuh runs n_fi = min(1024, nv) threads rounded up to a warp; its thread t sums the squares of
+// vectors t, t + n_fi, ... (fma, in order), a shfl_xor butterfly (16..1) sums each warp, and one more
+// butterfly sums the warp sums (zero padded to 32).  Our warps stand in for its warps, lane for lane:
+//   nv <= 256   kOne:     R = n_fi threads, one vector each;
+//   nv <= 1024  kTwo:     R = n_fi / 2 (a warp multiple): thread x is its threads x and x + R;
+//   nv <= 2048  kPacked:  its warps of 2 rounds, then those of 1, 4 vectors per thread (R ~ nv / 4);
+//   nv <= 4096  kCluster: 2 CTAs of 512 threads (sm_90), one of its threads (3-4 rounds) each;
+//   wider:      kCluster over 4-8 CTAs of contiguous slices, n_fi = 0: not FlashInfer's order (one of
+//               its threads would hold more vectors than our registers do).
+// Without clusters, rows over 2048 vectors take the 1024-thread fallback: FlashInfer's layout.
+struct RowPlan {
+  uint32_t R;      // threads per row (per CTA of a cluster)
+  uint32_t n_fi;   // FlashInfer's threads: the stride between a thread's vectors (0: slices)
+  uint32_t cl;     // CTAs per row (1: no cluster)
+  uint32_t slice;  // vectors per CTA of a cluster
+  int layout;      // Layout
+};
+constexpr uint32_t kMaxVecPerCta = 2048u;
 inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
+inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p) {
+  const uint32_t n_fi = round_up32(nv < 1024u ? nv : 1024u);
+  p = RowPlan{n_fi, n_fi, 1u, nv, 0};
+  if (nv <= 256u) return true;
+  if (nv <= 1024u) {
+    p.R = round_up32(n_fi / 2u);
+    p.layout = 1;
+    return true;
+  }
+  if (nv <= kMaxVecPerCta) {
+    const uint32_t nd = (nv - 1024u + 31u) / 32u;  // its warps with a second round
+    p.R = 32u * ((32u + nd + 3u) / 4u);
+    p.layout = 2;
+    return true;
+  }
+  if (!clusters) return false;
+  p.R = 512u;
+  p.layout = 3;
+  p.cl = 2u;
+  while (p.cl < 8u && (nv + p.cl - 1u) / p.cl > kMaxVecPerCta) p.cl *= 2u;
+  p.slice = (nv + p.cl - 1u) / p.cl;
+  if (p.slice > kMaxVecPerCta) return false;
+  if (nv > 4u * 1024u) {
+    p.n_fi = 0u;
+    p.R = round_up32((p.slice + 3u) / 4u);
+  }
+  return true;
+}
+// ---- end of row plan
 
 template <typename T, int W>
 cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv, float fd, float eps, bool pdl,
@@ -407,43 +495,6 @@ cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv,
   return cudaLaunchKernelEx(&cfg, fused_add_rmsnorm_smem_kernel<T, W>, in, res, w, nv, fd, eps);
 }
 
-template <typename T, int W, bool CL>
-cudaError_t launch_k(int k, dim3 grid, dim3 block, uint32_t cl, cudaStream_t stream, bool pdl, T* in, T* res,
-                     const T* w, uint32_t tokens, uint32_t nv, uint32_t slice, float fd, float eps,
-                     int prefetch) {
-  switch (k) {
-    case 1: return launch(fused_add_rmsnorm_kernel<T, W, 1, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
-    case 2: return launch(fused_add_rmsnorm_kernel<T, W, 2, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
-    case 4: return launch(fused_add_rmsnorm_kernel<T, W, 4, CL>, grid, block, cl, stream, pdl, in, res, w, tokens, nv, slice, fd, eps, prefetch);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-// Threads per row and vectors per thread for `n` vectors: R = 32*ceil(n / (32*KT)) capped at 1024,
-// KT = 1 for rows of <= ASTRA_KT1_MAX vectors (more threads on narrow rows), else ASTRA_RMS_KT;
-// K = ceil(n / R) rounded up to 1, 2 or 4 (R <= 512 for K = 4: register budget).  Returns false
-// when n is over 2048 vectors (wider rows are split over a cluster).
-constexpr uint32_t kMaxVecPerCta = 2048u;
-inline bool pick_rk(uint32_t n, uint32_t& R, int& K) {
-  if (n > kMaxVecPerCta) return false;
-  if (n > ASTRA_K4_MIN) {  // wide rows: 4 vectors per thread, weight after the reduction (<= 512 threads)
-    R = round_up32((n + 3) / 4);
-    K = 4;
-    return true;
-  }
-  const uint32_t kt = n <= uint32_t(ASTRA_KT1_MAX) ? 1u : uint32_t(ASTRA_RMS_KT);
-  uint32_t r = round_up32((n + kt - 1) / kt);
-  if (r < 32) r = 32;
-  if (r > 1024) r = 1024;
-  uint32_t k = (n + r - 1) / r;
-  int kk = k <= 1 ? 1 : k <= 2 ? 2 : 4;
-  // Fewer threads when the rounded-up K covers the row anyway (keeps every thread busy).
-  r = round_up32((n + kk - 1) / kk);
-  R = r;
-  K = kk;
-  return true;
-}
-
 template <typename T, int W>
 cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float eps, cudaStream_t stream) {
   if (tokens64 >= (1ll << 31)) return cudaErrorInvalidValue;
@@ -455,31 +506,20 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   const float fd = float(d);  // mean of squares = sum / d, divided as FlashInfer does: sum * (1/d) rounds
   // differently where 1/d is inexact (d not a power of two) and flips bf16 outputs (Gemma-2 greedy tokens diverged)
 
-  // Cluster split for few tokens with wide rows (sm_90+).
-  uint32_t cl = 1;
-  if (ASTRA_CLUSTER && info.major >= 9) {
-    while (cl < 8 && uint64_t(tokens) * (cl * 2) <= uint64_t(info.sms) && nv / (cl * 2) >= ASTRA_CL_MIN) cl *= 2;
-  }
-  if (nv > kMaxVecPerCta && info.major >= 9) {  // rows too wide for one CTA's registers: always split
-    while (cl < 8 && (nv + cl - 1) / cl > kMaxVecPerCta) cl *= 2;
-  }
-  if (cl > 1 && (nv + cl - 1) / cl <= kMaxVecPerCta) {
-    const uint32_t slice = (nv + cl - 1) / cl;
-    uint32_t R;
-    int K;
-    if (!pick_rk(slice, R, K)) return cudaErrorInvalidValue;
-    return launch_k<T, W, true>(K, dim3(tokens * cl), dim3(R, 1), cl, stream, pdl, in, res, w, tokens, nv, slice,
-                                fd, eps, prefetch);
-  }
-  uint32_t R;
-  int K;
-  if (!pick_rk(nv, R, K)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
+  RowPlan p;
+  const bool clusters = info.major >= 9 && uint64_t(tokens) * 8u < (1ull << 31);
+  if (!row_plan(nv, clusters, p)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
+  if (p.cl > 1)
+    return launch(fused_add_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
+                  in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
   // Rows per CTA: up to 256 threads per CTA, but keep at least one CTA per SM while tokens allow.
   uint32_t rows = 1;
-  while (R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
-  const uint32_t blocks = (tokens + rows - 1) / rows;
-  return launch_k<T, W, false>(K, dim3(blocks), dim3(R, rows), 1, stream, pdl, in, res, w, tokens, nv, nv, fd,
-                               eps, prefetch);
+  while (p.R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
+  const dim3 grid((tokens + rows - 1) / rows), block(p.R, rows);
+  auto kernel = p.layout == kOne ? fused_add_rmsnorm_kernel<T, W, kOne>
+                : p.layout == kTwo ? fused_add_rmsnorm_kernel<T, W, kTwo>
+                                   : fused_add_rmsnorm_kernel<T, W, kPacked>;
+  return launch(kernel, grid, block, 1, stream, pdl, in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
 }
 
 template <typename T>
