@@ -82,7 +82,7 @@ def main() -> int:
     libs = {}
     kernel = shipped_kernel(SPEC.name)
     builds = [("cuda", None), ("ours", kernel)]
-    for spec in a.variant:  # compile-time variants of ours, e.g. kt1=-DASTRA_RMS_KT=1
+    for spec in a.variant:  # compile-time variants of ours, e.g. nopdl=-DASTRA_PDL=0
         name, flags = spec.split("=", 1)
         src = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_cute_{name}.cu"
         defs = "".join(f"#define {d[2:].split('=', 1)[0]} {d[2:].split('=', 1)[1] if '=' in d else 1}\n"
