@@ -92,7 +92,7 @@ class OpAdapter:
     slot_indexed: Mapping[str, str] = field(default_factory=dict)
     # Outputs a callable or `sequence` *returns* as new tensors that the harness's installed baseline then copies
     # into the ABI's buffers (moe_route_align: fused_topk's weights and ids): bench times just these copies as
-    # the binding's, not SGLang's. Empty: every output `outputs_of` names, else every mutated ABI tensor.
+    # the binding's, not SGLang's. Empty: every mutated ABI tensor.
     returned: Tuple[str, ...] = ()
 
     def canonical(self, param: str) -> str:
