@@ -10,11 +10,16 @@ def run_layer(inp, dims, scalars):
     from sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size import moe_align_block_size
 
     t, k, nb, bs, n_sorted = dims
-    s, e, total = moe_align_block_size(inp["topk_ids"], bs, nb - 1)
+    return on_case(moe_align_block_size(inp["topk_ids"], bs, nb - 1), inp["expert_ids"], bs, n_sorted, t * k)
+
+
+def on_case(aligned, expert_ids_in, bs, n_sorted, numel):
+    """SGLang's (sorted_token_ids, expert_ids, num_tokens_post_pad) mapped onto a case's outputs (see above)."""
+    s, e, total = aligned
     n = int(total.reshape(-1)[0].item())
-    eids = inp["expert_ids"].clone()
+    eids = expert_ids_in.clone()
     eids[: n // bs] = e[: n // bs]
-    sorted_ids = s.new_full((n_sorted,), t * k)
+    sorted_ids = s.new_full((n_sorted,), numel)
     m = min(n_sorted, s.numel())
     sorted_ids[:m] = s[:m]
     return {"sorted_token_ids": sorted_ids, "expert_ids": eids, "num_tokens_post_pad": total[:1]}

@@ -26,12 +26,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Optional, Tuple
 
-from astra_sglang.kernels.moe_router.adapter import _sglang_route
+from astra_sglang.kernels.moe_align.spec import max_num_tokens_padded  # the wrapper's length, E experts
 from astra_sglang.kernels.moe_route_align.spec import MAX_NUMEL
+from astra_sglang.kernels.moe_router.adapter import MAX_EXPERTS, MAX_TOPK, _sglang_route
 from astra_sglang.patch.adapters import OpAdapter, Served, contiguity_problem, topk_outputs_problem
 
-MAX_EXPERTS = 1024
-MAX_TOPK = 32
 # Calls with more tokens keep the two ops (moe_router, moe_align). Against SGLang's own pair the fused kernel is
 # 2.58x / 2.36x / 1.40x / 0.95x at 1 / 8 / 32 / 64 tokens in context, but against astra's two (which `--ops all`
 # runs) it only matches them: in the decode graph 3.90 vs 2.02 + 2.21 us at 1 token, 4.21 vs 2.01 + 2.25 at 8,
@@ -44,11 +43,6 @@ _WRAP_MOD = "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size"
 _BLOCK: Dict[Tuple[int, int, int], int] = {}
 # the one alignment waiting for its wrapper call: (topk_ids, its version, block_size, experts, outputs)
 _STASH: Dict[str, Any] = {}
-
-
-def max_num_tokens_padded(numel: int, experts: int, block_size: int) -> int:
-    """0.5.17's wrapper length of sorted_token_ids (not rounded)."""
-    return numel * block_size if numel < experts + 1 else numel + (experts + 1) * (block_size - 1)
 
 
 def _route_problem(mod, cfg, num_token_non_padded, dispatch_info) -> Optional[str]:
@@ -169,8 +163,7 @@ def _sequence(c: Dict[str, Any]) -> None:
     w, i = fused_topk(hidden_states=x, gating_output=x, topk=int(ids.shape[1]), renormalize=bool(c["renormalize"]))
     e = int(x.shape[1])
     cumsum = torch.empty((e + 2,), dtype=torch.int32, device=x.device)
-    align = getattr(sys.modules.get(_WRAP_MOD) or __import__(_WRAP_MOD, fromlist=["_"]), "sgl_moe_align_block_size")
-    align = getattr(align, "__astra_original__", align)
+    align = _original(_WRAP_MOD, "sgl_moe_align_block_size")
     align(i, e + 1, int(c["block_size"]), c["sorted_token_ids"], c["expert_ids"], c["num_tokens_post_pad"], cumsum,
           True, False)
     c["topk_weights"].copy_(w)

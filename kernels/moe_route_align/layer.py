@@ -12,6 +12,8 @@ def run_layer(inp, dims, scalars):
     import torch
     from sglang.srt.layers.moe import topk as tk
 
+    from astra_sglang.kernels.moe_align.layer import on_case
+
     t, e, k, bs, n_sorted = dims
     wrapper = importlib.import_module("sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size")
     cfg = tk.TopKConfig(top_k=k, renormalize=bool(scalars["renormalize"]))
@@ -19,14 +21,8 @@ def run_layer(inp, dims, scalars):
     with torch.no_grad():
         for _ in range(2):
             out = tk.select_experts(hidden_states=x, router_logits=x, topk_config=cfg)
-            s, eids, total = wrapper.moe_align_block_size(out.topk_ids, bs, e)
-    n = int(total.reshape(-1)[0].item())
-    expert_ids = inp["expert_ids"].clone()
-    expert_ids[: n // bs] = eids[: n // bs]
-    sorted_ids = s.new_full((n_sorted,), t * k)
-    m = min(n_sorted, s.numel())
-    sorted_ids[:m] = s[:m]
+            aligned = wrapper.moe_align_block_size(out.topk_ids, bs, e)
     inp["topk_weights"].copy_(out.topk_weights)
     inp["topk_ids"].copy_(out.topk_ids)
-    return {"topk_weights": inp["topk_weights"], "topk_ids": inp["topk_ids"], "sorted_token_ids": sorted_ids,
-            "expert_ids": expert_ids, "num_tokens_post_pad": total[:1]}
+    return {"topk_weights": inp["topk_weights"], "topk_ids": inp["topk_ids"],
+            **on_case(aligned, inp["expert_ids"], bs, n_sorted, t * k)}
