@@ -18,12 +18,21 @@ USABLE = 0.95      # the driver, NCCL and fragmentation take the rest
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
+def _heads(cfg: dict):
+    """(q heads, kv heads, head dim) of a HF config.json dict."""
+    heads = cfg["num_attention_heads"]
+    return heads, cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads
+
+
+def _dtype_bytes(cfg: dict) -> int:
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+    return DTYPE_BYTES.get(dtype, 2)
+
+
 def weight_bytes(cfg: dict) -> int:
     """The model's weight bytes from a HF config.json dict (embeddings, attention, MLP or MoE)."""
     hidden, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
+    heads, kv_heads, head_dim = _heads(cfg)
     params = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)      # embeddings (+ lm_head)
     attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden   # q, k, v, o
     dense = 3 * hidden * cfg.get("intermediate_size", 0)                           # gate, up, down
@@ -37,18 +46,13 @@ def weight_bytes(cfg: dict) -> int:
         params += layers * attn + n_dense * dense + (layers - n_dense) * moe
     else:
         params += layers * (attn + dense)
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
-    return params * DTYPE_BYTES.get(dtype, 2)
+    return params * _dtype_bytes(cfg)
 
 
 def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
     """Bytes a token takes in the KV pool (k and v of every layer, the model dtype), per GPU at `tp`."""
-    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
-    per_gpu_heads = max(1, kv_heads // tp)
-    return cfg["num_hidden_layers"] * 2 * per_gpu_heads * head_dim * DTYPE_BYTES.get(dtype, 2)
+    _, kv_heads, head_dim = _heads(cfg)
+    return cfg["num_hidden_layers"] * 2 * max(1, kv_heads // tp) * head_dim * _dtype_bytes(cfg)
 
 
 def check_servers_fit(cfg: dict, servers: int, tp: int, max_total_tokens: int, gpu_bytes: Optional[int],
