@@ -204,15 +204,17 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--base-ops is for --step (a server A/B's arm A is SGLang unpatched)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.config import default_ops, parse_ops
+
+    known = patchable_ops()   # an unknown op name: one error line here, not a worker or server dying on it later
+    patched = parse_ops(ops, known, default_ops(known))
+    parse_ops(base_ops, known, default_ops(known))
     candidates = {}
     if candidate_items:
         from astra_sglang.patch.cli import _candidates
 
         candidates = {op: p.resolve() for op, p in _candidates(candidate_items).items()}
-        from astra_sglang.patch import patchable_ops
-        from astra_sglang.patch.config import default_ops, parse_ops
-
-        patched = parse_ops(ops, patchable_ops(), default_ops(patchable_ops()))
         stray = sorted(set(candidates) - set(patched))
         if stray:
             raise AstraError(f"--candidate for {', '.join(stray)}, which --ops {ops} does not patch")

@@ -382,6 +382,8 @@ def test_step_calibrate_runs_three_arms(tmp_path):
     (["--skip-steps", "7"], None, "--skip-steps"),
     (["--aa-floor", "/"], None, "no summary.json"),
     (["--ops", "all", "--base-ops", "all"], None, "--base-ops equals --ops"),
+    (["--ops", "silu_and_mul", "--base-ops", "bogus"], None, "unknown op(s) bogus"),
+    (["--ops", "bogus"], None, "unknown op(s) bogus"),
 ])
 def test_step_bad_input_is_one_error_line(tmp_path, args, env, msg):
     r = _step(tmp_path, *args, env=env)
