@@ -45,7 +45,9 @@ class InstalledImpl:
 
         mod, _, name = target.partition(":")
         try:
-            fn = getattr(importlib.import_module(mod), name)
+            fn = importlib.import_module(mod)
+            for part in name.split("."):  # a function, or a layer method (Class.method) a fused op's adapter expands
+                fn = getattr(fn, part)
         except (ImportError, AttributeError) as e:
             raise AstraError(f"cannot load the installed {target}: {str(e).splitlines()[0] if str(e) else e!r}") from e
         self.target = target

@@ -1,0 +1,106 @@
+"""The patch adapter: SGLang's ReplicatedLinear.forward (sglang/srt/layers/linear.py) onto this op's ABI, for the MoE
+gate's shape (patch/adapters.py holds the machinery and says what each field means).
+
+Patched: `sglang.srt.layers.linear:ReplicatedLinear.forward` (0.5.17 and 0.5.23), the method every MoE block's
+`self.gate(hidden_states)` runs. It is replaced for the whole class, so `expand` takes a call only where the layer is a
+router gate SGLang would run as a plain cuBLAS GEMM:
+- an unquantized weight (UnquantizedLinearMethod) of at most MAX_EXPERTS rows and at most MAX_HIDDEN columns, no bias;
+- x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows;
+- apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
+  gemv in 0.5.23).
+Every other ReplicatedLinear call (wide projections, quantized or biased layers, prefill) goes to the method untouched,
+before any work. The output is allocated as F.linear would ([..., experts], x's dtype)."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict
+
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+
+MAX_EXPERTS = 1024   # a router's width; wider linears are projections cuBLAS tiles well
+MAX_HIDDEN = 8192    # the kernel holds a row slice in one warp's registers
+# Decode sizes only: above this the x chunks repeat and cuBLAS's tiles fill the GPU. Revisit with the bench's rows.
+MAX_TOKENS = 64
+DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
+
+
+def _apply_path(layer, x) -> Any:
+    """None where UnquantizedLinearMethod.apply would end in F.linear(x, layer.weight, bias), else why not."""
+    mod = sys.modules.get("sglang.srt.layers.quantization.unquant")
+    if mod is None or type(layer.quant_method) is not getattr(mod, "UnquantizedLinearMethod", None):
+        return f"{type(layer.quant_method).__name__}: not the unquantized linear"
+    amx = getattr(mod, "use_intel_amx_backend", None)
+    if amx is not None and amx(layer):
+        return "Intel AMX packed weight"
+    if getattr(mod, "_use_aiter", False):
+        return "aiter: SGLang runs its own GEMM"
+    backend_of = getattr(mod, "get_bf16_gemm_backend", None)
+    if backend_of is not None and str(x.dtype) == "torch.bfloat16":
+        try:
+            b = backend_of()
+        except Exception:  # the runtime config is not published (outside a server): the default backend
+            b = None
+        if b is not None and any(getattr(b, f, lambda: False)() for f in ("is_cutedsl", "is_gemv")):
+            return "SGLang's own bf16 GEMM backend (cutedsl / gemv)"
+    return None
+
+
+def _expand(a: Dict[str, Any]):
+    """ReplicatedLinear.forward(self, x) -> canonical arguments, or why the method keeps the call."""
+    import torch
+
+    layer, x = a["self"], a["x"]
+    w = getattr(layer, "weight", None)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.device.type not in DEVICES:
+        return "x or the weight is not a CUDA tensor"
+    if w.dim() != 2 or w.shape[0] > MAX_EXPERTS or w.shape[1] > MAX_HIDDEN:
+        return f"weight {tuple(w.shape)} is not a router's [<= {MAX_EXPERTS}, <= {MAX_HIDDEN}]"
+    if getattr(layer, "bias", None) is not None:
+        return "the layer has a bias"
+    if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+        return f"x {x.dtype} / weight {w.dtype}: not one fp16 / bf16 dtype"
+    if x.shape[-1] != w.shape[1]:
+        return f"x {tuple(x.shape)} does not match weight {tuple(w.shape)}"
+    t = x.numel() // w.shape[1] if w.shape[1] else 0
+    if t > MAX_TOKENS:
+        return f"{t} tokens > {MAX_TOKENS}: SGLang's cuBLAS GEMM"
+    why = _apply_path(layer, x)
+    if why:
+        return why
+    return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
+
+
+def _normalize(c):
+    x, w, out = c["x"], c["weight"], c["out"]
+    h, e = w.shape[1], w.shape[0]
+    t = x.numel() // h if h else 0
+    bad = contiguity_problem(c, ("x", "weight", "out"))
+    if bad:
+        return bad
+    return {"x": x.view(t, h), "weight": w, "out": out.view(t, e)}, (t, h, e)
+
+
+def _sequence(c: Dict[str, Any]) -> None:
+    """SGLang's kernel on canonical tensors: UnquantizedLinearMethod.apply's F.linear (cuBLAS), into `out`."""
+    import torch
+
+    c["out"].copy_(torch.nn.functional.linear(c["x"], c["weight"]))
+
+
+# Off until measured in SGLang's graph: the step A/B decides (kernels/moe_gate/RESULTS.md).
+DEFAULT_OFF = "not yet measured in SGLang's decode graph"
+
+ADAPTER = OpAdapter(
+    op="moe_gate",
+    data="x",
+    same_dtype=("x", "weight", "out"),
+    rowwise=("x", "out"),
+    normalize=_normalize,
+    returns=lambda c: (c["out"], None),
+    expand=_expand,
+    sequence=_sequence,
+    max_tokens=MAX_TOKENS,
+    # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
+    # is the binding's, timed alone and taken out of SGLang's time
+    returned=("out",),
+)
