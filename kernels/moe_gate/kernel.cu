@@ -15,7 +15,8 @@
 //  * The weight slices are loaded into registers BEFORE griddepcontrol.wait (weights are parameters, never written
 //    by the kernels before us), so under programmatic dependent launch their DRAM latency hides behind the
 //    previous kernel (the post-attention norm). Only x waits.
-//  * x arrives in chunks of up to 64 KB staged in shared memory by the whole CTA (one L2 round trip per chunk).
+//  * Each CTA takes up to kTokGroup tokens (grid y covers the rest, so 32 tokens use 4x the SMs). Its x rows are
+//    staged in shared memory with cp.async, all copies in flight at once (one L2 round trip per 64 KB chunk).
 //    Tokens are taken kTokGroup at a time with one fp32 accumulator each, the weight vector unpacked once per
 //    group; warp butterflies, then the kSplit partial sums per (expert, token) through shared memory.
 //  * hidden not a multiple of 8 or unaligned pointers: a scalar path (same math, no prefetch; correctness only).
@@ -72,6 +73,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// 16 bytes global -> shared without a register round trip: every copy of a chunk in flight at once (a plain
+// load/store loop waits out one L2 round trip per iteration).
+__device__ __forceinline__ void copy16_async(void* dst_smem, const void* src) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst_smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+#else
+  *static_cast<uint4*>(dst_smem) = *static_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void copies_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Vector path: an expert row is split over kSplit warps (vector v of the row goes to warp v / 32 % kSplit), each
 // lane holding NV 16-byte weight vectors (hidden / 8 <= 32 * kSplit * NV). Tokens go in groups of kTokGroup with one
 // fp32 accumulator each: the weight vector is unpacked once per group and the FMA chains are independent (one warp
@@ -79,7 +97,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T, int NV>
 __global__ void __launch_bounds__(kThreads) moe_gate_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                             T* __restrict__ out, int tokens, int hidden,
-                                                            int experts, int chunk) {
+                                                            int experts, int chunk, int tok_per_cta) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint4* xs = reinterpret_cast<uint4*>(smem_raw);
   __shared__ float part[kExpertsPerCta][kSplit][kTokGroup];
@@ -102,11 +120,15 @@ __global__ void __launch_bounds__(kThreads) moe_gate_kernel(const T* __restrict_
     pdl_trigger();
   }
   const uint4* xg = reinterpret_cast<const uint4*>(x);
-  for (int t0 = 0; t0 < tokens; t0 += chunk) {
-    const int nt = min(chunk, tokens - t0);
+  // this CTA's tokens: blockIdx.y picks a range, so many tokens spread over more SMs (weights re-read from L2)
+  const int t_begin = blockIdx.y * tok_per_cta, t_end = min(tokens, t_begin + tok_per_cta);
+  for (int t0 = t_begin; t0 < t_end; t0 += chunk) {
+    const int nt = min(chunk, t_end - t0);
     __syncthreads();  // the previous chunk's readers are done
     const int total = nt * nvec;
-    for (int i = threadIdx.x; i < total; i += kThreads) xs[i] = xg[static_cast<int64_t>(t0) * nvec + i];
+    const uint4* src = xg + static_cast<int64_t>(t0) * nvec;
+    for (int i = threadIdx.x; i < total; i += kThreads) copy16_async(xs + i, src + i);
+    copies_wait();
     __syncthreads();
     for (int g = 0; g < nt; g += kTokGroup) {  // uniform over the CTA: every warp reaches the barriers
       float acc[kTokGroup];
@@ -181,10 +203,10 @@ int device_major() {
 }
 
 template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), int blocks, int threads, size_t smem, cudaStream_t stream,
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, cudaStream_t stream,
                    Args... args) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -210,11 +232,12 @@ cudaError_t launch_vec(const void* x, const void* w, void* out, int tokens, int 
     opted |= uint64_t(1) << dev;
   }
   const int row_bytes = hidden * static_cast<int>(sizeof(T));
-  const int chunk = max(1, min(tokens, kSmemBytes / row_bytes));
+  const int tok_per_cta = min(tokens, kTokGroup);
+  const int chunk = max(1, min(tok_per_cta, kSmemBytes / row_bytes));
   const size_t smem = static_cast<size_t>(chunk) * row_bytes;
-  const int blocks = (experts + kExpertsPerCta - 1) / kExpertsPerCta;
-  return launch(moe_gate_kernel<T, NV>, blocks, kThreads, smem, stream, static_cast<const T*>(x), static_cast<const T*>(w),
-                static_cast<T*>(out), tokens, hidden, experts, chunk);
+  const dim3 grid((experts + kExpertsPerCta - 1) / kExpertsPerCta, (tokens + tok_per_cta - 1) / tok_per_cta);
+  return launch(moe_gate_kernel<T, NV>, grid, kThreads, smem, stream, static_cast<const T*>(x),
+                static_cast<const T*>(w), static_cast<T*>(out), tokens, hidden, experts, chunk, tok_per_cta);
 }
 
 template <typename T>
@@ -222,7 +245,7 @@ cudaError_t dispatch(const void* x, const void* w, void* out, int tokens, int hi
                      cudaStream_t stream) {
   const bool aligned = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
   if (hidden % 8 != 0 || !aligned) {
-    return launch(moe_gate_scalar_kernel<T>, (experts + kScalarWarps - 1) / kScalarWarps, kScalarWarps * 32, 0,
+    return launch(moe_gate_scalar_kernel<T>, dim3((experts + kScalarWarps - 1) / kScalarWarps), kScalarWarps * 32, 0,
                   stream, static_cast<const T*>(x),
                   static_cast<const T*>(w), static_cast<T*>(out), tokens, hidden, experts);
   }
@@ -241,6 +264,7 @@ extern "C" cudaError_t astra_moe_gate(const void* x, const void* weight, void* o
   using namespace astra_moeg;
   if (num_tokens < 0 || hidden < 1 || hidden > kMaxHidden || num_experts < 1) return cudaErrorInvalidValue;
   if (num_tokens > (int64_t(1) << 30) || num_experts > (int64_t(1) << 20)) return cudaErrorInvalidValue;
+  if ((num_tokens + kTokGroup - 1) / kTokGroup > 65535) return cudaErrorInvalidValue;  // grid y
   if (num_tokens == 0) return cudaSuccess;
   const int t = static_cast<int>(num_tokens), h = static_cast<int>(hidden), e = static_cast<int>(num_experts);
   switch (dtype) {
