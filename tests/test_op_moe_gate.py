@@ -216,3 +216,33 @@ def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     assert "astra_moe_gate" in subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True,
                                               text=True).stdout
+
+
+def test_tensor_core_fragments_compute_the_product():
+    """The mma path's lane -> k mapping (kernel.cu moe_gate_mma_kernel) against PTX's m16n8k16 fragment layouts,
+    emulated: lane (g, q) loads 8 consecutive k of expert rows g, g + 8 and of token g per 32-wide chunk; words 0-1 feed
+    mma 0, words 2-3 mma 1; word j of a pair fills k slots (2q, 2q + 1) for j = 0 and (2q + 8, 2q + 9) for j = 1, in A
+    (regs {row g, row g + 8} x {slots 2q.., 2q + 8..}) and B alike. The sum over every chunk must be x @ W^T."""
+    g_ = torch.Generator().manual_seed(2)
+    hidden, warps = 512, 8
+    W = torch.randn(16, hidden, generator=g_, dtype=torch.float64)
+    X = torch.randn(8, hidden, generator=g_, dtype=torch.float64)
+    C = torch.zeros(16, 8, dtype=torch.float64)
+    for warp in range(warps):
+        for i in range(hidden // (32 * warps)):
+            base = (i * warps + warp) * 32
+            for m in range(2):  # the two mmas of a chunk
+                A = torch.zeros(16, 16, dtype=torch.float64)  # the fragment as PTX reads it: [row][k slot]
+                B = torch.zeros(16, 8, dtype=torch.float64)   # [k slot][token]
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    k = base + 8 * q
+                    for j in range(2):      # word 2m + j of the lane's 16-byte load
+                        for h in range(2):  # low / high half of the word
+                            phys = k + 4 * m + 2 * j + h
+                            slot = 2 * q + 8 * j + h
+                            A[g, slot] = W[g, phys]
+                            A[g + 8, slot] = W[g + 8, phys]
+                            B[slot, g] = X[g, phys]
+                C += A @ B
+    assert torch.allclose(C, W @ X.t(), rtol=1e-12, atol=1e-9)

@@ -19,8 +19,8 @@ from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 MAX_EXPERTS = 512    # a router's width (Qwen3-Next: 512); wider linears (MLA's 576-wide kv_a_proj) are projections
 MAX_HIDDEN = 8192    # the kernel holds a row slice in one warp's registers
-# Decode sizes only: in context the kernel is 2.2x cuBLAS at 1 token, 1.2x at 8, 0.8x at 32 (H200, RESULTS.md).
-MAX_TOKENS = 8
+# Decode sizes: the kernel's tensor-core path ends at 64 tokens (in context 1.25-2.9x cuBLAS there, H200, RESULTS.md).
+MAX_TOKENS = 64
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
@@ -87,8 +87,8 @@ def _sequence(c: Dict[str, Any]) -> None:
     c["out"].copy_(torch.nn.functional.linear(c["x"], c["weight"]))
 
 
-# On by default since 2026-11-26 (H200): Qwen3-30B-A3B-shaped decode step -3.02% at batch 1, -0.48% at 8, greedy ids
-# identical (kernels/moe_gate/RESULTS.md). DEFAULT_OFF = "reason" would take it out of `--ops all` again.
+# On by default since 2026-11-26 (H200): Qwen3-30B-A3B-shaped decode step -3.26% / -1.88% / -0.92% at batch 1 / 8 / 32,
+# greedy ids identical (kernels/moe_gate/RESULTS.md). DEFAULT_OFF = "reason" would take it out of `--ops all` again.
 DEFAULT_OFF = ""
 
 ADAPTER = OpAdapter(

@@ -19,11 +19,14 @@
 //    staged in shared memory with cp.async, all copies in flight at once (one L2 round trip per 64 KB chunk).
 //    Tokens are taken kTokGroup at a time with one fp32 accumulator each, the weight vector unpacked once per
 //    group; warp butterflies, then the kSplit partial sums per (expert, token) through shared memory.
+//  * 2..64 tokens with hidden a multiple of 256 (at most 4096): tensor cores instead (moe_gate_mma_kernel below),
+//    8 to 64 tokens in about the time of one; the CUDA-core path above serves 1 token and the other widths.
 //  * hidden not a multiple of 8 or unaligned pointers: a scalar path (same math, no prefetch; correctness only).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <type_traits>
 
 #ifndef ASTRA_PDL
 #define ASTRA_PDL 1  // 0: plain launch; 1: PDL, weights loaded before the wait, trigger right after it
@@ -169,6 +172,96 @@ __global__ void __launch_bounds__(kThreads) moe_gate_kernel(const T* __restrict_
   }
 }
 
+// Tensor-core path (2..64 tokens, hidden a multiple of 256, at most 4096): mma.sync m16n8k16, A = 16 expert rows x 16
+// k, B = 16 k x 8 tokens, fp32 accumulators. A CTA owns one 16-row expert tile and 8 tokens (grid y: the token
+// tiles); its 8 warps split hidden in 32-wide chunks (warp w: chunks w, w + 8, ...). The k order inside an mma is
+// free as long as A and B agree, so each lane loads 16 contiguous bytes per row and per token and uses them as its
+// k slots of two consecutive mmas: lane (g = lane / 4, q = lane % 4) loads k = chunk + 8q .. 8q + 7 of expert rows
+// g and g + 8 (A) and of token g (B); mma 0 takes words 0-1, mma 1 words 2-3 (words 0 / 1 fill the fragment's
+// k slots 2q, 2q + 1 / 2q + 8, 2q + 9, for A and B alike). The weight fragments are loaded before the PDL wait.
+// Partial tiles of the 8 warps are summed through shared memory.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaRows = 16;   // experts per CTA (the mma's M)
+constexpr int kMmaToks = 8;    // tokens per CTA (the mma's N)
+constexpr int kMmaMaxTokens = 64;
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  if constexpr (std::is_same<T, __half>::value) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+template <typename T, int NC>  // NC: 32-wide chunks per warp (hidden / 256 of them, at most NC)
+__global__ void __launch_bounds__(kMmaThreads) moe_gate_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                    T* __restrict__ out, int tokens, int hidden,
+                                                                    int experts) {
+  __shared__ float part[kMmaWarps][kMmaRows][kMmaToks];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int e0 = blockIdx.x * kMmaRows, t0 = blockIdx.y * kMmaToks;
+  const int nchunks = hidden / (32 * kMmaWarps);  // per warp
+  const int r_lo = e0 + g, r_hi = e0 + g + 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // weight fragments, before the wait
+  uint4 wlo[NC], whi[NC];
+#pragma unroll
+  for (int i = 0; i < NC; ++i) {
+    const int k = ((i * kMmaWarps + warp) * 32) + 8 * q;
+    const bool in = i < nchunks;
+    wlo[i] = (in && r_lo < experts) ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(r_lo) * hidden + k))
+                                    : zero;
+    whi[i] = (in && r_hi < experts) ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(r_hi) * hidden + k))
+                                    : zero;
+  }
+  if (ASTRA_PDL) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  const int t = t0 + g;  // this lane's token of the B fragment
+  uint4 xv[NC];
+#pragma unroll
+  for (int i = 0; i < NC; ++i) {
+    const int k = ((i * kMmaWarps + warp) * 32) + 8 * q;
+    xv[i] = (i < nchunks && t < tokens) ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * hidden + k)
+                                        : zero;
+  }
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};  // two chains: words 0-1 and 2-3
+#pragma unroll
+  for (int i = 0; i < NC; ++i) {
+    if (i < nchunks) {
+      mma16816<T>(c0, wlo[i].x, whi[i].x, wlo[i].y, whi[i].y, xv[i].x, xv[i].y);
+      mma16816<T>(c1, wlo[i].z, whi[i].z, wlo[i].w, whi[i].w, xv[i].z, xv[i].w);
+    }
+  }
+  // C fragment: c[0], c[1] = (row g, tokens 2q, 2q + 1); c[2], c[3] = (row g + 8, the same tokens)
+  part[warp][g][2 * q] = c0[0] + c1[0];
+  part[warp][g][2 * q + 1] = c0[1] + c1[1];
+  part[warp][g + 8][2 * q] = c0[2] + c1[2];
+  part[warp][g + 8][2 * q + 1] = c0[3] + c1[3];
+  __syncthreads();
+  if (threadIdx.x < kMmaRows * kMmaToks) {
+    const int r = threadIdx.x / kMmaToks, n = threadIdx.x % kMmaToks;
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < kMmaWarps; ++v) s += part[v][r][n];
+    if (e0 + r < experts && t0 + n < tokens) out[static_cast<int64_t>(t0 + n) * experts + e0 + r] = from_f<T>(s);
+  }
+}
+
 // Scalar path (hidden % 8 != 0 or unaligned pointers): one warp per expert, lanes stride the row.
 template <typename T>
 __global__ void __launch_bounds__(kScalarWarps * 32) moe_gate_scalar_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -248,6 +341,16 @@ cudaError_t dispatch(const void* x, const void* w, void* out, int tokens, int hi
     return launch(moe_gate_scalar_kernel<T>, dim3((experts + kScalarWarps - 1) / kScalarWarps), kScalarWarps * 32, 0,
                   stream, static_cast<const T*>(x),
                   static_cast<const T*>(w), static_cast<T*>(out), tokens, hidden, experts);
+  }
+  if (tokens >= 2 && tokens <= kMmaMaxTokens && hidden % (32 * kMmaWarps) == 0 && hidden <= 4096 &&
+      device_major() >= 8) {
+    const dim3 grid((experts + kMmaRows - 1) / kMmaRows, (tokens + kMmaToks - 1) / kMmaToks);
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(w);
+    T* ot = static_cast<T*>(out);
+    if (hidden <= 2048) return launch(moe_gate_mma_kernel<T, 8>, grid, kMmaThreads, 0, stream, xt, wt, ot, tokens,
+                                      hidden, experts);
+    return launch(moe_gate_mma_kernel<T, 16>, grid, kMmaThreads, 0, stream, xt, wt, ot, tokens, hidden, experts);
   }
   const int nvec = hidden / 8, per = 32 * kSplit;  // vectors one register slot covers across the split
   if (nvec <= per * 1) return launch_vec<T, 1>(x, w, out, tokens, hidden, experts, stream);
