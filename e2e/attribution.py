@@ -179,6 +179,7 @@ def shape_hints(cfg: dict, tokens: int, tp: int = 1) -> Dict[str, str]:
             "moe_routing": f"{tokens}x{n_exp} top{topk}",
             "moe_align": f"{tokens * topk} ids, {n_exp} experts",
             "moe_combine": f"{tokens}x{topk}x{h}",
+            "moe_gate": f"{tokens}x{h}x{n_exp}",   # the router's logits GEMM (astra's; SGLang's is a cuBLAS gemm)
         })
     else:
         out["silu_and_mul"] = f"{tokens}x{inter}"

@@ -105,6 +105,7 @@ def test_shape_hints_from_config():
     moe = {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
            "intermediate_size": 6144, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
     assert at.shape_hints(moe, 4)["silu_and_mul"] == "32x768"
+    assert at.shape_hints(moe, 4)["moe_gate"] == f"4x{moe['hidden_size']}x{moe['num_experts']}"  # tokens x hidden x experts
     assert at.covered_dims("silu_and_mul", "32x768") == (32, 768)
     assert at.covered_dims("rope", "q 1x32x128, k 1x8x128") is None
     gemma = json.loads((HERE.parent / "e2e" / "configs" / "gemma2-9b" / "config.json").read_text())

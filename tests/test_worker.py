@@ -124,3 +124,18 @@ def test_explain_prefers_cuda_errors():
     assert "illegal memory access" in explain(err)
     assert explain("") == ""
 
+
+
+def test_on_event_sees_rows_as_they_arrive_even_when_the_run_is_killed():
+    """bench writes its rows so far from on_event: a row emitted before a hang reaches the caller before the kill."""
+    code = EMIT + (
+        "emit(event='row', row={'shape': '1x8'})\n"
+        "emit(event='row', row={'shape': '2x8'})\n"
+        "import time; time.sleep(60)\n")
+    seen = []
+    t0 = time.monotonic()
+    r = run_worker({}, argv=py(code), timeout=2, total_timeout=60,
+                   on_event=lambda ev: seen.append((ev["row"]["shape"], time.monotonic() - t0)))
+    assert r.status == "timeout" and not r.ok
+    assert [s for s, _ in seen] == ["1x8", "2x8"]
+    assert all(t < 2 for _, t in seen)  # delivered on arrival, not after the hang timer ran out

@@ -447,8 +447,12 @@ def bench(
     context: bool = True,
     baseline: str = "extracted",
     consumer_width: Optional[int] = None,
+    on_row: Optional[Callable[[BenchReport], None]] = None,
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
+
+    on_row(report so far) is called after each timed row (ok False, reason saying how far it got), so a caller can
+    keep the rows of a run that is killed from outside.
 
     baseline="installed" also times the installed SGLang callable the patch replaces (installed.py)
     beside the extracted production kernel, and counts the elements where the two differ in bits.
@@ -535,7 +539,16 @@ def bench(
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
     rep.context_consumer_width = width if context else 0
-    wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say)
+    def row_done(ev: Dict[str, Any]) -> None:
+        if on_row is None or ev.get("event") != "row" or not ev.get("row"):
+            return
+        rep.rows.append(BenchRow(**ev["row"]))
+        rep.ok, rep.reason = False, (f"partial: {len(rep.rows)} of {len(shape_list) * len(dts)} rows timed so far "
+                                     "(the run had not finished when this was written)")
+        rep.seconds = time.monotonic() - t0
+        on_row(rep)
+
+    wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say, on_event=row_done)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
     p = wr.payload or {}
     rep.rows = [BenchRow(**r) for r in (p.get("rows") or rows)]

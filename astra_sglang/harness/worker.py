@@ -97,8 +97,10 @@ def run_worker(
     env: Optional[Dict[str, str]] = None,
     cwd: Optional[Path] = None,
     progress: Optional[Callable[[str], None]] = None,
+    on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
 ) -> WorkerResult:
-    """Run `job` in a child process; never raises for anything the child does."""
+    """Run `job` in a child process; never raises for anything the child does. `on_event` sees every event as it
+    arrives (bench writes its rows so far with it: a run killed from outside keeps them)."""
     t0 = time.monotonic()
     fd, job_path = tempfile.mkstemp(prefix="astra-job-", suffix=".json")
     with os.fdopen(fd, "w") as f:
@@ -167,6 +169,8 @@ def run_worker(
                         continue
                     last = time.monotonic()
                     events.append(ev)
+                    if on_event:
+                        on_event(ev)
                     kind = ev.get("event")
                     if kind == "result":
                         payload = ev
