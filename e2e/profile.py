@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .attribution import classify, lookup_dims, shape_hints, short_name
+from .attribution import Match, classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
 from .trace import KernelEvent, exclusive_times, load_trace
 
@@ -84,6 +84,33 @@ def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: st
     return out
 
 
+def _is_router_gemm(dims, hidden: int, experts: int) -> bool:
+    """Input Dims of a torch matmul that is the MoE router's logits GEMM: x [T, hidden] by the gate's weight, as
+    aten::mm sees it ([hidden, experts], the transposed view) or aten::linear ([experts, hidden])."""
+    try:
+        x, w = list(dims[0]), list(dims[1])
+    except (IndexError, TypeError):
+        return False
+    return len(x) >= 2 and x[-1] == hidden and w in ([hidden, experts], [experts, hidden])
+
+
+def router_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",
+                        gemma: bool = False) -> set:
+    """Names of the GEMM kernels that, where the profiler recorded their launching op's shapes (an eager step),
+    ran the MoE router's logits GEMM and nothing else: moe_gate's production (SGLang's gate runs as cuBLAS, whose
+    kernel names every linear shares, so the name alone cannot tell). A CUDA-graph capture records no shapes; its
+    kernels of these names are taken as the same GEMM."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    hidden = int(cfg.get("hidden_size") or 0)
+    if not experts or not hidden:
+        return set()
+    seen: Dict[str, set] = defaultdict(set)
+    for k in shape_kernels:
+        if k.shapes and classify(k.name, hidden_act, gemma=gemma).op == "gemm":
+            seen[k.name].add(_is_router_gemm(k.shapes, hidden, experts))
+    return {n for n, v in seen.items() if v == {True}}
+
+
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
                     shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
     hidden_act = str(cfg.get("hidden_act", "silu"))
@@ -92,17 +119,24 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     total = exclusive_times(kernels)
     steps = max(cap.steps, 1)
     hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
+    router = router_gemm_kernels(shape_kernels, cfg, hidden_act, gemma)
+
+    def match(name: str) -> Match:
+        if name in router:   # SGLang's gate GEMM: the op moe_gate replaces
+            return Match("moe_gate", "op", True, False)
+        return classify(name, hidden_act, gemma=gemma)
+
     seen_shapes: Dict[str, set] = defaultdict(set)
     for k in shape_kernels:
         if k.shapes:
-            m = classify(k.name, hidden_act, gemma=gemma)
+            m = match(k.name)
             s = _fmt_dims(k.shapes)
             if s:
                 seen_shapes[m.op].add(f"{s} ({k.torch_op})" if k.torch_op else s)
     ops: Dict[str, dict] = {}
     per_kernel: Dict[str, dict] = {}
     for k in kernels:
-        m = classify(k.name, hidden_act, gemma=gemma)
+        m = match(k.name)
         o = ops.setdefault(m.op, {"op": m.op, "category": m.category, "covered": m.covered, "astra": False,
                                   "excl": 0.0, "raw": 0.0, "calls": 0, "kernels": set()})
         o["excl"] += k.excl

@@ -535,3 +535,44 @@ def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_typ
     assert not _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "qwen3_moe")
     assert _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "")  # unknown model: any
     assert _site_of_model("sglang.kernels.ops.attention.rope:apply_rope_inplace_with_kvcache", "qwen3")
+
+
+def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes():
+    """SGLang's gate runs as cuBLAS, whose kernel names every linear shares: a GEMM kernel is moe_gate's production
+    only where the eager step shows it ran the router's [T, hidden] x [hidden, experts] and nothing else. The graph
+    capture (no shapes) takes kernels of that name as the same GEMM; a name that also ran another linear stays a
+    gemm. The prediction then reads moe_gate's bench speedup."""
+    from astra_sglang.e2e.speedups import Speedup
+
+    qwen3_moe = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
+    h, e = qwen3_moe["hidden_size"], qwen3_moe["num_experts"]
+
+    class Table(SpeedupTable):
+        def lookup(self, op, dims, dtype="bf16", variant=None):
+            return Speedup(2.0, "x", True, "bench.json", "2026-11-26") if op == "moe_gate" else None
+
+    def ev(name, ts, dur, shapes=None):
+        k = KernelEvent(name, ts=ts, dur=dur)
+        k.shapes, k.torch_op = shapes, "aten::mm" if shapes else None
+        return k
+
+    eager = [ev("nvjet_64x8_2x1", 0, 5.0, [[1, h], [h, e]]),          # the gate only
+             ev("nvjet_64x8_4x1", 10, 7.0, [[1, h], [h, 5120]]),       # qkv
+             ev("nvjet_shared", 20, 5.0, [[1, h], [h, e]]),            # the gate here ...
+             ev("nvjet_shared", 30, 5.0, [[1, 4096], [4096, h]])]      # ... and o_proj there
+    graph = [ev("nvjet_64x8_2x1", 100.0 * i, 5.0) for i in range(2)] + \
+            [ev("nvjet_64x8_4x1", 100.0 * i + 10, 7.0) for i in range(2)] + \
+            [ev("nvjet_shared", 100.0 * i + 20, 5.0) for i in range(2)]
+    exclusive_times(graph)
+    c = analyze_capture(graph, Capture("decode", 1, 1, 2, "t.json"), qwen3_moe, Table([]), eager)
+    rows = {r["op"]: r for r in c["ops"]}
+    gate = rows["moe_gate"]
+    assert gate["category"] == "op" and gate["covered"] and not gate["astra_kernel"]
+    assert gate["us_per_step"] == pytest.approx(5.0) and gate["calls_per_step"] == 1
+    assert gate["shapes"] == [f"1x{h}, {h}x{e} (aten::mm)"] and gate["shape_source"] == "profiler"
+    assert gate["speedup"] == 2.0 and gate["saved_us"] == pytest.approx(2.5)
+    assert rows["gemm"]["us_per_step"] == pytest.approx(12.0)   # qkv and the shared name stay gemm
+    # a dense model has no router: nothing is re-attributed
+    llama = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json").read_text())
+    d = analyze_capture(graph, Capture("decode", 1, 1, 2, "t.json"), llama, Table([]), eager)
+    assert "moe_gate" not in {r["op"] for r in d["ops"]}
