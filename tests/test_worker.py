@@ -125,7 +125,6 @@ def test_explain_prefers_cuda_errors():
     assert explain("") == ""
 
 
-
 def test_on_event_sees_rows_as_they_arrive_even_when_the_run_is_killed():
     """bench writes its rows so far from on_event: a row emitted before a hang reaches the caller before the kill."""
     code = EMIT + (
