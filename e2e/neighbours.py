@@ -25,18 +25,21 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .attribution import classify
+from .attribution import Match, classify
 from .trace import KernelEvent, load_trace
 
 Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
 
 
-def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu",
-          gemma: bool = False) -> Dict[Tuple[str, str], List[Pair]]:
+def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
+          match: Optional[Callable[[str], Match]] = None) -> Dict[Tuple[str, str], List[Pair]]:
     """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream; kernel
-    names classified as for the model (attribution.classify: its activation, Gemma's norms)."""
+    names classified as for the model (attribution.classify: its activation, Gemma's norms), or by `match`
+    (profile.op_classifier: the profile's own attribution, SGLang's router GEMM included)."""
+    if match is None:
+        match = lambda name: classify(name, hidden_act, gemma=gemma)  # noqa: E731
     by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
     for k in kernels:
         if k.kind == "kernel":
@@ -45,16 +48,16 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu",
     for ks in by_stream.values():
         ks.sort(key=lambda k: k.ts)
         for p, n in zip(ks, ks[1:]):
-            m = classify(p.name, hidden_act, gemma=gemma)
+            m = match(p.name)
             if m.covered:
-                out[(m.op, classify(n.name, hidden_act, gemma=gemma).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
+                out[(m.op, match(n.name).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
     return out
 
 
 def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
-                     gemma: bool = False) -> List[dict]:
+                     gemma: bool = False, match: Optional[Callable[[str], Match]] = None) -> List[dict]:
     """One row per (op, next op) seen in both arms, largest |Δ span per step| first."""
-    pa, pb = pairs(a, hidden_act, gemma), pairs(b, hidden_act, gemma)
+    pa, pb = pairs(a, hidden_act, gemma, match), pairs(b, hidden_act, gemma, match)
     rows = []
     for key in sorted(set(pa) & set(pb)):
         xa, xb = pa[key], pb[key]
@@ -90,19 +93,20 @@ def decode_captures(pdir: Path) -> Dict[Tuple[str, int], dict]:
             if c.get("stage") == "decode"}
 
 
-def model_kind(pdir: Path) -> Tuple[str, bool]:
-    """(hidden_act, is a Gemma) of the model in PDIR/profile-meta.json's config, as the profile classifies."""
-    from .profile import META
-
-    cfg = json.loads((pdir / META).read_text()).get("config") or {}
-    return str(cfg.get("hidden_act", "silu")), str(cfg.get("model_type", "")).startswith("gemma")
+def _shape_kernels(pdir: Path, cap: dict) -> List[KernelEvent]:
+    """The kernels of a capture's eager shapes trace (its launching ops' shapes recorded), if it has one."""
+    t = cap.get("shapes_trace")
+    return load_trace(pdir / t).kernels if t and (pdir / t).is_file() else []
 
 
 def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
-    """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows."""
+    """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows. Kernels are
+    classified as the profile classifies them (profile.op_classifier over both arms' eager shapes traces)."""
+    from .profile import META, op_classifier
+
     pdir = Path(pdir)
     caps = decode_captures(pdir)
-    act, gemma = model_kind(pdir)
+    cfg = json.loads((pdir / META).read_text()).get("config") or {}
     out = []
     for (arm, bs), c in sorted(caps.items()):
         b0 = caps.get((base, bs))
@@ -110,8 +114,9 @@ def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
             continue
         if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
             continue
+        match = op_classifier(cfg, _shape_kernels(pdir, b0) + _shape_kernels(pdir, c))
         rows = consumer_effects(load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels,
-                                int(c.get("steps", 1)), act, gemma)
+                                int(c.get("steps", 1)), match=match)
         out.append({"base": base, "arm": arm, "batch_size": bs, "rows": rows})
     return out
 

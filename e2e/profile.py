@@ -12,7 +12,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .attribution import Match, classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
@@ -111,14 +111,11 @@ def router_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_
     return {n for n, v in seen.items() if v == {True}}
 
 
-def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
-                    shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
+def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = ()) -> Callable[[str], Match]:
+    """kernel name -> Match for this model: attribution.classify with its activation and Gemma's norms, and the GEMM
+    kernels `router_gemm_kernels` finds in `shape_kernels` as moe_gate (the profile and the neighbours table agree)."""
     hidden_act = str(cfg.get("hidden_act", "silu"))
     gemma = str(cfg.get("model_type", "")).startswith("gemma")   # FlashInfer's norm kernels are the gemma ops
-    dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
-    total = exclusive_times(kernels)
-    steps = max(cap.steps, 1)
-    hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
     router = router_gemm_kernels(shape_kernels, cfg, hidden_act, gemma)
 
     def match(name: str) -> Match:
@@ -126,6 +123,16 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
             return Match("moe_gate", "op", True, False)
         return classify(name, hidden_act, gemma=gemma)
 
+    return match
+
+
+def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
+                    shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
+    dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
+    total = exclusive_times(kernels)
+    steps = max(cap.steps, 1)
+    hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
+    match = op_classifier(cfg, shape_kernels)
     seen_shapes: Dict[str, set] = defaultdict(set)
     for k in shape_kernels:
         if k.shapes:

@@ -78,3 +78,43 @@ def test_cli_table_and_errors(tmp_path):
     p = subprocess.run([sys.executable, "-m", "astra_sglang.e2e.neighbours", str(tmp_path)], capture_output=True,
                        text=True, timeout=60, cwd="/")
     assert p.returncode == 2 and p.stderr.startswith("error:")
+
+
+def test_the_table_classifies_as_the_profile_does_sglangs_router_gemm_included(tmp_path):
+    """compare_dir reads each capture's eager shapes trace: a GEMM kernel that ran only the router's [T, hidden] x
+    [hidden, experts] there is moe_gate in both arms' graph traces (the profile's op_classifier), so the norm's next
+    kernel is moe_gate in A (SGLang's cuBLAS GEMM) and in B (astra's), not a gemm in one and moe_gate in the other."""
+    cfg = {"hidden_size": 2048, "num_experts": 128, "hidden_act": "silu", "model_type": "qwen3_moe"}
+    gate_a, gate_b = "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT", "void astra_moeg::(anonymous namespace)::moe_gate_kernel<1>"
+
+    def kernels(names_durs, steps=3):
+        ks, t = [], 0.0
+        for _ in range(steps):
+            for name, dur in names_durs:
+                ks.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur, "pid": 0, "tid": 7,
+                           "args": {"stream": 7, "device": 0}})
+                t += dur
+        return ks
+
+    def write(fn, events):
+        with gzip.open(tmp_path / fn, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+
+    caps = []
+    for arm, norm, gate, g_us in (("A", NORM_A, gate_a, 5.0), ("B", NORM_B, gate_b, 2.8)):
+        write(f"{arm}-dec.json.gz", kernels([(norm, 2.0), (gate, g_us), ("_router_triton_kernel", 2.0)]))
+        eager = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 10.0, "pid": 0, "tid": 1,
+                  "args": {"Input Dims": [[1, 2048], [2048, 128]]}},
+                 {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0, "pid": 0,
+                  "tid": 1, "args": {"correlation": 5}},
+                 {"ph": "X", "cat": "kernel", "name": gate, "ts": 20.0, "dur": g_us, "pid": 0, "tid": 7,
+                  "args": {"stream": 7, "device": 0, "correlation": 5}}]
+        write(f"{arm}-eager.json.gz", eager)
+        caps.append({"stage": "decode", "batch_size": 1, "tokens": 1, "steps": 3, "trace": f"{arm}-dec.json.gz",
+                     "shapes_trace": f"{arm}-eager.json.gz", "arm": arm})
+    (tmp_path / "profile-meta.json").write_text(json.dumps({"captures": caps, "config": cfg}))
+    (res,) = compare_dir(tmp_path)
+    rows = {(r["op"], r["next"]): r for r in res["rows"]}
+    assert ("fused_add_rmsnorm", "moe_gate") in rows and ("fused_add_rmsnorm", "gemm") not in rows
+    gate = rows[("moe_gate", "moe_router")]
+    assert gate["op_us"] == pytest.approx((5.0, 2.8)) and gate["op_delta_step_us"] == pytest.approx(-2.2)
