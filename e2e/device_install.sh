@@ -5,10 +5,25 @@
 #   bash e2e/device_install.sh install [WHEELDIR] [SITE]   join split wheels, check sha256 against
 #                                                           MANIFEST.json, pip install --no-index
 #                                                           --no-deps --target SITE, then astra-sglang
+#   bash e2e/device_install.sh astra [SITE]                astra-sglang alone again, from this repo: servers
+#                                                           and step workers import astra from SITE, so an
+#                                                           edit made after `install` is not what they run
+#                                                           until this
 # Defaults: WHEELDIR=/tmp/e2e-wheels SITE=/tmp/e2e-site. Afterwards: export PYTHONPATH=SITE.
 set -euo pipefail
-cmd=${1:?stage or install}
+cmd=${1:?stage, install or astra}
 PY=${PYTHON:-python3}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+install_astra() {  # astra-sglang itself (registers the sglang plugin entry point), from the repo we run in
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --disable-pip-version-check \
+        --target "$1" --upgrade "$repo" && echo "astra-sglang installed into $1 from $repo"
+}
+if [ "$cmd" = astra ]; then
+    site=${2:-/tmp/e2e-site}
+    [ -d "$site" ] || { echo "error: $site does not exist: run 'install' first" >&2; exit 2; }
+    install_astra "$site"
+    exit 0
+fi
 if [ "$cmd" = stage ]; then
     part=${2:?PARTDIR}; dst=${3:-/tmp/e2e-wheels}
     mkdir -p "$dst"
@@ -16,9 +31,8 @@ if [ "$cmd" = stage ]; then
     echo "staged $(ls "$part" | wc -l) files from $part into $dst ($(du -sh "$dst" | cut -f1) there now)"
     exit 0
 fi
-[ "$cmd" = install ] || { echo "unknown command $cmd" >&2; exit 2; }
+[ "$cmd" = install ] || { echo "error: unknown command $cmd (stage, install or astra)" >&2; exit 2; }
 src=${2:-/tmp/e2e-wheels}; site=${3:-/tmp/e2e-site}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$src"
 "$PY" - <<'EOF'
 import hashlib, json, pathlib, sys
@@ -47,6 +61,4 @@ t0=$(date +%s)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
     --target "$site" ./*.whl
 echo "installed into $site in $(( $(date +%s) - t0 ))s ($(du -sh "$site" | cut -f1))"
-# astra-sglang itself (registers the sglang plugin entry point), from the repo we run in.
-"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --disable-pip-version-check \
-    --target "$site" --upgrade "$repo" && echo "astra-sglang installed into $site"
+install_astra "$site"
