@@ -227,20 +227,19 @@ def test_sanitizer_log_parse():
     assert n == 1 and first.startswith("Race reported")
 
 
-def test_bench_cli_rewrites_its_json_whole(tmp_path):
+def test_bench_report_json_is_replaced_whole(tmp_path):
     """bench rewrites its JSON after every row (a run killed from outside keeps the rows so far): each write
     replaces the file whole, through a temporary beside it, and leaves no temporary behind."""
-    from astra_sglang.harness.cli import _write_atomically
     from astra_sglang.harness.results import BenchReport, BenchRow
 
     out = tmp_path / "b.json"
     rep = BenchReport(op="moe_gate", ok=False, reason="partial: 1 of 2 rows timed so far")
     rep.rows.append(BenchRow(shape="1x2048x128", dtype="bf16", prod_us=4.5, prod_spread=0.1))
-    _write_atomically(rep, out)
+    rep.to_json(out)
     first = json.loads(out.read_text())
     assert first["ok"] is False and first["reason"].startswith("partial") and len(first["rows"]) == 1
     rep.rows.append(BenchRow(shape="8x2048x128", dtype="bf16", prod_us=4.9, prod_spread=0.1))
     rep.ok, rep.reason = True, ""
-    _write_atomically(rep, out)
+    rep.to_json(out)
     assert json.loads(out.read_text())["ok"] is True and len(json.loads(out.read_text())["rows"]) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]

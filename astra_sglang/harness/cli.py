@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -85,15 +84,6 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
         sys.exit(1)
 
 
-def _write_atomically(rep, out) -> None:
-    """The report's JSON at `out`, replaced whole (bench rewrites it after every row: a kill mid-write must not
-    leave half a file)."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    rep.to_json(tmp)
-    os.replace(tmp, out)
-
-
 @click.command("bench")
 @click.argument("op")
 @click.option("--candidate", type=click.Path(path_type=Path), help="Candidate .cu (default: production only).")
@@ -138,8 +128,8 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress,
                 context=not no_context, baseline=baseline, consumer_width=consumer_width,
-                on_row=lambda partial: _write_atomically(partial, out))
-    _write_atomically(rep, out)
+                on_row=lambda partial: partial.to_json(out))
+    rep.to_json(out)
     click.echo(rep.table())
     click.echo(f"  wrote {out}", err=True)
     if not no_plot and rep.rows:

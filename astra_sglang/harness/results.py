@@ -3,11 +3,23 @@ with their JSON, table and plot."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .stats import geomean, is_noise, median, pct_of_ceiling, spread
+
+
+def write_json(path: Union[str, Path], data: Dict[str, Any]) -> Path:
+    """`data` as JSON at `path`, replaced whole through a temporary beside it: bench rewrites its report after every
+    row, and a run killed mid-write must leave the previous rows, not half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, p)
+    return p
 
 
 @dataclass
@@ -49,10 +61,7 @@ class CheckResult:
         return asdict(self)
 
     def to_json(self, path: Union[str, Path]) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
-        return p
+        return write_json(path, self.to_dict())
 
     def worst(self) -> List[Dict[str, Any]]:
         """Per output tensor and dtype, the detail row with the largest candidate error / tolerance.
@@ -215,10 +224,7 @@ class BenchReport:
         return d
 
     def to_json(self, path: Union[str, Path]) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
-        return p
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "BenchReport":
