@@ -15,10 +15,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict
 
+from astra_sglang.kernels.moe_gate.spec import MAX_HIDDEN
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 MAX_EXPERTS = 512    # a router's width (Qwen3-Next: 512); wider linears (MLA's 576-wide kv_a_proj) are projections
-MAX_HIDDEN = 8192    # the kernel holds a row slice in one warp's registers
 # Decode sizes: the kernel's tensor-core path ends at 64 tokens (in context 1.25-2.9x cuBLAS there, H200, RESULTS.md).
 MAX_TOKENS = 64
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
