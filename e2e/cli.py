@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import click
 
 from astra_sglang.errors import AstraError
+from astra_sglang.patch.counters import fresh_counter_dir  # noqa: F401 - tp_drill imports it from here
 
 
 def _say(msg: str) -> None:
@@ -41,15 +42,6 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
             "--cuda-graph-max-bs", str(cuda_graph_max_bs),
             "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return args + list(extra)
-
-
-def fresh_counter_dir(cdir: Path) -> Path:
-    """An arm's counter directory, emptied first: a rerun into the same --out would otherwise sum the earlier run's
-    processes into this run's counters (that run's report, overwritten in the same --out, already had them)."""
-    if cdir.exists():
-        shutil.rmtree(cdir)
-    cdir.mkdir(parents=True)
-    return cdir
 
 
 def launcher_cmd(python: str, ops: str, counter_dir: Path, args: List[str], self_check: str,

@@ -360,6 +360,10 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     analysis = None
     codes: Dict[str, Optional[int]] = {}
     patched_arms = [a for a in arms if a not in ss.UNPATCHED]
+    from astra_sglang.patch.counters import fresh_counter_dir
+
+    for a in arms:  # a rerun into the same --out must not sum the last run's processes into this run's counters
+        fresh_counter_dir(out / f"counters-{a}")
     for w, idxs in enumerate(wave_list):
         names = {proc_name(a, i): (a, o) for i in idxs for a, o in arms.items()}
         session = Session(names, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check, gpu_pad_us,

@@ -50,6 +50,17 @@ _SHP_SLOT = struct.Struct(f"<{_NAME}s8sq{_MAX_DIMS}qqq")  # op, dtype, ndims, di
 SHAPE_SLOTS = 512
 
 
+def fresh_counter_dir(cdir: Path) -> Path:
+    """An arm's counter directory, emptied first: a rerun into the same --out would otherwise sum the earlier run's
+    processes into this run's counters (that run's report, overwritten in the same --out, already had them)."""
+    import shutil
+
+    if cdir.exists():
+        shutil.rmtree(cdir)
+    cdir.mkdir(parents=True)
+    return cdir
+
+
 def default_dir() -> Path:
     return Path(tempfile.gettempdir()) / "astra-sglang-counters" / "default"
 

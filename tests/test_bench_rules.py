@@ -46,6 +46,17 @@ def test_impossible_numbers_are_refused_with_the_reason():
     assert "non-positive" in impossible("candidate", 0.0, 0.0, 1, 1.0, 0.0, 0.0)
 
 
+def test_a_read_stream_is_judged_against_the_read_ceiling():
+    """The H200 of 2026-11-26: a decode GEMV's weight stream at 4575 GB/s, a 4095 GB/s copy ceiling (+11.7%: above
+    the read:write-mix margin) and a faster read ceiling. Refused against the copy alone, accepted with the read one,
+    and a kernel beyond both (skipping work) is still refused, naming both."""
+    us = 205_585_408 / (4575.0 * 1e3)
+    assert "impossible number" in impossible("candidate", us, 0.003, 205_585_408, 4095.0, 0.002, 0.5)
+    assert impossible("candidate", us, 0.003, 205_585_408, 4095.0, 0.002, 0.5, read_ceiling_gbps=4600.0) == ""
+    why = impossible("candidate", us / 3, 0.003, 205_585_408, 4095.0, 0.002, 0.5, read_ceiling_gbps=4600.0)
+    assert "impossible number" in why and "read ceiling 4600 GB/s" in why
+
+
 def _row(shape="16x4096", base=2.0, cand=1.9, pc=(1.6, 1.2)):
     r = BenchRow.make(shape, "fp16", [pc[0]] * 5, [pc[1]] * 5, 1 << 20, 4000.0)
     r.set_context({"median": base, "spread": 0.05}, {"median": cand, "spread": 0.08}, 20.0,

@@ -274,10 +274,14 @@ def test_step_ab_end_to_end(tmp_path):
     bench.write_text(json.dumps({"op": "fused_add_rmsnorm", "date": "2099-01-01", "rows": [  # newest wins
         {"shape": "1x4096", "dtype": "bf16", "speedup": 2.0}, {"shape": "8x4096", "dtype": "bf16", "speedup": 2.0}]}))
     log = tmp_path / "cmds.log"
+    stale = tmp_path / "out" / "counters-B" / "1.cnt"  # a process of an earlier run into the same --out
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
     r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--procs", "2",
               env={"ASTRA_SGLANG_RESULTS": str(bench.parent), "FAKE_CMD_LOG": str(log)})
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
+    assert not stale.exists()  # its counters would have been summed into this run's
     s = json.loads((out / "summary.json").read_text())
     c = {x["batch_size"]: x for x in s["comparisons"]}
     assert set(c) == {1, 8} and c[1]["rounds"] == 3 and s["primary"] == "gpu_ms"

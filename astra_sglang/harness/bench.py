@@ -189,7 +189,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             if row.context_failed:
                 refused.append(f"{skey} {dtype}: {row.context_failed}")
             if l2 == "cold":
-                refused += refuse_impossible(row, gbps, float(ceiling.get("spread") or 0.0), floor_us, floor_spread)
+                refused += refuse_impossible(row, gbps, float(ceiling.get("spread") or 0.0), floor_us, floor_spread,
+                                             ceiling.get("read_gbps"))
             if refused:
                 row.failed = refused[0]
                 recheck["failures"] += refused
@@ -213,7 +214,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     recheck["cases"] += 1
                     recheck["failures"] += f
                     recheck.update(ok=False, reason=recheck["reason"] or f[0])
-                    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us)
+                    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
+                                         ceiling.get("read_gbps"))
                 recheck["cases"] += 1
                 notes += n
                 if f:
@@ -221,7 +223,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     recheck.update(ok=False, reason=recheck["reason"] or f[0])
             del sets, prod_sets, pristine, gset, first
             torch.cuda.empty_cache()
-    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us)
+    return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
+                                         ceiling.get("read_gbps"))
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
@@ -389,7 +392,7 @@ def _calls_seen(spec, sets, fresh, dims, expected: int, prod_attrs, who: str) ->
 
 
 def refuse_impossible(row: BenchRow, gbps: float, ceiling_spread: float, floor_us: float,
-                      floor_spread: float) -> List[str]:
+                      floor_spread: float, read_gbps: Optional[float] = None) -> List[str]:
     """Chained (L2-cold) times above the copy ceiling or under the launch floor: refused (rules.py)."""
     from .rules import impossible
 
@@ -398,18 +401,20 @@ def refuse_impossible(row: BenchRow, gbps: float, ceiling_spread: float, floor_u
         # (the installed callable is SGLang's: measured and shown, not judged)
         if us is None:
             continue
-        why = impossible(who, us, sp, row.bytes_moved, gbps, ceiling_spread, floor_us, floor_spread)
+        why = impossible(who, us, sp, row.bytes_moved, gbps, ceiling_spread, floor_us, floor_spread, read_gbps)
         if why:
             out.append(f"{row.shape} {row.dtype}: {why}")
     return out
 
 
-def _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us) -> Dict[str, Any]:
+def _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
+                  read_gbps: Optional[float] = None) -> Dict[str, Any]:
     import torch
 
     return {
         "ok": bool(recheck["ok"]), "reason": recheck["reason"], "rows": rows, "notes": notes, "recheck": recheck,
         "device": dev_name, "sm_count": props.multi_processor_count, "l2_bytes": l2_bytes, "ceiling_gbps": gbps,
+        "read_ceiling_gbps": read_gbps,
         "ceiling_source": source, "launch_floor_us": floor_us,
         "software": {"torch": torch.__version__, "cuda": torch.version.cuda or "",
                      "driver": _driver_version()},
@@ -552,7 +557,8 @@ def bench(
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
     p = wr.payload or {}
     rep.rows = [BenchRow(**r) for r in (p.get("rows") or rows)]
-    for k in ("device", "sm_count", "l2_bytes", "ceiling_gbps", "ceiling_source", "launch_floor_us", "software"):
+    for k in ("device", "sm_count", "l2_bytes", "ceiling_gbps", "read_ceiling_gbps", "ceiling_source", "launch_floor_us",
+              "software"):
         if k in p:
             setattr(rep, k, p[k])
     rep.notes = [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]

@@ -191,6 +191,7 @@ class BenchReport:
     l2: str = "cold"
     replays: int = 0
     ceiling_gbps: float = 0.0
+    read_ceiling_gbps: Optional[float] = None  # a pure read stream's (judges read-only kernels: rules.py)
     ceiling_source: str = ""  # "measured" | "cached"
     launch_floor_us: float = 0.0
     l2_bytes: int = 0
@@ -290,7 +291,9 @@ class BenchReport:
             if i == 0:
                 out.append("  ".join("-" * w for w in widths))
         foot = [f"{self.op} [{self.variant}] on {self.device}, L2-{self.l2}, {self.replays} replays; "
-                f"copy ceiling {self.ceiling_gbps:.0f} GB/s ({self.ceiling_source}), graph launch floor "
+                f"copy ceiling {self.ceiling_gbps:.0f} GB/s"
+                + (f", read ceiling {self.read_ceiling_gbps:.0f} GB/s" if self.read_ceiling_gbps else "")
+                + f" ({self.ceiling_source}), graph launch floor "
                 f"{self.launch_floor_us:.2f} µs"]
         if has_c:
             g = self.geomean

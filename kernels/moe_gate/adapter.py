@@ -12,9 +12,9 @@ Every other ReplicatedLinear call (wide projections, quantized or biased layers,
 before any work. The output is allocated as F.linear would ([..., experts], x's dtype)."""
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict
 
+from astra_sglang.kernels.linear.adapter import apply_path_problem
 from astra_sglang.kernels.moe_gate.spec import MAX_HIDDEN
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
@@ -22,27 +22,6 @@ MAX_EXPERTS = 512    # a router's width (Qwen3-Next: 512); wider linears (MLA's 
 # Decode sizes: the kernel's tensor-core path ends at 64 tokens (in context 1.25-2.9x cuBLAS there, H200, RESULTS.md).
 MAX_TOKENS = 64
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
-
-
-def _apply_path(layer, x) -> Any:
-    """None where UnquantizedLinearMethod.apply would end in F.linear(x, layer.weight, bias), else why not."""
-    mod = sys.modules.get("sglang.srt.layers.quantization.unquant")
-    if mod is None or type(layer.quant_method) is not getattr(mod, "UnquantizedLinearMethod", None):
-        return f"{type(layer.quant_method).__name__}: not the unquantized linear"
-    amx = getattr(mod, "use_intel_amx_backend", None)
-    if amx is not None and amx(layer):
-        return "Intel AMX packed weight"
-    if getattr(mod, "_use_aiter", False):
-        return "aiter: SGLang runs its own GEMM"
-    backend_of = getattr(mod, "get_bf16_gemm_backend", None)
-    if backend_of is not None and str(x.dtype) == "torch.bfloat16":
-        try:
-            b = backend_of()
-        except Exception:  # the runtime config is not published (outside a server): the default backend
-            b = None
-        if b is not None and any(getattr(b, f, lambda: False)() for f in ("is_cutedsl", "is_gemv")):
-            return "SGLang's own bf16 GEMM backend (cutedsl / gemv)"
-    return None
 
 
 def _expand(a: Dict[str, Any]):
@@ -64,7 +43,7 @@ def _expand(a: Dict[str, Any]):
     t = x.numel() // w.shape[1] if w.shape[1] else 0
     if t > MAX_TOKENS:
         return f"{t} tokens > {MAX_TOKENS}: SGLang's cuBLAS GEMM"
-    why = _apply_path(layer, x)
+    why = apply_path_problem(layer, x)
     if why:
         return why
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}

@@ -1,0 +1,118 @@
+"""The patch adapter: SGLang's UnquantizedLinearMethod.apply (sglang/srt/layers/quantization/unquant.py) onto this op's
+ABI, for decode-sized calls (patch/adapters.py holds the machinery and says what each field means).
+
+Patched: `sglang.srt.layers.quantization.unquant:UnquantizedLinearMethod.apply` (0.5.17 and 0.5.23), the method every
+unquantized QKVParallelLinear, MergedColumnParallelLinear, ColumnParallelLinear, RowParallelLinear and ReplicatedLinear
+calls from its forward. It is replaced for the whole class, so `expand` takes a call only where apply would end in a
+plain cuBLAS F.linear of a decode-sized input:
+- x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows (checked first: prefill calls leave
+  at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES;
+- no bias (the kernel has no epilogue for one);
+- apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
+  and 0.5.23's opt-in Hopper gemv).
+Every other call goes to the method untouched, before any work. The output is allocated as F.linear would
+([..., out_features], x's dtype). RowParallelLinear's all-reduce and the layers' output handling stay SGLang's."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Optional
+
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+
+# Decode sizes: at 1-2 tokens the kernel streams the weights 1.1-1.5x faster than cuBLAS (H200, tuning table in
+# RESULTS.md); from 4 tokens its FMA work per weight byte catches up with cuBLAS's tensor cores.
+MAX_TOKENS = 2
+# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context (0.94-1.01x); 12288
+# (Qwen3-8B's down_proj) still wins (1.12-1.14x)
+MAX_IN_FEATURES = 12288
+DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
+
+
+def apply_path_problem(layer, x) -> Optional[str]:
+    """None where UnquantizedLinearMethod.apply(layer, x) would end in F.linear(x, layer.weight, bias), else why not.
+    moe_gate's adapter asks the same of its gate."""
+    mod = sys.modules.get("sglang.srt.layers.quantization.unquant")
+    if mod is None or type(layer.quant_method) is not getattr(mod, "UnquantizedLinearMethod", None):
+        return f"{type(layer.quant_method).__name__}: not the unquantized linear"
+    amx = getattr(mod, "use_intel_amx_backend", None)
+    if amx is not None and amx(layer):
+        return "Intel AMX packed weight"
+    if getattr(mod, "_use_aiter", False):
+        return "aiter: SGLang runs its own GEMM"
+    backend_of = getattr(mod, "get_bf16_gemm_backend", None)
+    if backend_of is not None and str(x.dtype) == "torch.bfloat16":
+        try:
+            b = backend_of()
+        except Exception:  # the runtime config is not published (outside a server): the default backend
+            b = None
+        if b is not None and any(getattr(b, f, lambda: False)() for f in ("is_cutedsl", "is_gemv")):
+            return "SGLang's own bf16 GEMM backend (cutedsl / gemv)"
+    return None
+
+
+def _expand(a: Dict[str, Any]):
+    """UnquantizedLinearMethod.apply(self, layer, x, bias=None) -> canonical arguments, or why the method keeps it."""
+    import torch
+
+    layer, x = a["layer"], a["x"]
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return "x is not a tensor"
+    k = x.shape[-1]
+    t = x.numel() // k if k else 0
+    if t > MAX_TOKENS:  # first: every prefill call of every linear passes here
+        return f"{t} tokens > {MAX_TOKENS}: SGLang's cuBLAS GEMM"
+    if a.get("bias") is not None:
+        return "the layer has a bias"
+    w = getattr(layer, "weight", None)
+    if not isinstance(w, torch.Tensor) or x.device.type not in DEVICES:
+        return "x or the weight is not a CUDA tensor"
+    if w.dim() != 2 or w.shape[1] != k:
+        return f"x {tuple(x.shape)} does not match weight {tuple(w.shape)}"
+    if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+        return f"x {x.dtype} / weight {w.dtype}: not one fp16 / bf16 dtype"
+    if k % 8:
+        return f"in_features {k} is not a multiple of 8"
+    if k > MAX_IN_FEATURES:
+        return f"in_features {k} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
+    why = apply_path_problem(layer, x)
+    if why:
+        return why
+    return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
+
+
+def _normalize(c):
+    x, w, out = c["x"], c["weight"], c["out"]
+    k, n = w.shape[1], w.shape[0]
+    t = x.numel() // k if k else 0
+    bad = contiguity_problem(c, ("x", "weight", "out"))
+    if bad:
+        return bad
+    return {"x": x.view(t, k), "weight": w, "out": out.view(t, n)}, (t, k, n)
+
+
+def _sequence(c: Dict[str, Any]) -> None:
+    """SGLang's kernel on canonical tensors: UnquantizedLinearMethod.apply's F.linear (cuBLAS), into `out`."""
+    import torch
+
+    c["out"].copy_(torch.nn.functional.linear(c["x"], c["weight"]))
+
+
+# On by default since 2026-11-26 (H200, every other default op in both arms): decode step -8.95 / -6.22% on
+# qwen3-30b-a3b-20l, -12.26 / -9.87% on Qwen3-8B, -8.97 / -6.26% on Llama-3-8B, -8.98 / -8.58% on Gemma-2-9B at batch
+# 1 / 2, greedy ids identical (kernels/linear/RESULTS.md). DEFAULT_OFF = "reason" would take it out of `--ops all`.
+DEFAULT_OFF = ""
+
+ADAPTER = OpAdapter(
+    op="linear",
+    data="x",
+    same_dtype=("x", "weight", "out"),
+    rowwise=("x", "out"),
+    normalize=_normalize,
+    returns=lambda c: c["out"],
+    expand=_expand,
+    sequence=_sequence,
+    max_tokens=MAX_TOKENS,
+    # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
+    # is the binding's, timed alone and taken out of SGLang's time
+    returned=("out",),
+)

@@ -1,0 +1,233 @@
+"""linear (kernels/linear/): an unquantized linear at decode sizes, replacing SGLang's UnquantizedLinearMethod.apply
+(F.linear -> cuBLAS) for 1-2 token calls. The spec and its fp64 reference, the corpus from real configs, the
+installed-variant extract against the real sglang 0.5.17 and 0.5.23 sources (a changed fact fails it), the harness's
+installed baseline resolving the method, the adapter's routing (which apply calls it takes: stand-in layers and a
+stand-in unquant module, as a unit test of the decisions), moe_gate sharing the apply-path rule, and the shipped
+kernel's sm_90a build.
+
+No kernel runs here (no GPU in CI)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from astra_sglang.registry import get_op, op_part  # noqa: E402
+from cli_run import one_error, run_cli  # noqa: E402
+
+SPEC = get_op("linear")
+ADAPTER_MOD = op_part("linear", "adapter")
+A = ADAPTER_MOD.ADAPTER
+TARGET = "sglang.srt.layers.quantization.unquant:UnquantizedLinearMethod.apply"
+
+
+# ------------------------------------------------------------------------------------------ the contract
+def test_spec_abi_and_symbols():
+    assert SPEC.symbol == "astra_linear"
+    assert SPEC.dim_names == ("num_tokens", "in_features", "out_features")
+    assert SPEC.c_signature() == (
+        'extern "C" cudaError_t astra_linear(const void* x, const void* weight, void* out, int64_t num_tokens, '
+        "int64_t in_features, int64_t out_features, int dtype, cudaStream_t stream)")
+    assert SPEC.replaces == (TARGET,)
+    assert [v.name for v in SPEC.variants] == ["installed"] and SPEC.variant("installed").callable == TARGET
+    import re
+
+    pat = re.compile(SPEC.kernel_symbols[0])
+    assert pat.search("void astra_lin::(anonymous namespace)::linear_kernel<__nv_bfloat16, 1>(...)")
+    assert not pat.search("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT")
+
+
+def test_corpus_covers_the_dense_projections_at_decode():
+    dims = {s.dims for s in SPEC.corpus}
+    assert (1, 4096, 6144) in dims and (1, 14336, 4096) in dims  # Llama-3-8B qkv, down
+    assert (1, 4096, 2048) in dims and (1, 2048, 5120) in dims  # Qwen3-30B-A3B o, qkv
+    assert (1, 1024, 8192) in dims  # Llama-3-70B's o_proj at TP 8: a sharded width
+    assert {s.tags[0] for s in SPEC.corpus} == {"decode"}
+    assert {s.dims[0] for s in SPEC.corpus} == {1, 2, 4}
+    assert all(s.dims[1] % 8 == 0 for s in SPEC.corpus)
+    assert any(s.dims[1] % 8 for s in SPEC.edge_shapes)  # the kernel's scalar path
+    assert any(s.dims[0] > 8 for s in SPEC.edge_shapes)  # two token groups
+
+
+@pytest.mark.parametrize("dist", ["normal", "outlier"])
+def test_reference_is_the_fp64_product(dist):
+    g = torch.Generator().manual_seed(0)
+    inp = SPEC.make_inputs((2, 256, 12), "bf16", g, dist=dist, device="cpu")
+    assert inp["x"].dtype == inp["weight"].dtype == inp["out"].dtype == torch.bfloat16
+    assert tuple(inp["out"].shape) == (2, 12)
+    ref = SPEC.reference(inp, (2, 256, 12), {})["out"]
+    assert ref.dtype == torch.float64 and torch.equal(ref, inp["x"].double() @ inp["weight"].double().t())
+    if dist == "normal":
+        assert 0.3 < float(ref.std()) < 3.0
+    assert SPEC.bytes_moved((1, 4096, 2048), "bf16") == (4096 + 2048 * 4096 + 2048) * 2
+
+
+# ------------------------------------------------------------------------------------------ installed variant
+def _src(which, sglang_0_5_17_source, wheel_sources):
+    return Path(sglang_0_5_17_source) if which == "0.5.17" else Path(wheel_sources["sglang"])
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, capsys, sglang_0_5_17_source,
+                                                             wheel_sources):
+    code, _, err = run_cli(["extract", "linear", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(_src(which, sglang_0_5_17_source, wheel_sources))], capsys)
+    assert code == 0, err
+    m = json.loads((tmp_path / "ws" / "linear" / "manifest.json").read_text())
+    assert m["kind"] == "installed" and m["callable"] == TARGET
+    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
+    assert m["sources"]["sglang_py"]["version"] == which
+
+
+@pytest.mark.wheels
+def test_extract_fails_when_row_parallel_stops_calling_apply(tmp_path, capsys, sglang_0_5_17_source):
+    pkg = tmp_path / "sglang-copy" / "sglang"
+    for rel in ("srt/layers/linear.py", "srt/layers/quantization/unquant.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(sglang_0_5_17_source) / "sglang" / rel, pkg / rel)
+    f = pkg / "srt/layers/linear.py"
+    text = f.read_text()
+    assert "self, input_parallel, bias=bias_" in text
+    f.write_text(text.replace("self, input_parallel, bias=bias_", "self, input_parallel, bias_"))
+    code, _, err = run_cli(["extract", "linear", "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(tmp_path / "sglang-copy")], capsys)
+    assert code == 2
+    one_error(err, "linear.py", "RowParallelLinear")
+    assert not (tmp_path / "ws" / "linear").exists()
+
+
+def test_installed_impl_resolves_the_method(monkeypatch):
+    """The installed baseline names UnquantizedLinearMethod.apply (module:Class.method); the binder then runs the
+    adapter's `sequence` (F.linear into the ABI's out), as the patch's fallback does."""
+    from astra_sglang.harness.installed import InstalledImpl
+
+    mod = types.ModuleType("sglang.srt.layers.quantization.unquant")
+
+    class UnquantizedLinearMethod:
+        def apply(self, layer, x, bias=None):
+            raise AssertionError("the binder runs the adapter's sequence, not the method")
+
+    mod.UnquantizedLinearMethod = UnquantizedLinearMethod
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    impl = InstalledImpl(TARGET, SPEC)
+    assert impl.fn is UnquantizedLinearMethod.apply and impl.returns_outputs
+    g = torch.Generator().manual_seed(1)
+    t = SPEC.make_inputs((2, 64, 8), "bf16", g, device="cpu")
+    t["out"].zero_()
+    impl(t, (2, 64, 8), "bf16", {})
+    assert torch.equal(t["out"], torch.nn.functional.linear(t["x"], t["weight"]))
+
+
+# ------------------------------------------------------------------------------------------ the adapter's routing
+@pytest.fixture
+def unquant(monkeypatch):
+    """A stand-in sglang unquant module: the names the adapter reads (the method class, AMX, aiter, the backend)."""
+    mod = types.ModuleType("sglang.srt.layers.quantization.unquant")
+
+    class UnquantizedLinearMethod:
+        pass
+
+    mod.UnquantizedLinearMethod = UnquantizedLinearMethod
+    mod.use_intel_amx_backend = lambda layer: getattr(layer, "use_intel_amx_backend", False)
+    mod._use_aiter = False
+    mod.backend = types.SimpleNamespace(is_cutedsl=lambda: False, is_gemv=lambda: False)
+    mod.get_bf16_gemm_backend = lambda: mod.backend
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(ADAPTER_MOD, "DEVICES", ("cuda", "cpu"))
+    return mod
+
+
+def _proj(unquant, n=2048, k=4096, dtype=torch.bfloat16, method=None):
+    m = method or unquant.UnquantizedLinearMethod()
+    return m, types.SimpleNamespace(weight=torch.randn(n, k).to(dtype), quant_method=m)
+
+
+def test_expand_takes_a_decode_projection_and_allocates_like_f_linear(unquant):
+    m, layer = _proj(unquant)
+    x = torch.randn(1, 1, 4096).to(torch.bfloat16)  # any leading shape, as F.linear takes
+    c = A.expand({"self": m, "layer": layer, "x": x, "bias": None})
+    assert not isinstance(c, str), c
+    assert c["out"].shape == (1, 1, 2048) and c["out"].dtype == torch.bfloat16
+    views, dims = A.normalize(c)
+    assert dims == (1, 4096, 2048) and views["weight"] is layer.weight and views["out"].shape == (1, 2048)
+    A.sequence(c)
+    assert torch.equal(c["out"], torch.nn.functional.linear(x, layer.weight))
+    assert A.returns(c) is c["out"]
+
+
+@pytest.mark.parametrize("why,proj_kw,x_shape,x_dtype,bias", [
+    ("tokens", {}, (ADAPTER_MOD.MAX_TOKENS + 1, 4096), torch.bfloat16, None),  # prefill: cuBLAS
+    ("bias", {}, (1, 4096), torch.bfloat16, torch.zeros(2048)),
+    ("fp16 / bf16", {"dtype": torch.float32}, (1, 4096), torch.float32, None),
+    ("fp16 / bf16", {}, (1, 4096), torch.float16, None),                       # x and weight disagree
+    ("does not match", {}, (1, 1024), torch.bfloat16, None),
+    ("multiple of 8", {"k": 1002}, (1, 1002), torch.bfloat16, None),
+    ("in_features", {"k": 14336}, (1, 14336), torch.bfloat16, None),          # Llama-3-8B's down_proj
+])
+def test_expand_leaves_other_calls_to_the_method(unquant, why, proj_kw, x_shape, x_dtype, bias):
+    m, layer = _proj(unquant, **proj_kw)
+    r = A.expand({"self": m, "layer": layer, "x": torch.randn(*x_shape).to(x_dtype), "bias": bias})
+    assert isinstance(r, str) and why in r, r
+
+
+def test_prefill_calls_leave_before_anything_else_is_read(unquant):
+    """Every eager prefill call of every linear passes through expand: the token count is the first test."""
+    layer = types.SimpleNamespace()  # no weight, no quant_method: reading either would raise
+    r = A.expand({"self": None, "layer": layer, "x": torch.randn(64, 4096), "bias": torch.zeros(3)})
+    assert "64 tokens" in r
+
+
+def test_expand_follows_sglangs_own_apply_branches(unquant):
+    x = torch.randn(1, 4096).to(torch.bfloat16)
+    m, layer = _proj(unquant, method=object())
+    assert "unquantized" in A.expand({"self": m, "layer": layer, "x": x})
+    m, layer = _proj(unquant)
+    layer.use_intel_amx_backend = True
+    assert "AMX" in A.expand({"self": m, "layer": layer, "x": x})
+    unquant._use_aiter = True
+    assert "aiter" in A.expand({"self": m, "layer": _proj(unquant)[1], "x": x})
+    unquant._use_aiter = False
+    unquant.backend = types.SimpleNamespace(is_cutedsl=lambda: False, is_gemv=lambda: True)  # 0.5.23's gemv
+    assert "backend" in A.expand({"self": m, "layer": _proj(unquant)[1], "x": x})
+    # the bf16 backends take bf16 only: an fp16 projection still ends in F.linear
+    m, layer = _proj(unquant, dtype=torch.float16)
+    assert not isinstance(A.expand({"self": m, "layer": layer, "x": x.to(torch.float16)}), str)
+
+
+def test_moe_gate_asks_the_same_apply_path_rule():
+    assert op_part("moe_gate", "adapter").apply_path_problem is ADAPTER_MOD.apply_path_problem
+
+
+def test_expand_declines_cpu_tensors_outside_tests():
+    layer = types.SimpleNamespace(weight=torch.randn(8, 64))
+    assert "CUDA" in A.expand({"self": None, "layer": layer, "x": torch.randn(1, 64)})
+
+
+def test_layer_and_adapter_import_without_sglang():
+    assert callable(op_part("linear", "layer").run_layer)
+    assert A.op == "linear" and A.max_tokens == ADAPTER_MOD.MAX_TOKENS and A.returned == ("out",)
+    assert ADAPTER_MOD.DEFAULT_OFF == ""  # on by default: the step A/B measured it (RESULTS.md)
+
+
+# ------------------------------------------------------------------------------------------ the shipped kernel
+@pytest.mark.skipif(not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()), reason="needs nvcc")
+def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path):
+    from astra_sglang.build import find_nvcc
+    from astra_sglang.registry import op_dir
+    from astra_sglang.static_checks import errors, scan_file
+
+    src = op_dir("linear") / "kernel.cu"
+    assert not errors(scan_file(src, []))
+    r = subprocess.run([find_nvcc(), "-std=c++20", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-shared",
+                        "-Xcompiler", "-fPIC", "-o", str(tmp_path / "k.so"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "astra_linear" in subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True,
+                                            text=True).stdout
