@@ -202,6 +202,7 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
     import torch
 
     ad = st.adapter
+    precheck = ad.precheck
 
     def not_covered(canon, args, kwargs):
         """A call the op's kernel does not take after binding. A fused op's expand may have done the layer
@@ -229,6 +230,11 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
             if st.disabled:
                 st.fallback("")
             return orig(*args, **kwargs)
+        if precheck is not None:
+            why = precheck(args, kwargs)
+            if why:
+                st.fallback(why)
+                return orig(*args, **kwargs)
         canon, vals = binder.bind(args, kwargs)
         if canon is None:
             st.fallback(vals)

@@ -185,6 +185,18 @@ def test_prefill_calls_leave_before_anything_else_is_read(unquant):
     assert "64 tokens" in r
 
 
+def test_precheck_declines_prefill_calls_off_the_raw_arguments():
+    """The patch asks precheck before binding: a prefill-sized x (positional or keyword) leaves at once; anything
+    else is expand's to decide."""
+    pre = A.precheck
+    many = torch.randn(ADAPTER_MOD.MAX_TOKENS + 1, 64)
+    assert "tokens" in pre((None, None, many), {})
+    assert "tokens" in pre((None, None), {"x": many})
+    assert "tokens" in pre((None, None, torch.randn(3, 1, 64)), {})  # [batch, seq, hidden] counts every row
+    assert pre((None, None, torch.randn(ADAPTER_MOD.MAX_TOKENS, 64)), {}) is None
+    assert pre((None, None, "not a tensor"), {}) is None and pre((None,), {}) is None
+
+
 def test_expand_follows_sglangs_own_apply_branches(unquant):
     x = torch.randn(1, 4096).to(torch.bfloat16)
     m, layer = _proj(unquant, method=object())
@@ -231,3 +243,56 @@ def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     assert "astra_linear" in subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True,
                                             text=True).stdout
+
+
+def test_the_patched_apply_declines_prefill_before_binding(tmp_path):
+    """Through the real patch machinery (a stand-in unquant module, a CPU stand-in backend, in a fresh interpreter):
+    a prefill call reaches SGLang's apply without expand ever running and counts as a fallback; a 1-token call is
+    the kernel's."""
+    script = f'''
+import sys, types, tempfile
+import torch
+for p in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.quantization"):
+    sys.modules.setdefault(p, types.ModuleType(p))
+mod = types.ModuleType("sglang.srt.layers.quantization.unquant")
+seen = []
+class UnquantizedLinearMethod:
+    def apply(self, layer, x, bias=None):
+        seen.append(x.shape[0])
+        return torch.nn.functional.linear(x, layer.weight, bias)
+mod.UnquantizedLinearMethod = UnquantizedLinearMethod
+sys.modules[mod.__name__] = mod
+from astra_sglang.registry import op_part
+ad = op_part("linear", "adapter")
+ad.DEVICES = ("cuda", "cpu")
+def no_expand(a):
+    raise AssertionError("expand ran for a prefill call")
+class Cpu:
+    name = "cpu"; devices, dtypes = frozenset({{"cpu"}}), ("bf16", "fp16")
+    launched = 0
+    def launch(self, views, dims, dt, scalars):
+        Cpu.launched += 1
+        views["out"].copy_(torch.nn.functional.linear(views["x"], views["weight"]))
+from astra_sglang.patch import apply_astra_kernels
+from astra_sglang.patch.counters import totals
+cdir = {str(tmp_path)!r}
+apply_astra_kernels(["linear"], backends={{"linear": Cpu()}}, counter_dir=cdir, propagate=False, plan=False,
+                    self_check="off")
+m = UnquantizedLinearMethod()
+layer = types.SimpleNamespace(weight=torch.randn(16, 64, dtype=torch.bfloat16), quant_method=m)
+real = ad.ADAPTER.expand
+object.__setattr__(ad.ADAPTER, "expand", no_expand)
+out = m.apply(layer, torch.randn(64, 64, dtype=torch.bfloat16))
+assert out.shape == (64, 16) and seen == [64], seen
+object.__setattr__(ad.ADAPTER, "expand", real)
+x1 = torch.randn(1, 64, dtype=torch.bfloat16)
+y = m.apply(layer, x1)
+assert Cpu.launched == 1 and seen == [64], (Cpu.launched, seen)
+assert torch.equal(y, torch.nn.functional.linear(x1, layer.weight))
+c = totals(cdir)["linear"]
+print(c["calls"], c["fallbacks"])
+'''
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    calls, fallbacks = map(int, r.stdout.split()[-2:])
+    assert fallbacks == 1 and calls >= 1

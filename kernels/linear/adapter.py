@@ -80,6 +80,20 @@ def _expand(a: Dict[str, Any]):
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
 
 
+_MANY_TOKENS = f"more than {MAX_TOKENS} tokens: SGLang's cuBLAS GEMM"
+
+
+def _precheck(args, kwargs) -> Optional[str]:
+    """apply(self, layer, x, bias=None) called with a prefill-sized x: declined off the raw arguments, before
+    binding (every eager prefill call of every linear layer passes here). None: expand decides."""
+    x = args[2] if len(args) > 2 else kwargs.get("x")
+    shape = getattr(x, "shape", None)
+    if not shape:
+        return None
+    k = shape[-1]
+    return _MANY_TOKENS if k and x.numel() // k > MAX_TOKENS else None
+
+
 def _normalize(c):
     x, w, out = c["x"], c["weight"], c["out"]
     k, n = w.shape[1], w.shape[0]
@@ -111,6 +125,7 @@ ADAPTER = OpAdapter(
     returns=lambda c: c["out"],
     expand=_expand,
     sequence=_sequence,
+    precheck=_precheck,
     max_tokens=MAX_TOKENS,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
     # is the binding's, timed alone and taken out of SGLang's time
