@@ -1,0 +1,66 @@
+# Times gemv_tune.cu's configurations against F.linear (cuBLAS) on rotating weights (>= 600 MB: L2-cold), in CUDA
+# graphs, and prints the best per shape. Not the bench: no in-context timing, no oracle beyond a max-abs error.
+#   python3 kernels/dev/linear_tune/gemv_tune.py 1x4096x2048,8x2048x5120   (tokens x in_features x out_features)
+import ctypes, subprocess, sys, os, itertools, json
+import torch
+here = os.path.dirname(os.path.abspath(__file__))
+so = "/tmp/gemv_tune.so"
+if not os.path.exists(so):
+    subprocess.run(["nvcc", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-o", so, f"{here}/gemv_tune.cu"], check=True)
+lib = ctypes.CDLL(so)
+lib.tune_gemv.restype = ctypes.c_int
+shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
+cfgs = [(2, 2), (4, 1), (4, 2), (8, 1)]
+grids = [0]
+def timed(fn, nrot, reps=20):
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for i in range(nrot): fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(nrot): fn(i)
+    g.replay(); torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); g.replay(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / nrot)
+    ts.sort()
+    return ts[len(ts) // 2]
+res = []
+for T, K, N in shapes:
+    nrot = max(4, (600 << 20) // (N * K * 2))
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    ref = torch.nn.functional.linear(x.float(), ws[0].float())
+    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    row = {"shape": f"{T}x{K}x{N}", "cublas": t_cub, "cfg": {}}
+    for rb, u in cfgs:
+        st = torch.cuda.current_stream().cuda_stream
+        rc = lib.tune_gemv(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[0].data_ptr()), ctypes.c_void_p(outs[0].data_ptr()), T, K, N, rb, u, 0, ctypes.c_void_p(st))
+        torch.cuda.synchronize()
+        if rc != 0 or T > 8: continue
+        err = (outs[0].float() - ref).abs().max().item()
+        def f(i, rb=rb, u=u):
+            lib.tune_gemv(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[i].data_ptr()), ctypes.c_void_p(outs[i].data_ptr()), T, K, N, rb, u, 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        t = timed(f, nrot)
+        row["cfg"][f"{rb}x{u}"] = (round(t, 2), round(err, 3))
+    for wp, u in [(4, 8), (8, 2), (8, 8), (16, 8), (4, 104), (4, 108), (8, 102), (8, 104), (8, 108), (16, 102), (16, 104), (16, 108)]:
+        outs[0].zero_()
+        rc = lib.tune_mma(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[0].data_ptr()), ctypes.c_void_p(outs[0].data_ptr()), T, K, N, wp, u, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        torch.cuda.synchronize()
+        if rc != 0: continue
+        err = (outs[0].float() - ref).abs().max().item()
+        def f(i, wp=wp, u=u):
+            lib.tune_mma(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[i].data_ptr()), ctypes.c_void_p(outs[i].data_ptr()), T, K, N, wp, u, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        row["cfg"][f"m{wp}x{u}"] = (round(timed(f, nrot), 2), round(err, 3))
+    best = min(row["cfg"].items(), key=lambda kv: kv[1][0])
+    gb = N * K * 2 / 1e3
+    print(f"{row['shape']:>14} cuBLAS {t_cub:6.2f} us ({gb/t_cub:4.0f} GB/s)  best {best[0]} {best[1][0]:6.2f} us ({gb/best[1][0]:4.0f} GB/s) err {best[1][1]}  x{t_cub/best[1][0]:.2f}", flush=True)
+    print("     ", " ".join(f"{k}:{v[0]}" for k, v in row["cfg"].items()), flush=True)
+    res.append(row)
+    del ws, outs
+json.dump(res, open(os.environ.get("OUT", "/tmp") + "/gemv_tune.json", "w"), indent=1)
