@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Dict, List, Optional
 import click
 
 from astra_sglang.errors import AstraError
-from astra_sglang.patch.counters import fresh_counter_dir  # noqa: F401 - tp_drill imports it from here
+from astra_sglang.patch.counters import fresh_counter_dir
 
 
 def _say(msg: str) -> None:

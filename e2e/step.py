@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from astra_sglang.errors import AstraError
+from astra_sglang.patch.counters import fresh_counter_dir
 
 from .step_worker import REPLY
 
@@ -360,8 +361,6 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     analysis = None
     codes: Dict[str, Optional[int]] = {}
     patched_arms = [a for a in arms if a not in ss.UNPATCHED]
-    from astra_sglang.patch.counters import fresh_counter_dir
-
     for a in arms:  # a rerun into the same --out must not sum the last run's processes into this run's counters
         fresh_counter_dir(out / f"counters-{a}")
     for w, idxs in enumerate(wave_list):

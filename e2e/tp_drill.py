@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .cli import Server, fresh_counter_dir, launcher_cmd, server_args
+from astra_sglang.patch.counters import fresh_counter_dir
+
+from .cli import Server, launcher_cmd, server_args
 from .client import Workload, make_prompts, run_workload, wait_ready
 
 

@@ -215,7 +215,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     recheck["failures"] += f
                     recheck.update(ok=False, reason=recheck["reason"] or f[0])
                     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
-                                         ceiling.get("read_gbps"))
+                         ceiling.get("read_gbps"))
                 recheck["cases"] += 1
                 notes += n
                 if f:
@@ -224,7 +224,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             del sets, prod_sets, pristine, gset, first
             torch.cuda.empty_cache()
     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
-                                         ceiling.get("read_gbps"))
+                         ceiling.get("read_gbps"))
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,

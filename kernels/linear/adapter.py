@@ -19,11 +19,11 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
-# Decode sizes: at 1-2 tokens the kernel streams the weights 1.1-1.5x faster than cuBLAS (H200, tuning table in
-# RESULTS.md); from 4 tokens its FMA work per weight byte catches up with cuBLAS's tensor cores.
+# Decode sizes: at 1-2 tokens the kernel is 1.03-2.25x cuBLAS in context (H200, RESULTS.md); at 4 tokens its FMA
+# work per weight byte catches up with it (0.65-1.42x).
 MAX_TOKENS = 2
-# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context (0.94-1.01x); 12288
-# (Qwen3-8B's down_proj) still wins (1.12-1.14x)
+# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context (0.92-1.02x); 12288
+# (Qwen3-8B's down_proj) still wins (1.08-1.09x)
 MAX_IN_FEATURES = 12288
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
@@ -94,7 +94,8 @@ def _precheck(args, kwargs) -> Optional[str]:
     return _MANY_TOKENS if k and x.numel() // k > MAX_TOKENS else None
 
 
-def _normalize(c):
+def normalize_linear(c):
+    """x [..., in], weight [out, in], out [..., out] -> the ABI's 2-D views and (tokens, in, out). moe_gate's too."""
     x, w, out = c["x"], c["weight"], c["out"]
     k, n = w.shape[1], w.shape[0]
     t = x.numel() // k if k else 0
@@ -104,8 +105,9 @@ def _normalize(c):
     return {"x": x.view(t, k), "weight": w, "out": out.view(t, n)}, (t, k, n)
 
 
-def _sequence(c: Dict[str, Any]) -> None:
-    """SGLang's kernel on canonical tensors: UnquantizedLinearMethod.apply's F.linear (cuBLAS), into `out`."""
+def sequence_linear(c: Dict[str, Any]) -> None:
+    """SGLang's kernel on canonical tensors: UnquantizedLinearMethod.apply's F.linear (cuBLAS), into `out`. moe_gate's
+    too (its gate's apply ends in the same call)."""
     import torch
 
     c["out"].copy_(torch.nn.functional.linear(c["x"], c["weight"]))
@@ -121,10 +123,10 @@ ADAPTER = OpAdapter(
     data="x",
     same_dtype=("x", "weight", "out"),
     rowwise=("x", "out"),
-    normalize=_normalize,
+    normalize=normalize_linear,
     returns=lambda c: c["out"],
     expand=_expand,
-    sequence=_sequence,
+    sequence=sequence_linear,
     precheck=_precheck,
     max_tokens=MAX_TOKENS,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy

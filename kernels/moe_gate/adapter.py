@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from astra_sglang.kernels.linear.adapter import apply_path_problem
+from astra_sglang.kernels.linear.adapter import apply_path_problem, normalize_linear, sequence_linear
 from astra_sglang.kernels.moe_gate.spec import MAX_HIDDEN
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter
 
 MAX_EXPERTS = 512    # a router's width (Qwen3-Next: 512); wider linears (MLA's 576-wide kv_a_proj) are projections
 # Decode sizes: the kernel's tensor-core path ends at 64 tokens (in context 1.25-2.9x cuBLAS there, H200, RESULTS.md).
@@ -49,23 +49,6 @@ def _expand(a: Dict[str, Any]):
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
 
 
-def _normalize(c):
-    x, w, out = c["x"], c["weight"], c["out"]
-    h, e = w.shape[1], w.shape[0]
-    t = x.numel() // h if h else 0
-    bad = contiguity_problem(c, ("x", "weight", "out"))
-    if bad:
-        return bad
-    return {"x": x.view(t, h), "weight": w, "out": out.view(t, e)}, (t, h, e)
-
-
-def _sequence(c: Dict[str, Any]) -> None:
-    """SGLang's kernel on canonical tensors: UnquantizedLinearMethod.apply's F.linear (cuBLAS), into `out`."""
-    import torch
-
-    c["out"].copy_(torch.nn.functional.linear(c["x"], c["weight"]))
-
-
 # On by default since 2026-11-26 (H200): Qwen3-30B-A3B-shaped decode step -3.26% / -1.88% / -0.92% at batch 1 / 8 / 32,
 # greedy ids identical (kernels/moe_gate/RESULTS.md). DEFAULT_OFF = "reason" would take it out of `--ops all` again.
 DEFAULT_OFF = ""
@@ -75,10 +58,10 @@ ADAPTER = OpAdapter(
     data="x",
     same_dtype=("x", "weight", "out"),
     rowwise=("x", "out"),
-    normalize=_normalize,
+    normalize=normalize_linear,
     returns=lambda c: (c["out"], None),
     expand=_expand,
-    sequence=_sequence,
+    sequence=sequence_linear,
     max_tokens=MAX_TOKENS,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
     # is the binding's, timed alone and taken out of SGLang's time
