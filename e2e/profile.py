@@ -111,16 +111,59 @@ def router_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_
     return {n for n, v in seen.items() if v == {True}}
 
 
+def _is_projection_gemm(dims, cfg: dict) -> bool:
+    """Input Dims of a torch matmul that linear's adapter would take: x [T <= MAX_TOKENS, K] (any leading dims) by an
+    unquantized weight, [K, N] as aten::mm sees it or [N, K] for aten::linear, K a multiple of 8 and at most
+    MAX_IN_FEATURES, no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not the linear's)
+    nor the MoE router's GEMM (moe_gate's)."""
+    from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES, MAX_TOKENS
+
+    try:
+        if len(dims) != 2:   # a bias (aten::addmm / linear with 3 inputs) or another op
+            return False
+        x, w = [int(v) for v in dims[0]], [int(v) for v in dims[1]]
+    except (IndexError, TypeError, ValueError):
+        return False
+    if len(x) < 2 or len(w) != 2 or x[-1] not in w:
+        return False
+    k = x[-1]
+    n = w[1] if w[0] == k else w[0]
+    tokens = 1
+    for v in x[:-1]:
+        tokens *= v
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if experts and _is_router_gemm(dims, int(cfg.get("hidden_size") or 0), experts):
+        return False
+    return (0 < tokens <= MAX_TOKENS and k % 8 == 0 and k <= MAX_IN_FEATURES
+            and n != int(cfg.get("vocab_size") or 0))
+
+
+def projection_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",
+                            gemma: bool = False) -> set:
+    """Names of the GEMM kernels that, in the eager step, ran the dense projections linear takes and nothing else
+    (`_is_projection_gemm`): linear's production. A name cuBLAS also used for another GEMM (the lm_head, often)
+    stays a gemm: its graph calls cannot be told apart."""
+    seen: Dict[str, set] = defaultdict(set)
+    for k in shape_kernels:
+        if k.shapes and classify(k.name, hidden_act, gemma=gemma).op == "gemm":
+            seen[k.name].add(_is_projection_gemm(k.shapes, cfg))
+    return {n for n, v in seen.items() if v == {True}}
+
+
 def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = ()) -> Callable[[str], Match]:
     """kernel name -> Match for this model: attribution.classify with its activation and Gemma's norms, and the GEMM
-    kernels `router_gemm_kernels` finds in `shape_kernels` as moe_gate (the profile and the neighbours table agree)."""
+    kernels `router_gemm_kernels` / `projection_gemm_kernels` find in `shape_kernels` as moe_gate / linear (the
+    profile and the neighbours table agree)."""
     hidden_act = str(cfg.get("hidden_act", "silu"))
     gemma = str(cfg.get("model_type", "")).startswith("gemma")   # FlashInfer's norm kernels are the gemma ops
     router = router_gemm_kernels(shape_kernels, cfg, hidden_act, gemma)
+    projections = projection_gemm_kernels(shape_kernels, cfg, hidden_act, gemma) - router
 
     def match(name: str) -> Match:
         if name in router:   # SGLang's gate GEMM: the op moe_gate replaces
             return Match("moe_gate", "op", True, False)
+        if name in projections:   # SGLang's decode-sized projections: the op linear replaces
+            return Match("linear", "op", True, False)
         return classify(name, hidden_act, gemma=gemma)
 
     return match

@@ -537,6 +537,33 @@ def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_typ
     assert _site_of_model("sglang.kernels.ops.attention.rope:apply_rope_inplace_with_kvcache", "qwen3")
 
 
+def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shapes():
+    """linear's production is every decode-sized unquantized projection: a GEMM kernel is it only where the eager
+    step shows nothing but [T <= 2, K] x [K, N] projections; the lm_head (N the vocabulary), a prefill, a bias or a
+    row wider than the adapter takes keep a name a gemm."""
+    from astra_sglang.e2e.profile import _is_projection_gemm, projection_gemm_kernels
+
+    cfg = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    assert _is_projection_gemm([[1, h], [h, 6144]], cfg)            # qkv as aten::mm sees it
+    assert _is_projection_gemm([[2, h], [6144, h]], cfg)            # aten::linear's [N, K]
+    assert _is_projection_gemm([[1, 1, 12288], [12288, h]], cfg)    # down_proj, [batch, seq, K]
+    assert not _is_projection_gemm([[1, h], [h, v]], cfg)           # the lm_head
+    assert not _is_projection_gemm([[3, h], [h, 6144]], cfg)        # 3 tokens: cuBLAS's
+    assert not _is_projection_gemm([[1, 14336], [14336, h]], cfg)   # wider than MAX_IN_FEATURES
+    assert not _is_projection_gemm([[1, h], [h, 6144], [6144]], cfg)  # a bias
+    assert not _is_projection_gemm("garbage", cfg)
+
+    def ev(name, shapes):
+        k = KernelEvent(name, ts=0.0, dur=1.0)
+        k.shapes, k.torch_op = shapes, "aten::mm"
+        return k
+
+    names = projection_gemm_kernels([ev("nvjet_a", [[1, h], [h, 6144]]), ev("nvjet_a", [[1, h], [h, h]]),
+                                     ev("nvjet_b", [[1, 12288], [12288, h]]), ev("nvjet_b", [[1, h], [h, v]])], cfg)
+    assert names == {"nvjet_a"}
+
+
 def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes():
     """SGLang's gate runs as cuBLAS, whose kernel names every linear shares: a GEMM kernel is moe_gate's production
     only where the eager step shows it ran the router's [T, hidden] x [hidden, experts] and nothing else. The graph
@@ -571,7 +598,8 @@ def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes()
     assert gate["us_per_step"] == pytest.approx(5.0) and gate["calls_per_step"] == 1
     assert gate["shapes"] == [f"1x{h}, {h}x{e} (aten::mm)"] and gate["shape_source"] == "profiler"
     assert gate["speedup"] == 2.0 and gate["saved_us"] == pytest.approx(2.5)
-    assert rows["gemm"]["us_per_step"] == pytest.approx(12.0)   # qkv and the shared name stay gemm
+    assert rows["linear"]["us_per_step"] == pytest.approx(7.0)  # qkv: a decode projection, linear's production
+    assert rows["gemm"]["us_per_step"] == pytest.approx(5.0)    # the shared name stays gemm
     # a dense model has no router: nothing is re-attributed
     llama = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json").read_text())
     d = analyze_capture(graph, Capture("decode", 1, 1, 2, "t.json"), llama, Table([]), eager)
