@@ -12,7 +12,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .attribution import Match, classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
@@ -111,26 +111,34 @@ def router_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_
     return {n for n, v in seen.items() if v == {True}}
 
 
-def _is_projection_gemm(dims, cfg: dict) -> bool:
-    """Input Dims of a torch matmul that linear's adapter would take: x [T <= MAX_TOKENS, K] (any leading dims) by an
-    unquantized weight, [K, N] as aten::mm sees it or [N, K] for aten::linear, K a multiple of 8 and at most
-    MAX_IN_FEATURES, no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not the linear's)
-    nor the MoE router's GEMM (moe_gate's)."""
-    from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES, MAX_TOKENS
-
+def _projection_dims(dims) -> Optional[Tuple[int, int, int]]:
+    """(tokens, in_features, out_features) of a torch matmul's input Dims: x [..., K] by a weight [K, N] as aten::mm
+    sees it or [N, K] for aten::linear, no third input (a bias); None for anything else."""
     try:
         if len(dims) != 2:   # a bias (aten::addmm / linear with 3 inputs) or another op
-            return False
+            return None
         x, w = [int(v) for v in dims[0]], [int(v) for v in dims[1]]
     except (IndexError, TypeError, ValueError):
-        return False
+        return None
     if len(x) < 2 or len(w) != 2 or x[-1] not in w:
-        return False
+        return None
     k = x[-1]
-    n = w[1] if w[0] == k else w[0]
     tokens = 1
     for v in x[:-1]:
         tokens *= v
+    return tokens, k, (w[1] if w[0] == k else w[0])
+
+
+def _is_projection_gemm(dims, cfg: dict) -> bool:
+    """Input Dims of a torch matmul that linear's adapter would take: at most MAX_TOKENS tokens, K a multiple of 8 and
+    at most MAX_IN_FEATURES, no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not the
+    linear's) nor the MoE router's GEMM (moe_gate's)."""
+    from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES, MAX_TOKENS
+
+    d = _projection_dims(dims)
+    if d is None:
+        return False
+    tokens, k, n = d
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if experts and _is_router_gemm(dims, int(cfg.get("hidden_size") or 0), experts):
         return False
@@ -169,6 +177,25 @@ def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = ()) -> Calla
     return match
 
 
+def _linear_saved(per_kernel: Dict[str, dict], linear_dims: Dict[str, set], speedups: Optional[SpeedupTable],
+                  dtype: str, steps: int):
+    """-> (µs per step saved over SGLang's projection kernels, bench sources) or (None, ()) where no kernel name has a
+    measured speedup. A name with no speedup for one of its shapes saves nothing."""
+    saved, srcs, found = 0.0, set(), False
+    for name, pk in per_kernel.items():
+        shapes = linear_dims.get(name)
+        if pk["op"] != "linear" or not shapes or not speedups:
+            continue
+        sps = [speedups.lookup("linear", d, dtype) for d in sorted(shapes)]
+        if any(sp is None for sp in sps):
+            continue
+        found = True
+        low = min(sps, key=lambda sp: sp.value)
+        saved += pk["excl"] / steps * (1.0 - 1.0 / low.value)
+        srcs.add(low.source)
+    return (saved, srcs) if found else (None, ())
+
+
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
                     shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
     dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
@@ -177,12 +204,17 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
     match = op_classifier(cfg, shape_kernels)
     seen_shapes: Dict[str, set] = defaultdict(set)
+    linear_dims: Dict[str, set] = defaultdict(set)   # kernel name -> the projections it ran (eager step)
     for k in shape_kernels:
         if k.shapes:
             m = match(k.name)
             s = _fmt_dims(k.shapes)
             if s:
                 seen_shapes[m.op].add(f"{s} ({k.torch_op})" if k.torch_op else s)
+            if m.op == "linear" and not m.astra:
+                d = _projection_dims(k.shapes)
+                if d:
+                    linear_dims[k.name].add(d)
     ops: Dict[str, dict] = {}
     per_kernel: Dict[str, dict] = {}
     for k in kernels:
@@ -213,7 +245,18 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
             "kernels": sorted(o["kernels"])[:4],
             "speedup": None, "speedup_label": "", "speedup_source": None, "predicted_gain": 0.0, "saved_us": 0.0,
         }
-        if o["covered"]:
+        if o["covered"] and o["op"] == "linear" and linear_dims and not o["astra"]:
+            # several projections a step: each kernel name's time at its own shapes' speedup (the lowest where it
+            # ran several), not one lookup for the op
+            saved, srcs = _linear_saved(per_kernel, linear_dims, speedups, dtype, steps)
+            if saved is None:
+                row["speedup_label"] = "unmeasured"
+            else:
+                row.update(speedup=us / (us - saved) if us > saved else None, speedup_label="per projection",
+                           speedup_source=", ".join(sorted(srcs)), saved_us=saved,
+                           predicted_gain=saved / (total / steps) if total else 0.0)
+                saved_total += saved
+        elif o["covered"]:
             dims = lookup_dims(o["op"], hint, cfg, cap.tokens, tp)
             sp = speedups.lookup(o["op"], dims, dtype) if speedups else None
             if sp is None:

@@ -564,6 +564,42 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert names == {"nvjet_a"}
 
 
+def test_linear_s_prediction_reads_each_projection_kernel_at_its_own_shapes():
+    """A step runs several projections: each kernel name's time is discounted by the bench speedup of the shapes it
+    ran (the lowest where it ran several); a name with an unmeasured shape saves nothing; no measured name at all
+    reads "unmeasured"."""
+    from astra_sglang.e2e.speedups import Speedup
+
+    cfg = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
+    h = cfg["hidden_size"]
+    table = {(1, h, 6144): 2.0, (1, h, h): 1.25, (1, 12288, h): 4.0}
+
+    class Table(SpeedupTable):
+        def lookup(self, op, dims, dtype="bf16", variant=None):
+            sp = table.get(tuple(dims)) if op == "linear" else None
+            return Speedup(sp, "x", True, "bench.json", "2026-11-26") if sp else None
+
+    def ev(name, ts, dur, shapes=None):
+        k = KernelEvent(name, ts=ts, dur=dur)
+        k.shapes, k.torch_op = shapes, "aten::mm" if shapes else None
+        return k
+
+    eager = [ev("nvjet_qkv_o", 0, 1.0, [[1, h], [h, 6144]]), ev("nvjet_qkv_o", 10, 1.0, [[1, h], [h, h]]),
+             ev("nvjet_down", 20, 1.0, [[1, 12288], [12288, h]]), ev("nvjet_up", 30, 1.0, [[1, h], [h, 24576]])]
+    graph = [ev("nvjet_qkv_o", 0, 10.0), ev("nvjet_down", 20, 8.0), ev("nvjet_up", 40, 6.0)]
+    exclusive_times(graph)
+    c = analyze_capture(graph, Capture("decode", 1, 1, 1, "t.json"), cfg, Table([]), eager)
+    lin = {r["op"]: r for r in c["ops"]}["linear"]
+    # qkv_o at its lower speedup (1.25x: 2 µs of 10), down at 4x (6 of 8), up unmeasured (0)
+    assert lin["us_per_step"] == pytest.approx(24.0) and lin["saved_us"] == pytest.approx(8.0)
+    assert lin["speedup_label"] == "per projection" and lin["speedup"] == pytest.approx(24.0 / 16.0)
+    assert c["predicted_saved_us"] == pytest.approx(8.0)
+    table.clear()
+    c = analyze_capture(graph, Capture("decode", 1, 1, 1, "t.json"), cfg, Table([]), eager)
+    lin = {r["op"]: r for r in c["ops"]}["linear"]
+    assert lin["speedup_label"] == "unmeasured" and lin["saved_us"] == 0.0
+
+
 def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes():
     """SGLang's gate runs as cuBLAS, whose kernel names every linear shares: a GEMM kernel is moe_gate's production
     only where the eager step shows it ran the router's [T, hidden] x [hidden, experts] and nothing else. The graph
