@@ -55,7 +55,7 @@ def scalars(dims) -> Dict[str, Any]:
 
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
     """normal: x ~ N(0, 1), weight ~ N(0, 1/in_features) (outputs ~ N(0, 1), as trained projections of normed
-    activations give); outlier: a few input channels of x 100x larger (the massive activations of real residual
+    activations and router gates give: moe_gate's inputs too); outlier: a few input channels of x 100x larger (the massive activations of real residual
     streams), which the fp32 sum must carry without losing the small terms."""
     import torch
 
@@ -84,6 +84,11 @@ def bytes_moved(dims, dtype: str) -> int:
 
 _LINEAR = "srt/layers/linear.py"
 _UNQUANT = "srt/layers/quantization/unquant.py"
+# the source fact both linear and moe_gate (whose gate's apply is this one) rely on
+APPLY_ENDS_IN_F_LINEAR = (
+    _UNQUANT, r"^        return F\.linear\(x, layer\.weight, bias\)\s*\n",
+    "UnquantizedLinearMethod.apply ends in F.linear(x, layer.weight, bias) (cuBLAS) once the AMX, aiter and bf16 GEMM "
+    "backend branches are not taken")
 
 SPEC = OpSpec(
     name="linear",
@@ -117,9 +122,7 @@ SPEC = OpSpec(
                            r"if use_intel_amx_backend\(layer\):",
                  "UnquantizedLinearMethod.apply(self, layer, x, bias=None) -> tensor: the method patch replaces, its "
                  "first branch the Intel AMX one"),
-                (_UNQUANT, r"^        return F\.linear\(x, layer\.weight, bias\)\s*\n",
-                 "UnquantizedLinearMethod.apply ends in F.linear(x, layer.weight, bias) (cuBLAS) once the AMX, aiter "
-                 "and bf16 GEMM backend branches are not taken"),
+                APPLY_ENDS_IN_F_LINEAR,
                 (_LINEAR, r"output_parallel = self\.quant_method\.apply\(self, input_, bias\)",
                  "ColumnParallelLinear.forward (qkv_proj, gate_up_proj) calls quant_method.apply(self, x, bias)"),
                 (_LINEAR, r"output_parallel = self\.quant_method\.apply\(\s*self, input_parallel, bias=bias_\s*\)",

@@ -15,9 +15,13 @@ ReplicatedLinear.forward through the adapter (what a decode step pays per layer,
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Tuple
 
-from astra_sglang.spec import DTYPE_BYTES, AbiArg, OpSpec, Shape, Tolerance, Variant, dedupe_shapes
+# x [tokens, hidden] by weight [experts, hidden] is linear's contract on (tokens, in_features, out_features): its
+# inputs (weight ~ N(0, 1/hidden): logits ~ N(0, 1), as a trained gate gives), fp64 reference, bytes and the fact
+# that apply ends in F.linear serve here
+from astra_sglang.kernels.linear.spec import APPLY_ENDS_IN_F_LINEAR, bytes_moved, make_inputs, reference
+from astra_sglang.spec import AbiArg, OpSpec, Shape, Tolerance, Variant, dedupe_shapes
 
 # (name, hidden, experts): models whose gate is an unquantized, bias-free ReplicatedLinear
 GATE_MODELS: Tuple[Tuple[str, int, int], ...] = (
@@ -53,44 +57,8 @@ def scalars(dims) -> Dict[str, Any]:
     return {}
 
 
-def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
-    """normal: x ~ N(0, 1), weight ~ N(0, 1/hidden) (logits ~ N(0, 1), as a trained gate gives); outlier: a few
-    hidden channels of x 100x larger (the massive activations of real residual streams), which the fp32 sum must
-    carry without losing the small terms."""
-    import torch
-
-    from astra_sglang.spec import torch_dtype
-
-    t, h, e = dims
-    x = torch.randn((t, h), generator=gen, device=device, dtype=torch.float32)
-    if dist == "outlier":
-        idx = torch.randint(0, h, (max(1, h // 256),), generator=gen, device=device)
-        x[:, idx] *= 100.0
-    w = torch.randn((e, h), generator=gen, device=device, dtype=torch.float32) / h ** 0.5
-    td = torch_dtype(dtype)
-    return {
-        "x": x.to(td),
-        "weight": w.to(td),
-        "out": torch.empty((t, e), device=device, dtype=td),
-    }
-
-
-def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
-    import torch
-
-    x = inp["x"].to(torch.float64)
-    w = inp["weight"].to(torch.float64)
-    return {"out": x @ w.t()}
-
-
-def bytes_moved(dims, dtype: str) -> int:
-    t, h, e = dims
-    return (t * h + e * h + t * e) * DTYPE_BYTES[dtype]
-
-
 _QWEN3_MOE = "srt/models/qwen3_moe.py"
 _LINEAR = "srt/layers/linear.py"
-_UNQUANT = "srt/layers/quantization/unquant.py"
 
 SPEC = OpSpec(
     name="moe_gate",
@@ -128,9 +96,7 @@ SPEC = OpSpec(
                           r"output_bias = self\.bias if self\.skip_bias_add else None\s*return output, output_bias",
                  "ReplicatedLinear.forward(x) -> (quant_method.apply(self, x, bias), output bias): the method "
                  "patch replaces and the pair it returns"),
-                (_UNQUANT, r"^        return F\.linear\(x, layer\.weight, bias\)\s*\n",
-                 "UnquantizedLinearMethod.apply ends in F.linear(x, layer.weight, bias) (cuBLAS) once the AMX, aiter "
-                 "and bf16 GEMM backend branches are not taken"),
+                APPLY_ENDS_IN_F_LINEAR,
             ),
             dtypes=("fp16", "bf16"),
             requires_root="sglang_py",
