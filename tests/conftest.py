@@ -90,3 +90,24 @@ def sglang_pkg(request):
     if request.param == "0.5.23":
         return Path(request.getfixturevalue("wheel_sources")["sglang"])
     return Path(request.getfixturevalue("sglang_0_5_17_source"))
+
+
+@pytest.fixture
+def sglang_unquant_standin(monkeypatch):
+    """A stand-in `sglang.srt.layers.quantization.unquant`: the names linear's and moe_gate's adapters read (the method
+    class, the AMX test, aiter, the bf16 GEMM backend), as a unit test of their routing decisions."""
+    import sys
+    import types
+
+    mod = types.ModuleType("sglang.srt.layers.quantization.unquant")
+
+    class UnquantizedLinearMethod:
+        pass
+
+    mod.UnquantizedLinearMethod = UnquantizedLinearMethod
+    mod.use_intel_amx_backend = lambda layer: getattr(layer, "use_intel_amx_backend", False)
+    mod._use_aiter = False
+    mod.backend = types.SimpleNamespace(is_cutedsl=lambda: False, is_gemv=lambda: False)
+    mod.get_bf16_gemm_backend = lambda: mod.backend
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod

@@ -125,21 +125,10 @@ def test_installed_impl_resolves_a_layer_method(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the adapter's routing
 @pytest.fixture
-def unquant(monkeypatch):
-    """A stand-in sglang unquant module: the names the adapter reads (the method class, AMX, aiter, the backend)."""
-    mod = types.ModuleType("sglang.srt.layers.quantization.unquant")
-
-    class UnquantizedLinearMethod:
-        pass
-
-    mod.UnquantizedLinearMethod = UnquantizedLinearMethod
-    mod.use_intel_amx_backend = lambda layer: getattr(layer, "use_intel_amx_backend", False)
-    mod._use_aiter = False
-    mod.backend = types.SimpleNamespace(is_cutedsl=lambda: False, is_gemv=lambda: False)
-    mod.get_bf16_gemm_backend = lambda: mod.backend
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+def unquant(sglang_unquant_standin, monkeypatch):
+    """conftest's stand-in unquant module, with the adapter taking CPU tensors."""
     monkeypatch.setattr(ADAPTER_MOD, "DEVICES", ("cuda", "cpu"))
-    return mod
+    return sglang_unquant_standin
 
 
 def _gate(unquant, e=128, h=2048, dtype=torch.bfloat16, bias=None, method=None):
