@@ -130,10 +130,10 @@ def _projection_dims(dims) -> Optional[Tuple[int, int, int]]:
 
 
 def _is_projection_gemm(dims, cfg: dict) -> bool:
-    """Input Dims of a torch matmul that linear's adapter would take: at most MAX_TOKENS tokens, K a multiple of 8 and
-    at most MAX_IN_FEATURES, no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not the
-    linear's) nor the MoE router's GEMM (moe_gate's)."""
-    from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES, MAX_TOKENS
+    """Input Dims of a torch matmul that linear's adapter would take: a shape its `declined` rule keeps (tokens,
+    in_features, out_features), no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not
+    the linear's) nor the MoE router's GEMM (moe_gate's)."""
+    from astra_sglang.kernels.linear.adapter import declined
 
     d = _projection_dims(dims)
     if d is None:
@@ -142,8 +142,7 @@ def _is_projection_gemm(dims, cfg: dict) -> bool:
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if experts and _is_router_gemm(dims, int(cfg.get("hidden_size") or 0), experts):
         return False
-    return (0 < tokens <= MAX_TOKENS and k % 8 == 0 and k <= MAX_IN_FEATURES
-            and n != int(cfg.get("vocab_size") or 0))
+    return tokens > 0 and declined(tokens, k, n) is None and n != int(cfg.get("vocab_size") or 0)
 
 
 def projection_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",

@@ -76,6 +76,9 @@ class OpAdapter:
     # Calls with more tokens (dims[0]) than this stay with SGLang's original by design: the kernel was
     # measured slower than that route in context. validate reports such shapes n/a. None: no limit.
     max_tokens: Optional[int] = None
+    # Shapes (the ABI's dims) beyond max_tokens that stay with SGLang by design -> why, or None (linear: widths where
+    # cuBLAS is as fast). validate reports them n/a too.
+    keeps: Optional[Callable[[Tuple[int, ...]], Optional[str]]] = None
     # Fused ops replace a layer method whose body is the kernel sequence they fuse (qknorm_rope_store:
     # Qwen3MoeAttention.apply_qk_norm_rope runs q/k norm, then rope + KV store). Such a method's parameters
     # (the module, its activations, the batch) are not the ABI's, so instead of mapping parameters:
@@ -102,10 +105,13 @@ class OpAdapter:
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
 
-    def kept_by_sglang(self, tokens: int) -> Optional[str]:
-        """Why a call of `tokens` tokens stays with SGLang's original by design (max_tokens), or None."""
+    def kept_by_sglang(self, tokens: int, dims: Optional[Tuple[int, ...]] = None) -> Optional[str]:
+        """Why a call of `tokens` tokens (of ABI dims `dims`, where known) stays with SGLang's original by design
+        (max_tokens, keeps), or None."""
         if self.max_tokens is not None and tokens > self.max_tokens:
             return f"{tokens} tokens > {self.max_tokens}: SGLang's own route is faster in context"
+        if self.keeps is not None and dims is not None:
+            return self.keeps(tuple(dims))
         return None
 
 

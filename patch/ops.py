@@ -221,7 +221,7 @@ class OpState:
         views, dims = res
         if 0 in dims:
             return "empty tensor"
-        kept = ad.kept_by_sglang(dims[0])
+        kept = ad.kept_by_sglang(dims[0], dims)
         if kept:
             return kept
         for n, _ in self.layout.scalars:

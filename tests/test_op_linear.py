@@ -41,6 +41,7 @@ def test_spec_abi_and_symbols():
 
     pat = re.compile(SPEC.kernel_symbols[0])
     assert pat.search("void astra_lin::(anonymous namespace)::linear_kernel<__nv_bfloat16, 1>(...)")
+    assert pat.search("void astra_lin::(anonymous namespace)::linear_mma_kernel<__nv_bfloat16, 4, 2, 1>(...)")
     assert not pat.search("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT")
 
 
@@ -50,10 +51,13 @@ def test_corpus_covers_the_dense_projections_at_decode():
     assert (1, 4096, 2048) in dims and (1, 2048, 5120) in dims  # Qwen3-30B-A3B o, qkv
     assert (1, 1024, 8192) in dims  # Llama-3-70B's o_proj at TP 8: a sharded width
     assert {s.tags[0] for s in SPEC.corpus} == {"decode"}
-    assert {s.dims[0] for s in SPEC.corpus} == {1, 2, 4}
+    assert {s.dims[0] for s in SPEC.corpus} == {1, 2, 4, 8}  # both paths: FMA at 1-2, tensor cores at 3-8
     assert all(s.dims[1] % 8 == 0 for s in SPEC.corpus)
     assert any(s.dims[1] % 8 for s in SPEC.edge_shapes)  # the kernel's scalar path
     assert any(s.dims[0] > 8 for s in SPEC.edge_shapes)  # two token groups
+    # the tensor-core path's two CTA shapes with partial tiles: 16 rows (>= 300 CTAs) and 8 rows
+    assert any(3 <= t <= 8 and n % 16 and (n + 15) // 16 >= 300 for t, _, n in (s.dims for s in SPEC.edge_shapes))
+    assert any(3 <= t <= 8 and n % 16 and (n + 15) // 16 < 200 for t, _, n in (s.dims for s in SPEC.edge_shapes))
 
 
 @pytest.mark.parametrize("dist", ["normal", "outlier"])
@@ -160,11 +164,35 @@ def test_expand_takes_a_decode_projection_and_allocates_like_f_linear(unquant):
     ("does not match", {}, (1, 1024), torch.bfloat16, None),
     ("multiple of 8", {"k": 1002}, (1, 1002), torch.bfloat16, None),
     ("in_features", {"k": 14336}, (1, 14336), torch.bfloat16, None),          # Llama-3-8B's down_proj
+    ("outputs", {"n": 6144}, (4, 4096), torch.bfloat16, None),                 # qkv at 4 tokens: cuBLAS as fast
 ])
 def test_expand_leaves_other_calls_to_the_method(unquant, why, proj_kw, x_shape, x_dtype, bias):
     m, layer = _proj(unquant, **proj_kw)
     r = A.expand({"self": m, "layer": layer, "x": torch.randn(*x_shape).to(x_dtype), "bias": bias})
     assert isinstance(r, str) and why in r, r
+
+
+def test_three_to_eight_tokens_take_the_tensor_core_path_on_hopper_only(unquant, monkeypatch):
+    """3-8 tokens of an out_features <= 4096 projection are the tensor-core path's: taken on sm_90, left to cuBLAS on
+    other GPUs (the FMA path is slower than cuBLAS there); 1-2 tokens are the FMA path's anywhere."""
+    m, layer = _proj(unquant, n=4096)
+    for major, taken in ((9, True), (8, False)):
+        monkeypatch.setattr(ADAPTER_MOD, "_major", lambda device, major=major: major)
+        r = A.expand({"self": m, "layer": layer, "x": torch.randn(5, 4096).to(torch.bfloat16), "bias": None})
+        assert (not isinstance(r, str)) == taken, r
+        r = A.expand({"self": m, "layer": layer, "x": torch.randn(2, 4096).to(torch.bfloat16), "bias": None})
+        assert not isinstance(r, str), r
+
+
+def test_declined_shapes_are_validates_n_a_not_failures():
+    """The shape rule is the adapter's `keeps`: validate reports a shape the adapter leaves to cuBLAS by design n/a
+    (the edge shape of in_features 1002, 3-8 tokens of wide outputs), and every taken corpus shape reaches it."""
+    assert A.kept_by_sglang(3, (3, 1002, 5)) and "multiple of 8" in A.kept_by_sglang(3, (3, 1002, 5))
+    assert "outputs" in A.kept_by_sglang(8, (8, 4096, 6144))
+    assert A.kept_by_sglang(8, (8, 4096, 4096)) is None and A.kept_by_sglang(2, (2, 4096, 28672)) is None
+    assert "tokens" in A.kept_by_sglang(9, (9, 4096, 4096))
+    taken = [s.dims for s in SPEC.corpus if ADAPTER_MOD.declined(*s.dims) is None]
+    assert {t for t, _, _ in taken} == {1, 2, 4, 8}
 
 
 def test_prefill_calls_leave_before_anything_else_is_read(unquant):
@@ -181,7 +209,8 @@ def test_precheck_declines_prefill_calls_off_the_raw_arguments():
     many = torch.randn(ADAPTER_MOD.MAX_TOKENS + 1, 64)
     assert "tokens" in pre((None, None, many), {})
     assert "tokens" in pre((None, None), {"x": many})
-    assert "tokens" in pre((None, None, torch.randn(3, 1, 64)), {})  # [batch, seq, hidden] counts every row
+    # [batch, seq, hidden] counts every row
+    assert "tokens" in pre((None, None, torch.randn(ADAPTER_MOD.MAX_TOKENS + 1, 1, 64)), {})
     assert pre((None, None, torch.randn(ADAPTER_MOD.MAX_TOKENS, 64)), {}) is None
     assert pre((None, None, "not a tensor"), {}) is None and pre((None,), {}) is None
 

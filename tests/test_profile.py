@@ -539,9 +539,10 @@ def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_typ
 
 def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shapes():
     """linear's production is every decode-sized unquantized projection: a GEMM kernel is it only where the eager
-    step shows nothing but [T <= 2, K] x [K, N] projections; the lm_head (N the vocabulary), a prefill, a bias or a
+    step shows nothing but [T <= MAX_TOKENS, K] x [K, N] projections; the lm_head (N the vocabulary), a prefill, a bias or a
     row wider than the adapter takes keep a name a gemm."""
     from astra_sglang.e2e.profile import _is_projection_gemm, projection_gemm_kernels
+    from astra_sglang.kernels.linear.adapter import MAX_TOKENS
 
     cfg = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
     h, v = cfg["hidden_size"], cfg["vocab_size"]
@@ -549,7 +550,9 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert _is_projection_gemm([[2, h], [6144, h]], cfg)            # aten::linear's [N, K]
     assert _is_projection_gemm([[1, 1, 12288], [12288, h]], cfg)    # down_proj, [batch, seq, K]
     assert not _is_projection_gemm([[1, h], [h, v]], cfg)           # the lm_head
-    assert not _is_projection_gemm([[3, h], [h, 6144]], cfg)        # 3 tokens: cuBLAS's
+    assert _is_projection_gemm([[MAX_TOKENS, h], [h, h]], cfg)      # o_proj at 8 tokens: the tensor-core path
+    assert not _is_projection_gemm([[MAX_TOKENS, h], [h, 6144]], cfg)  # qkv at 8 tokens: cuBLAS's, as fast
+    assert not _is_projection_gemm([[MAX_TOKENS + 1, h], [h, h]], cfg)  # more tokens: cuBLAS's
     assert not _is_projection_gemm([[1, 14336], [14336, h]], cfg)   # wider than MAX_IN_FEATURES
     assert not _is_projection_gemm([[1, h], [h, 6144], [6144]], cfg)  # a bias
     assert not _is_projection_gemm("garbage", cfg)

@@ -6,7 +6,8 @@ unquantized QKVParallelLinear, MergedColumnParallelLinear, ColumnParallelLinear,
 calls from its forward. It is replaced for the whole class, so `expand` takes a call only where apply would end in a
 plain cuBLAS F.linear of a decode-sized input:
 - x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows (checked first: prefill calls leave
-  at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES;
+  at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES; from 3 tokens only
+  out_features <= MMA_MAX_OUT_FEATURES and only on Hopper (`declined` says the shape rule);
 - no bias (the kernel has no epilogue for one);
 - apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
   and 0.5.23's opt-in Hopper gemv).
@@ -14,16 +15,21 @@ Every other call goes to the method untouched, before any work. The output is al
 ([..., out_features], x's dtype). RowParallelLinear's all-reduce and the layers' output handling stay SGLang's."""
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Dict, Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
-# Decode sizes: at 1-2 tokens the kernel is 1.03-2.25x cuBLAS in context (H200, RESULTS.md); at 4 tokens its FMA
-# work per weight byte catches up with it (0.65-1.42x).
-MAX_TOKENS = 2
-# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context (0.92-1.02x); 12288
-# (Qwen3-8B's down_proj) still wins (1.08-1.09x)
+# Decode sizes (H200, in context, RESULTS.md): at 1-2 tokens the FMA path is 1.03-2.25x cuBLAS; 3-8 tokens take the
+# tensor-core path, 1.03-1.65x where out_features <= MMA_MAX_OUT_FEATURES (o_proj, down_proj, TP-sharded widths) and
+# about cuBLAS's time on wider outputs (qkv, gate_up: 0.75-1.03x), which stay with cuBLAS; at 16 tokens the path is
+# 0.9-1.28x in the sandbox, so more than 8 tokens stay with cuBLAS.
+MAX_TOKENS = 8
+FMA_MAX_TOKENS = 2
+MMA_MAX_OUT_FEATURES = 4096
+# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context at 1-2 tokens (0.92-1.02x);
+# 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x)
 MAX_IN_FEATURES = 12288
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
@@ -50,6 +56,29 @@ def apply_path_problem(layer, x) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _major(device) -> int:
+    """The compute capability major of a CUDA device (cached: expand runs on every decode call)."""
+    import torch
+
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+
+
+def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
+    """Why a [tokens, in_features] x [out_features, in_features] projection stays with cuBLAS by design, or None: the
+    one rule expand, validate (n/a, not a failure) and profile's attribution of cuBLAS kernels to linear share."""
+    if tokens > MAX_TOKENS:
+        return f"{tokens} tokens > {MAX_TOKENS}: SGLang's cuBLAS GEMM"
+    if in_features % 8:
+        return f"in_features {in_features} is not a multiple of 8"
+    if in_features > MAX_IN_FEATURES:
+        return f"in_features {in_features} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
+    if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
+        return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
+                f"tensor-core path")
+    return None
+
+
 def _expand(a: Dict[str, Any]):
     """UnquantizedLinearMethod.apply(self, layer, x, bias=None) -> canonical arguments, or why the method keeps it."""
     import torch
@@ -70,11 +99,9 @@ def _expand(a: Dict[str, Any]):
         return f"x {tuple(x.shape)} does not match weight {tuple(w.shape)}"
     if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
         return f"x {x.dtype} / weight {w.dtype}: not one fp16 / bf16 dtype"
-    if k % 8:
-        return f"in_features {k} is not a multiple of 8"
-    if k > MAX_IN_FEATURES:
-        return f"in_features {k} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
-    why = apply_path_problem(layer, x)
+    why = declined(t, k, w.shape[0]) or apply_path_problem(layer, x)
+    if why is None and t > FMA_MAX_TOKENS and _major(x.device) < 9:
+        why = "3+ tokens off Hopper: the tensor-core path is tuned for sm_90, the FMA path is slower than cuBLAS there"
     if why:
         return why
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
@@ -129,6 +156,7 @@ ADAPTER = OpAdapter(
     sequence=sequence_linear,
     precheck=_precheck,
     max_tokens=MAX_TOKENS,
+    keeps=lambda dims: declined(*dims),
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
     # is the binding's, timed alone and taken out of SGLang's time
     returned=("out",),

@@ -22,11 +22,21 @@
 //  * Tokens are template groups of up to kMaxGroup (one fp32 accumulator per row x token); the weight vector is
 //    unpacked once per group. More tokens are more groups (re-reading the weights: the adapter takes few tokens).
 //    Warp butterflies, then the 8 warps' partial sums per (row, token) through shared memory.
+//  * From 3 tokens the FMA work per weight byte outgrows the stream (0.5-0.9x cuBLAS at 8 tokens), so on Hopper
+//    3+ tokens take a tensor-core path that keeps the same loads: a warp reads 512 contiguous bytes of each of its 8
+//    or 16 rows per 256-wide chunk (ld.global.nc.L1::no_allocate), transposes them through a warp-private swizzled
+//    shared buffer, and runs mma.m16n8k16 with A = x (tokens as M, up to 8 live) and B = the rows (N). Inside a chunk
+//    the k order is permuted identically for A and B (thread (g, q) takes physical k 8p..8p+7, p = 4j + q), so x and
+//    weights both arrive as 16-byte vectors, two mmas each. The warps' partial sums meet in shared memory. In context
+//    at 4-8 tokens: 1.03-1.65x cuBLAS where out_features <= 4096, about cuBLAS's time on wider outputs (0.75-1.03x,
+//    which the adapter leaves to cuBLAS; kernels/linear/RESULTS.md). Tokens beyond 8 are more groups of 8.
 //  * in_features not a multiple of 8 or unaligned pointers: a scalar path (same math, no vectors; correctness only).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #ifndef ASTRA_PDL
 #define ASTRA_PDL 1  // 0: plain launch; 1: PDL, first weights loaded before the wait, trigger right after it
@@ -38,7 +48,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 4;      // output rows per CTA (tuned on an H200: 2, 4, 8 rows x 1, 2, 4 vectors in flight)
-constexpr int kMaxGroup = 8;  // tokens per pass over the weights
+constexpr int kMaxGroup = 8;  // tokens per pass over the weights (both paths)
+constexpr int kMmaFrom = 3;   // tokens from which Hopper takes the tensor-core path
 constexpr int kScalarWarps = 4;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -176,6 +187,105 @@ __global__ void __launch_bounds__(kScalarWarps * 32) linear_scalar_kernel(const 
   }
 }
 
+// ---- Tensor-core path (3+ tokens on sm_90): see the header. mma.m16n8k16, fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  // tokens 8..15 of the M = 16 tile are never live (groups of <= 8): their A registers are zero
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host dispatches here only on sm_90+
+#endif
+}
+
+// CTA b owns rows [R b, R b + R), R = 8 RT; warp w takes 256-wide chunks w, w + WARPS, ... (U in flight) for up to 8
+// tokens. Lane (g, q): token g of A, row g of each 8-row tile of B.
+template <typename T, int WARPS, int RT, int U>
+__global__ void __launch_bounds__(WARPS * 32) linear_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                T* __restrict__ out, int tokens, int in_features,
+                                                                int out_features, int out_stride) {
+  constexpr int R = 8 * RT;
+  __shared__ __align__(16) uint4 stage[WARPS][R][32];  // a chunk: R rows x 512 bytes, 16-byte slots swizzled
+  __shared__ float part[WARPS][RT][32][4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int row0 = blockIdx.x * R;
+  const int nvec = in_features >> 3, nchunk = (nvec + 31) >> 5;
+  const uint4* wv4 = reinterpret_cast<const uint4*>(w);
+  const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(min(g, tokens - 1)) * nvec;
+  const bool live_token = g < tokens;
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // rows past the end read the last row again; their sums are not stored
+    wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
+  float c[RT][4];
+#pragma unroll
+  for (int t = 0; t < RT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+
+  bool waited = !ASTRA_PDL;
+  for (int c0 = warp * U; c0 < nchunk; c0 += WARPS * U) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (c0 + u) * 32 + lane;
+      const bool ok = c0 + u < nchunk && v < nvec;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[u][r] = ok ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {  // x comes from the previous kernel: wait only now, with the first weights in flight
+      pdl_wait();
+      pdl_trigger();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      __syncwarp();  // the previous chunk's reads of the stage are done
+#pragma unroll
+      for (int r = 0; r < R; ++r) stage[warp][r][lane ^ ((r & 1) << 2)] = wv[u][r];  // conflict-free both ways
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int p = 4 * j + q;
+        const int v = (c0 + u) * 32 + p;
+        const bool ok = c0 + u < nchunk && v < nvec;
+        const uint4 a = (ok && live_token) ? __ldg(xg + v) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int t = 0; t < RT; ++t) {
+          const uint4 b = stage[warp][t * 8 + g][p ^ ((g & 1) << 2)];
+          mma_16816<T>(c[t], a.x, a.y, b.x, b.y);
+          mma_16816<T>(c[t], a.z, a.w, b.z, b.w);
+        }
+      }
+    }
+  }
+  if (!waited) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  // c[t]: {token g, rows 2q and 2q + 1 of tile t; tokens g + 8: always zero}
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) part[warp][t][lane][i] = c[t][i];
+  __syncthreads();
+  for (int o = threadIdx.x; o < RT * 64; o += WARPS * 32) {
+    const int t = o >> 6, l = (o >> 1) & 31, i = o & 1;
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < WARPS; ++p) s += part[p][t][l][i];
+    const int tok = l >> 2, n = row0 + t * 8 + (l & 3) * 2 + i;
+    if (tok < tokens && n < out_features) out[static_cast<int64_t>(tok) * out_stride + n] = from_f<T>(s);
+  }
+}
+
 int device_major() {
   static int cached_dev = -1, major = 0;
   int dev = 0;
@@ -208,6 +318,20 @@ cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int ou
   return launch(linear_kernel<T, NT>, grid, kThreads, stream, x, w, out, in_features, out_features, out_features);
 }
 
+// shape -> CTA (measured on an H200, 3-8 tokens): 16-row CTAs where there are >= 200 of them, else 8-row CTAs with two
+// chunks in flight per warp (more CTAs). Both 8 warps: two CTAs per SM (the registers), whole waves on 132 SMs for
+// the widths the adapter takes (out_features <= 4096)
+template <typename T>
+cudaError_t launch_mma(const T* x, const T* w, T* out, int tokens, int in_features, int out_features,
+                       cudaStream_t stream) {
+  const int ctas16 = (out_features + 15) / 16;
+  if (ctas16 >= 200)
+    return launch(linear_mma_kernel<T, 8, 2, 1>, dim3(ctas16), 8 * 32, stream, x, w, out, tokens, in_features,
+                  out_features, out_features);
+  return launch(linear_mma_kernel<T, 8, 1, 2>, dim3((out_features + 7) / 8), 8 * 32, stream, x, w, out, tokens,
+                in_features, out_features, out_features);
+}
+
 template <typename T>
 cudaError_t dispatch(const void* xp, const void* wp, void* op, int tokens, int in_features, int out_features,
                      cudaStream_t stream) {
@@ -218,11 +342,17 @@ cudaError_t dispatch(const void* xp, const void* wp, void* op, int tokens, int i
   if (in_features % 8 != 0 || !aligned)
     return launch(linear_scalar_kernel<T>, dim3((out_features + kScalarWarps - 1) / kScalarWarps), kScalarWarps * 32,
                   stream, x, w, out, tokens, in_features, out_features);
+  const bool tensor_cores = tokens >= kMmaFrom && device_major() >= 9;
   for (int t0 = 0; t0 < tokens; t0 += kMaxGroup) {
     const int nt = min(kMaxGroup, tokens - t0);
     const T* xg = x + static_cast<int64_t>(t0) * in_features;
     T* og = out + static_cast<int64_t>(t0) * out_features;
     cudaError_t err = cudaErrorInvalidValue;
+    if (tensor_cores) {  // every group, the last one too (even a 1-token tail: one path per call)
+      err = launch_mma<T>(xg, w, og, nt, in_features, out_features, stream);
+      if (err != cudaSuccess) return err;
+      continue;
+    }
     switch (nt) {
       case 1: err = launch_group<T, 1>(xg, w, og, in_features, out_features, stream); break;
       case 2: err = launch_group<T, 2>(xg, w, og, in_features, out_features, stream); break;

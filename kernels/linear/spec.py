@@ -29,7 +29,7 @@ PROJECTION_MODELS: Tuple[Tuple[str, Tuple[Tuple[str, int, int], ...]], ...] = (
     ("gemma-2-9b", (("qkv", 3584, 8192), ("o", 4096, 3584), ("gate_up", 3584, 28672), ("down", 14336, 3584))),
     ("llama-3-70b-tp8", (("qkv", 8192, 1280), ("o", 1024, 8192), ("gate_up", 8192, 7168), ("down", 3584, 8192))),
 )
-DECODE = (1, 2, 4)
+DECODE = (1, 2, 4, 8)
 
 
 def _corpus() -> Tuple[Shape, ...]:
@@ -46,6 +46,9 @@ EDGE = (
     Shape((3, 1002, 5), ("edge",), "in_features not a multiple of 8 (the scalar path)"),
     Shape((2, 2048, 130), ("edge",), "out_features not a multiple of the CTA's 4 rows"),
     Shape((11, 520, 96), ("edge",), "two token groups (8 + 3); in_features not a multiple of the 256-vector sweep"),
+    Shape((3, 1032, 4808), ("edge",), "tensor-core path with 16-row CTAs (4808 / 16 = 300.5): a partial last tile and "
+                                      "a partial 256-wide chunk"),
+    Shape((5, 2056, 200), ("edge",), "tensor-core path with 8-row CTAs, rows not a multiple of 16"),
 )
 
 
