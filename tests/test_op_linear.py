@@ -55,9 +55,11 @@ def test_corpus_covers_the_dense_projections_at_decode():
     assert all(s.dims[1] % 8 == 0 for s in SPEC.corpus)
     assert any(s.dims[1] % 8 for s in SPEC.edge_shapes)  # the kernel's scalar path
     assert any(s.dims[0] > 8 for s in SPEC.edge_shapes)  # two token groups
-    # the tensor-core path's two CTA shapes with partial tiles: 16 rows (>= 300 CTAs) and 8 rows
-    assert any(3 <= t <= 8 and n % 16 and (n + 15) // 16 >= 300 for t, _, n in (s.dims for s in SPEC.edge_shapes))
-    assert any(3 <= t <= 8 and n % 16 and (n + 15) // 16 < 200 for t, _, n in (s.dims for s in SPEC.edge_shapes))
+    # the tensor-core path's three CTA shapes (kernel.cu's launch_mma), each with a partial last tile
+    def cta_shape(n):
+        return "16 rows" if (n + 15) // 16 >= 200 else "8 rows x 8 warps" if (n + 7) // 8 >= 264 else "8 rows x 16 warps"
+    mma_edges = [(t, n) for t, _, n in (s.dims for s in SPEC.edge_shapes) if 3 <= t <= 8 and n % 16]
+    assert {cta_shape(n) for _, n in mma_edges} == {"16 rows", "8 rows x 8 warps", "8 rows x 16 warps"}
 
 
 @pytest.mark.parametrize("dist", ["normal", "outlier"])

@@ -1,0 +1,59 @@
+# Sandbox runner for gemv_smem.cu (next session): correctness (max abs err vs fp32) and time vs cuBLAS, L2-cold.
+#   python3 astra-work/dev/gemv/gemv_smem.py 1x4096x2048,8x4096x2048,8x2048x5120,16x4096x6144
+import ctypes, os, subprocess, sys
+import torch
+here = os.path.dirname(os.path.abspath(__file__))
+so = "/tmp/gemv_smem.so"
+if not os.path.exists(so):
+    subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-o", so,
+                    f"{here}/gemv_smem.cu"], check=True)
+lib = ctypes.CDLL(so)
+shapes_arg = sys.argv[1]
+
+
+def timed(fn, nrot, reps=20):
+    """median µs per call of fn(0..nrot-1) replayed in one CUDA graph (as gemv_tune.py's)"""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for i in range(nrot):
+                fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(nrot):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); g.replay(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / nrot)
+    return sorted(ts)[len(ts) // 2]
+
+cfgs = [(4, 256, 4), (4, 256, 8), (4, 512, 4), (4, 512, 6), (8, 512, 4), (8, 512, 6), (8, 1024, 3), (8, 1024, 4)]
+for s in shapes_arg.split(","):
+    T, K, N = map(int, s.split("x"))
+    nrot = max(4, (600 << 20) // (N * K * 2))
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    ref = torch.nn.functional.linear(x.float(), ws[0].float())
+    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    res = []
+    for wp, kc, st in cfgs:
+        def f(i, wp=wp, kc=kc, st=st):
+            return lib.tune_smem(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[i].data_ptr()),
+                                 ctypes.c_void_p(outs[i].data_ptr()), T, K, N, wp, kc, st,
+                                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        outs[0].zero_()
+        if f(0) != 0:
+            continue
+        torch.cuda.synchronize()
+        err = (outs[0].float() - ref).abs().max().item()
+        res.append((timed(f, nrot), f"{wp}w{kc}k{st}s", err))
+    best = min(res)
+    print(f"{s:>14} cuBLAS {t_cub:6.2f} us  best {best[1]} {best[0]:6.2f} us err {best[2]:.3f}  x{t_cub / best[0]:.2f}  |  "
+          + " ".join(f"{n}:{t:.2f}" for t, n, _ in res), flush=True)
+    del ws, outs
