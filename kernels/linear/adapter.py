@@ -28,6 +28,9 @@ from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 MAX_TOKENS = 8
 FMA_MAX_TOKENS = 2
 MMA_MAX_OUT_FEATURES = 4096
+# 5-8 tokens of a narrow projection (Llama-3-70B's qkv at TP 8, 8192 -> 1280): 0.97-0.98x in context (1.13-1.21x
+# chained), at 4 tokens 1.04-1.06x
+MMA_NARROW_OUT_FEATURES, MMA_NARROW_MAX_TOKENS = 2048, 4
 # The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context at 1-2 tokens (0.92-1.02x);
 # 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x)
 MAX_IN_FEATURES = 12288
@@ -75,6 +78,9 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
         return f"in_features {in_features} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
     if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
+                f"tensor-core path")
+    if tokens > MMA_NARROW_MAX_TOKENS and out_features < MMA_NARROW_OUT_FEATURES:
+        return (f"{tokens} tokens x {out_features} outputs (< {MMA_NARROW_OUT_FEATURES}): cuBLAS is as fast as the "
                 f"tensor-core path")
     return None
 

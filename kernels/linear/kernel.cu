@@ -318,21 +318,18 @@ cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int ou
   return launch(linear_kernel<T, NT>, grid, kThreads, stream, x, w, out, in_features, out_features, out_features);
 }
 
-// shape -> CTA (measured on an H200, 3-8 tokens): 16-row CTAs of 8 warps where there are >= 200 of them (two per SM:
-// the registers); else 8-row CTAs, of 8 warps with two chunks in flight per warp where that still fills the 132 SMs
-// twice, of 16 warps (more of the row's chunks at once) where the grid is smaller (out_features < 2112)
+// shape -> CTA (measured on an H200, 3-8 tokens): 16-row CTAs where there are >= 200 of them (two per SM: the
+// registers), else 8-row CTAs with two chunks in flight per warp (twice the CTAs). Both 8 warps. 16 warps of one chunk
+// each on the small grids were as fast chained but slower in context (results/2026-11-27-h200/ §1)
 template <typename T>
 cudaError_t launch_mma(const T* x, const T* w, T* out, int tokens, int in_features, int out_features,
                        cudaStream_t stream) {
-  const int ctas16 = (out_features + 15) / 16, ctas8 = (out_features + 7) / 8;
+  const int ctas16 = (out_features + 15) / 16;
   if (ctas16 >= 200)
     return launch(linear_mma_kernel<T, 8, 2, 1>, dim3(ctas16), 8 * 32, stream, x, w, out, tokens, in_features,
                   out_features, out_features);
-  if (ctas8 >= 264)
-    return launch(linear_mma_kernel<T, 8, 1, 2>, dim3(ctas8), 8 * 32, stream, x, w, out, tokens, in_features,
-                  out_features, out_features);
-  return launch(linear_mma_kernel<T, 16, 1, 1>, dim3(ctas8), 16 * 32, stream, x, w, out, tokens, in_features,
-                out_features, out_features);
+  return launch(linear_mma_kernel<T, 8, 1, 2>, dim3((out_features + 7) / 8), 8 * 32, stream, x, w, out, tokens,
+                in_features, out_features, out_features);
 }
 
 template <typename T>

@@ -48,8 +48,9 @@ EDGE = (
     Shape((11, 520, 96), ("edge",), "two token groups (8 + 3); in_features not a multiple of the 256-vector sweep"),
     Shape((3, 1032, 4808), ("edge",), "tensor-core path with 16-row CTAs (4808 / 16 = 300.5): a partial last tile and "
                                       "a partial 256-wide chunk"),
-    Shape((7, 1544, 2500), ("edge",), "tensor-core path with 8-row CTAs of 8 warps (313 of them), a partial tile"),
-    Shape((5, 2056, 200), ("edge",), "tensor-core path with 8-row CTAs of 16 warps, rows not a multiple of 16"),
+    Shape((7, 1544, 2500), ("edge",), "tensor-core path with 8-row CTAs (157 16-row tiles would be < 200), a partial "
+                                      "last tile and a partial 256-wide chunk"),
+    Shape((5, 2056, 200), ("edge",), "tensor-core path with a grid of 25 8-row CTAs"),
 )
 
 
