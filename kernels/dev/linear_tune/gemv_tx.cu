@@ -345,3 +345,97 @@ extern "C" cudaError_t tune_ws(const void* x, const void* w, void* o, int T, int
 #undef C
   return cudaErrorInvalidValue;
 }
+
+// ---- variant pf: the register transpose (gemv_tx) with the next chunk's weights loaded before this chunk's
+// transpose and mmas (a one-deep software pipeline per warp), so a warp always has a chunk's loads in flight
+namespace {
+template <int W, int RT>
+__global__ void __launch_bounds__(W * 32) gemv_pf(const __nv_bfloat16* __restrict__ x,
+                                                  const __nv_bfloat16* __restrict__ w,
+                                                  __nv_bfloat16* __restrict__ out, int T, int K, int N) {
+  constexpr int R = 8 * RT;
+  __shared__ __align__(16) uint4 stage[W][R][32];
+  __shared__ float red[W][RT][32][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int n0 = blockIdx.x * R;
+  const int K8 = K >> 3, nchunk = (K8 + 31) >> 5;
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  const uint4* xa_p = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(min(g, T - 1)) * K8;
+  const bool ta = g < T;
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wrow[r] = wv + static_cast<int64_t>(min(n0 + r, N - 1)) * K8;
+  float c[RT][4];
+#pragma unroll
+  for (int t = 0; t < RT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+  uint4 nxt[R];
+  auto load = [&](int chunk) {
+    const int vec = chunk * 32 + lane;
+    const bool ok = chunk < nchunk && vec < K8;
+#pragma unroll
+    for (int r = 0; r < R; ++r) nxt[r] = ok ? ld_stream(wrow[r] + vec) : make_uint4(0, 0, 0, 0);
+  };
+  load(warp);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  for (int ch = warp; ch < nchunk; ch += W) {
+    uint4 cur[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+    if (ch + W < nchunk) load(ch + W);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < R; ++r) stage[warp][r][lane ^ ((r & 1) << 2)] = cur[r];
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int p = 4 * j + q;
+      const int vec = ch * 32 + p;
+      const uint4 a = (vec < K8 && ta) ? __ldg(xa_p + vec) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < RT; ++t) {
+        const uint4 b = stage[warp][t * 8 + g][p ^ ((g & 1) << 2)];
+        mma(c[t], a.x, 0u, a.y, 0u, b.x, b.y);
+        mma(c[t], a.z, 0u, a.w, 0u, b.z, b.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < RT; ++t) {
+    red[warp][t][lane][0] = c[t][0];
+    red[warp][t][lane][1] = c[t][1];
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < RT * 64; o += W * 32) {
+    const int t = o >> 6, l = (o >> 1) & 31, i = o & 1;
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < W; ++p) s += red[p][t][l][i];
+    const int tok = l >> 2, n = n0 + t * 8 + (l & 3) * 2 + i;
+    if (tok < T && n < N) out[static_cast<int64_t>(tok) * N + n] = __float2bfloat16_rn(s);
+  }
+}
+template <int W, int RT>
+cudaError_t go_pf(const void* x, const void* w, void* o, int T, int K, int N, cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((N + 8 * RT - 1) / (8 * RT));
+  cfg.blockDim = dim3(W * 32);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, gemv_pf<W, RT>, (const __nv_bfloat16*)x, (const __nv_bfloat16*)w,
+                            (__nv_bfloat16*)o, T, K, N);
+}
+}  // namespace
+
+extern "C" cudaError_t tune_pf(const void* x, const void* w, void* o, int T, int K, int N, int warps, int rt,
+                               cudaStream_t s) {
+  if (T < 1 || T > 8 || K % 8) return cudaErrorInvalidValue;
+#define C(W, R) if (warps == W && rt == R) return go_pf<W, R>(x, w, o, T, K, N, s);
+  C(2, 1) C(2, 2) C(4, 1) C(4, 2) C(8, 1) C(8, 2)
+#undef C
+  return cudaErrorInvalidValue;
+}

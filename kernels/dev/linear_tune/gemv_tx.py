@@ -33,8 +33,11 @@ def timed(fn, nrot, reps=20):
     return sorted(ts)[len(ts) // 2]
 
 cfgs = [(4, 1, 1), (4, 1, 2), (4, 2, 1), (8, 1, 1), (8, 1, 2), (8, 2, 1)]
+pf_cfgs = [(2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2)]
 ws_cfgs = [(4, 1, 4), (4, 1, 6), (4, 2, 4), (4, 2, 6), (8, 2, 4), (4, 4, 4), (8, 4, 3), (8, 4, 4), (2, 1, 8),
            (8, 1, 3), (2, 2, 6), (4, 4, 6), (8, 8, 3)]
+if os.environ.get("ONLY_PF"):  # round 8: the prefetching variant against the register transpose only
+    ws_cfgs, cfgs = [], [(4, 1, 1), (4, 2, 1), (8, 1, 1), (8, 2, 1), (8, 1, 2)]
 cpa_cfgs = []
 rows = []
 for s in sys.argv[1].split(","):
@@ -73,6 +76,19 @@ for s in sys.argv[1].split(","):
         torch.cuda.synchronize()
         err = (outs[0].float() - ref).abs().max().item()
         res.append((timed(f, nrot), f"c{wp}w{rt}r{st}s", err))
+    for wp, rt in pf_cfgs:
+        if T > 8:
+            break
+        def f(i, wp=wp, rt=rt):
+            return tx.tune_pf(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(ws[i].data_ptr()),
+                              ctypes.c_void_p(outs[i].data_ptr()), T, K, N, wp, rt, stream())
+        outs[0].zero_()
+        if f(0) != 0:
+            torch.cuda.synchronize()
+            continue
+        torch.cuda.synchronize()
+        err = (outs[0].float() - ref).abs().max().item()
+        res.append((timed(f, nrot), f"p{wp}w{rt}r", err))
     for wp, ks, st in ws_cfgs:
         if T > 8:
             break
