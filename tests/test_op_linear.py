@@ -192,6 +192,17 @@ def test_declined_shapes_are_validates_n_a_not_failures():
     assert "outputs" in A.kept_by_sglang(8, (8, 8192, 1280)) and A.kept_by_sglang(4, (4, 8192, 1280)) is None
     assert A.kept_by_sglang(8, (8, 4096, 4096)) is None and A.kept_by_sglang(2, (2, 4096, 28672)) is None
     assert "tokens" in A.kept_by_sglang(9, (9, 4096, 4096))
+
+
+def test_validate_reports_three_plus_tokens_n_a_off_hopper(monkeypatch):
+    """On a GPU that is not Hopper the adapter leaves 3+ tokens to cuBLAS, so validate must call them n/a there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ADAPTER_MOD, "_major", lambda device: 8)
+    assert "Hopper" in A.kept_by_sglang(4, (4, 4096, 4096))
+    assert A.kept_by_sglang(2, (2, 4096, 4096)) is None
+    monkeypatch.setattr(ADAPTER_MOD, "_major", lambda device: 9)
+    assert A.kept_by_sglang(4, (4, 4096, 4096)) is None
     taken = [s.dims for s in SPEC.corpus if ADAPTER_MOD.declined(*s.dims) is None]
     assert {t for t, _, _ in taken} == {1, 2, 4, 8}
 

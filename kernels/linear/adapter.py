@@ -67,6 +67,23 @@ def _major(device) -> int:
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
 
 
+def _off_hopper(tokens: int, device) -> Optional[str]:
+    """3+ tokens need the tensor-core path, which the kernel runs (and was tuned) on sm_90 only."""
+    if tokens > FMA_MAX_TOKENS and _major(device) < 9:
+        return "3+ tokens off Hopper: the tensor-core path is tuned for sm_90, the FMA path is slower than cuBLAS there"
+    return None
+
+
+def _kept(dims) -> Optional[str]:
+    """The adapter's `keeps` (validate's n/a): the shape rule, and 3+ tokens where the current GPU is not Hopper."""
+    import torch
+
+    why = declined(*dims)
+    if why is None and dims[0] > FMA_MAX_TOKENS and torch.cuda.is_available():
+        why = _off_hopper(dims[0], torch.device("cuda", torch.cuda.current_device()))
+    return why
+
+
 def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
     """Why a [tokens, in_features] x [out_features, in_features] projection stays with cuBLAS by design, or None: the
     one rule expand, validate (n/a, not a failure) and profile's attribution of cuBLAS kernels to linear share."""
@@ -105,9 +122,7 @@ def _expand(a: Dict[str, Any]):
         return f"x {tuple(x.shape)} does not match weight {tuple(w.shape)}"
     if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
         return f"x {x.dtype} / weight {w.dtype}: not one fp16 / bf16 dtype"
-    why = declined(t, k, w.shape[0]) or apply_path_problem(layer, x)
-    if why is None and t > FMA_MAX_TOKENS and _major(x.device) < 9:
-        why = "3+ tokens off Hopper: the tensor-core path is tuned for sm_90, the FMA path is slower than cuBLAS there"
+    why = declined(t, k, w.shape[0]) or _off_hopper(t, x.device) or apply_path_problem(layer, x)
     if why:
         return why
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
@@ -162,7 +177,7 @@ ADAPTER = OpAdapter(
     sequence=sequence_linear,
     precheck=_precheck,
     max_tokens=MAX_TOKENS,
-    keeps=lambda dims: declined(*dims),
+    keeps=_kept,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
     # is the binding's, timed alone and taken out of SGLang's time
     returned=("out",),

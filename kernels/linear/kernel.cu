@@ -192,7 +192,7 @@ template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   // tokens 8..15 of the M = 16 tile are never live (groups of <= 8): their A registers are zero
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value)
+  if constexpr (std::is_same<T, __half>::value)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
