@@ -21,16 +21,14 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
-# Decode sizes (H200, in context, RESULTS.md): at 1-2 tokens the FMA path is 1.03-2.25x cuBLAS; 3-8 tokens take the
-# tensor-core path, 1.03-1.65x where out_features <= MMA_MAX_OUT_FEATURES (o_proj, down_proj, TP-sharded widths) and
-# about cuBLAS's time on wider outputs (qkv, gate_up: 0.75-1.03x), which stay with cuBLAS; at 16 tokens the path is
-# 0.9-1.28x in the sandbox, so more than 8 tokens stay with cuBLAS.
-MAX_TOKENS = 8
+# Decode sizes (H200, RESULTS.md): at 1-2 tokens the FMA path is 1.03-2.25x cuBLAS in context; 3-4 tokens take the
+# tensor-core path, 1.06-1.65x in context where out_features <= MMA_MAX_OUT_FEATURES (o_proj, down_proj, TP-sharded
+# widths) and about cuBLAS's time on wider outputs (qkv, gate_up: 0.75-1.03x), which stay with cuBLAS. At 8 tokens
+# the path is 0.98-1.49x in context, but the decode step at batch 8 gained only 0.8-0.9% (Qwen3-8B,
+# Qwen3-30B-A3B) and lost 0.77% (Gemma-2-9B), so more than 4 tokens stay with cuBLAS.
+MAX_TOKENS = 4
 FMA_MAX_TOKENS = 2
 MMA_MAX_OUT_FEATURES = 4096
-# 5-8 tokens of a narrow projection (Llama-3-70B's qkv at TP 8, 8192 -> 1280): 0.97-0.98x in context (1.13-1.21x
-# chained), at 4 tokens 1.04-1.06x
-MMA_NARROW_OUT_FEATURES, MMA_NARROW_MAX_TOKENS = 2048, 4
 # The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context at 1-2 tokens (0.92-1.02x);
 # 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x)
 MAX_IN_FEATURES = 12288
@@ -95,9 +93,6 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
         return f"in_features {in_features} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
     if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
-                f"tensor-core path")
-    if tokens > MMA_NARROW_MAX_TOKENS and out_features < MMA_NARROW_OUT_FEATURES:
-        return (f"{tokens} tokens x {out_features} outputs (< {MMA_NARROW_OUT_FEATURES}): cuBLAS is as fast as the "
                 f"tensor-core path")
     return None
 

@@ -28,8 +28,8 @@
 //    shared buffer, and runs mma.m16n8k16 with A = x (tokens as M, up to 8 live) and B = the rows (N). Inside a chunk
 //    the k order is permuted identically for A and B (thread (g, q) takes physical k 8p..8p+7, p = 4j + q), so x and
 //    weights both arrive as 16-byte vectors, two mmas each. The warps' partial sums meet in shared memory. In context
-//    at 4-8 tokens: 1.03-1.65x cuBLAS where out_features <= 4096, about cuBLAS's time on wider outputs (0.75-1.03x,
-//    which the adapter leaves to cuBLAS; kernels/linear/RESULTS.md). Tokens beyond 8 are more groups of 8.
+//    at 4 tokens: 1.06-1.65x cuBLAS where out_features <= 4096, about cuBLAS's time on wider outputs (0.75-1.03x);
+//    the adapter takes 3-4 tokens of the former (kernels/linear/RESULTS.md). Tokens beyond 8 are more groups of 8.
 //  * in_features not a multiple of 8 or unaligned pointers: a scalar path (same math, no vectors; correctness only).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
