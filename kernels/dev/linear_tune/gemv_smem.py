@@ -1,7 +1,9 @@
-# Sandbox runner for gemv_smem.cu (next session): correctness (max abs err vs fp32) and time vs cuBLAS, L2-cold.
-#   python3 astra-work/dev/gemv/gemv_smem.py 1x4096x2048,8x4096x2048,8x2048x5120,16x4096x6144
+# Sandbox runner for gemv_smem.cu (round 4: CTA-wide cp.async staging; results/2026-11-27-h200/linear-mma/tuning/):
+# correctness (max abs err vs fp32) and time vs cuBLAS, L2-cold.
+#   python3 kernels/dev/linear_tune/gemv_smem.py 1x4096x2048,8x4096x2048,8x2048x5120,16x4096x6144
 import ctypes, os, subprocess, sys
 import torch
+from sandbox_timing import timed
 here = os.path.dirname(os.path.abspath(__file__))
 so = "/tmp/gemv_smem.so"
 if not os.path.exists(so):
@@ -11,26 +13,6 @@ lib = ctypes.CDLL(so)
 shapes_arg = sys.argv[1]
 
 
-def timed(fn, nrot, reps=20):
-    """median µs per call of fn(0..nrot-1) replayed in one CUDA graph (as gemv_tune.py's)"""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for i in range(nrot):
-                fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for i in range(nrot):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / nrot)
-    return sorted(ts)[len(ts) // 2]
 
 cfgs = [(4, 256, 4), (4, 256, 8), (4, 512, 4), (4, 512, 6), (8, 512, 4), (8, 512, 6), (8, 1024, 3), (8, 1024, 4)]
 for s in shapes_arg.split(","):
@@ -56,4 +38,4 @@ for s in shapes_arg.split(","):
     best = min(res)
     print(f"{s:>14} cuBLAS {t_cub:6.2f} us  best {best[1]} {best[0]:6.2f} us err {best[2]:.3f}  x{t_cub / best[0]:.2f}  |  "
           + " ".join(f"{n}:{t:.2f}" for t, n, _ in res), flush=True)
-    del ws, outs
+    ws.clear(); outs.clear()

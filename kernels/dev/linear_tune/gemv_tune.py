@@ -1,8 +1,9 @@
 # Times gemv_tune.cu's configurations against F.linear (cuBLAS) on rotating weights (>= 600 MB: L2-cold), in CUDA
 # graphs, and prints the best per shape. Not the bench: no in-context timing, no oracle beyond a max-abs error.
 #   python3 kernels/dev/linear_tune/gemv_tune.py 1x4096x2048,8x2048x5120   (tokens x in_features x out_features)
-import ctypes, subprocess, sys, os, itertools, json
+import ctypes, subprocess, sys, os, json
 import torch
+from sandbox_timing import timed
 here = os.path.dirname(os.path.abspath(__file__))
 so = "/tmp/gemv_tune.so"
 if not os.path.exists(so):
@@ -12,23 +13,6 @@ lib.tune_gemv.restype = ctypes.c_int
 shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
 cfgs = [(2, 2), (4, 1), (4, 2), (8, 1)]
 grids = [0]
-def timed(fn, nrot, reps=20):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for i in range(nrot): fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for i in range(nrot): fn(i)
-    g.replay(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / nrot)
-    ts.sort()
-    return ts[len(ts) // 2]
 res = []
 for T, K, N in shapes:
     nrot = max(4, (600 << 20) // (N * K * 2))
@@ -62,5 +46,5 @@ for T, K, N in shapes:
     print(f"{row['shape']:>14} cuBLAS {t_cub:6.2f} us ({gb/t_cub:4.0f} GB/s)  best {best[0]} {best[1][0]:6.2f} us ({gb/best[1][0]:4.0f} GB/s) err {best[1][1]}  x{t_cub/best[1][0]:.2f}", flush=True)
     print("     ", " ".join(f"{k}:{v[0]}" for k, v in row["cfg"].items()), flush=True)
     res.append(row)
-    del ws, outs
+    ws.clear(); outs.clear()
 json.dump(res, open(os.environ.get("OUT", "/tmp") + "/gemv_tune.json", "w"), indent=1)
