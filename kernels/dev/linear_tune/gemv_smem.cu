@@ -1,5 +1,6 @@
 // Sandbox, round 4 (results/2026-11-27-h200/linear-mma/tuning/round4-*: 0.41-0.73x cuBLAS): decode GEMV for 1..16
-// tokens on tensor cores with the weights staged through shared memory by cp.async (coalesced 16-byte copies, a STAGES-deep pipeline), bf16.
+// tokens on tensor cores with the weights staged through shared memory by cp.async (coalesced 16-byte copies, a
+// STAGES-deep pipeline), bf16.
 // mma.m16n8k16: A = x (tokens as M, rows >= T zero), B = 8 weight rows as N ("col": a weight row is contiguous in k),
 // C = [16 tokens][8 rows]. CTA = WARPS warps owning 8 output rows; a stage is 8 rows x KC k; warp w computes the k
 // range [w * KC / WARPS, (w + 1) * KC / WARPS) of every stage; partial C summed over warps in shared memory.
