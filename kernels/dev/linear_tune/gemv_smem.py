@@ -12,8 +12,6 @@ if not os.path.exists(so):
 lib = ctypes.CDLL(so)
 shapes_arg = sys.argv[1]
 
-
-
 cfgs = [(4, 256, 4), (4, 256, 8), (4, 512, 4), (4, 512, 6), (8, 512, 4), (8, 512, 6), (8, 1024, 3), (8, 1024, 4)]
 for s in shapes_arg.split(","):
     T, K, N = map(int, s.split("x"))
