@@ -193,20 +193,23 @@ def proc_name(arm: str, i: int) -> str:
 def profile_arms(session: Session, procs: Sequence[str], batch_sizes: Sequence[int], input_len: int, steps: int,
                  pdir: Path, cfg: dict, meta: dict, timeout: float) -> dict:
     """Profile each named process at each batch size (traces named by its arm); write
-    pdir/profile-meta.json; returns it."""
+    pdir/profile-meta.json after every capture (a run cut off mid-way keeps the captures it made, and
+    `analyze_only` reports them); returns it."""
     from .profile import META
 
     pdir.mkdir(parents=True, exist_ok=True)
     caps: List[dict] = []
+    pm = {**meta, "config": cfg, "captures": caps}
     for name in procs:
         arm = session.arm_of[name]
         for bs in batch_sizes:
             r = session.workers[name].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
                                             "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
             caps += r["captures"] + r.get("rank_captures", [])   # tensor parallel: arm "A-TP1" is rank 1's
+            tmp = pdir / (META + ".tmp")
+            tmp.write_text(json.dumps(pm, indent=1))
+            os.replace(tmp, pdir / META)   # whole or absent, never half-written
             _say(f"profiled {name} batch {bs} ({r['seconds']:.1f}s)")
-    pm = {**meta, "config": cfg, "captures": caps}
-    (pdir / META).write_text(json.dumps(pm, indent=1))
     return pm
 
 
@@ -515,9 +518,10 @@ def arms_from_meta(text: str) -> Dict[str, object]:
 
 
 def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> str:
-    """Rebuild summary/report from an earlier results.json (and profile/ beside it)."""
+    """Rebuild summary/report from an earlier results.json (and profile/ beside it). A run cut off while
+    profiling gets its profile report from the captures it finished."""
     from . import step_stats as ss
-    from .profile import analyze_dir
+    from .profile import META, analyze_dir, write_outputs
     from .speedups import SpeedupTable
 
     data = json.loads(Path(results).read_text())
@@ -527,6 +531,12 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     pdir = Path(results).parent / "profile"
     predicted = None
     arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
+    if (pdir / META).is_file() and not (pdir / "profile.json").is_file():
+        pm = json.loads((pdir / META).read_text())
+        model = str(data.get("meta", {}).get("model", ""))
+        partial = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
+        partial["meta"]["model"] = model
+        write_outputs(partial, pdir, pm.get("config") or {}, model)
     if (pdir / "profile-meta.json").is_file() and arm_ops.get("A", "none") == "none":
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
         predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)

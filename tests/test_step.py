@@ -322,6 +322,43 @@ def test_step_ab_end_to_end(tmp_path):
     assert r2.returncode == 0, r2.stderr
     s2 = json.loads((tmp_path / "re" / "summary.json").read_text())
     assert s2["comparisons"][0]["gpu_ms"] == s["comparisons"][0]["gpu_ms"]
+    # a run cut off while profiling (step_session.sh then rebuilds its report into the run's own dir): the meta
+    # lists the captures made so far, and the re-analysis writes their profile report
+    pdir = out / "profile"
+    meta = json.loads((pdir / "profile-meta.json").read_text())
+    meta["captures"] = meta["captures"][:1]
+    (pdir / "profile-meta.json").write_text(json.dumps(meta))
+    for f in ("profile.json", "profile.md"):
+        (pdir / f).unlink()
+    r3 = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "e2e", "--step", "--analyze",
+                         str(out / "results.json"), "--out", str(out)], capture_output=True, text=True,
+                        cwd="/", env={**os.environ, "ASTRA_SGLANG_RESULTS": str(bench.parent)})
+    assert r3.returncode == 0, r3.stderr
+    assert len(json.loads((pdir / "profile.json").read_text())["captures"]) == 1 and (pdir / "profile.md").is_file()
+
+
+def test_profile_arms_keeps_the_captures_made_before_a_cut_off(tmp_path):
+    """The meta is rewritten (whole) after every capture: a deadline that ends the run mid-profile leaves the
+    captures already made analyzable."""
+    import types
+
+    from astra_sglang.e2e.step import profile_arms
+
+    class Worker:
+        calls = 0
+
+        def call(self, cmd, timeout):
+            Worker.calls += 1
+            if Worker.calls == 2:
+                raise RuntimeError("aborted")
+            return {"captures": [{"arm": "A", "batch_size": cmd["batch_size"], "trace": "A.json"}], "seconds": 0.1}
+
+    session = types.SimpleNamespace(arm_of={"A-p1": "A"}, workers={"A-p1": Worker()})
+    with pytest.raises(RuntimeError):
+        profile_arms(session, ["A-p1"], [1, 8], 256, 3, tmp_path / "p", {}, {"model": "m"}, 10)
+    meta = json.loads((tmp_path / "p" / "profile-meta.json").read_text())
+    assert [c["batch_size"] for c in meta["captures"]] == [1] and meta["model"] == "m"
+    assert not (tmp_path / "p" / "profile-meta.json.tmp").exists()
 
 
 def test_step_aa_then_ab_with_its_floor_in_waves(tmp_path):
