@@ -603,6 +603,37 @@ def test_linear_s_prediction_reads_each_projection_kernel_at_its_own_shapes():
     assert lin["speedup_label"] == "unmeasured" and lin["saved_us"] == 0.0
 
 
+def test_cublas_split_k_reduce_counts_with_the_projection_gemm_before_it():
+    """cuBLAS runs some decode projections as split-K: a GEMM kernel, then cublasLt::splitKreduce_kernel, whose name
+    every split-K GEMM shares. A reduce right after a projection GEMM on its stream is that F.linear's (the bench's
+    installed baseline times both): linear's time and its prediction include it, with no call of its own. A reduce
+    after another GEMM (the lm_head) stays a gemm."""
+    from astra_sglang.e2e.speedups import Speedup
+
+    cfg = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+
+    class Table(SpeedupTable):
+        def lookup(self, op, dims, dtype="bf16", variant=None):
+            return Speedup(2.0, "x", True, "bench.json", "2026-11-27") if op == "linear" else None
+
+    def ev(name, ts, dur, shapes=None, stream=7):
+        k = KernelEvent(name, ts=ts, dur=dur, stream=stream)
+        k.shapes, k.torch_op = shapes, "aten::mm" if shapes else None
+        return k
+
+    red = "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(...)"
+    eager = [ev("nvjet_o_splitK", 0, 1.0, [[4, h], [h, h]]), ev("nvjet_lm", 10, 1.0, [[4, h], [h, v]])]
+    graph = [ev("nvjet_o_splitK", 0, 8.0), ev(red, 9, 2.0), ev("nvjet_lm", 20, 30.0), ev(red, 51, 3.0),
+             ev(red, 60, 1.0, stream=9)]   # another stream's reduce: not after this projection
+    exclusive_times(graph)
+    c = analyze_capture(graph, Capture("decode", 4, 4, 1, "t.json"), cfg, Table([]), eager)
+    rows = {r["op"]: r for r in c["ops"]}
+    assert rows["linear"]["us_per_step"] == pytest.approx(10.0) and rows["linear"]["calls_per_step"] == 1
+    assert rows["linear"]["saved_us"] == pytest.approx(5.0)          # the GEMM and its reduce, at 2x
+    assert rows["gemm"]["us_per_step"] == pytest.approx(34.0) and rows["gemm"]["calls_per_step"] == 3
+
+
 def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes():
     """SGLang's gate runs as cuBLAS, whose kernel names every linear shares: a GEMM kernel is moe_gate's production
     only where the eager step shows it ran the router's [T, hidden] x [hidden, experts] and nothing else. The graph
