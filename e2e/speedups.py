@@ -50,8 +50,8 @@ def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
         return None
     if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):
         return None
-    if not is_shipped_candidate(str(d["op"]), d.get("candidate")):
-        return None
+    if not is_shipped_candidate(str(d["op"]), d.get("candidate")) or d.get("shipped") is False:
+        return None   # an experiment, or a kernels/<op>/kernel.cu trial that was reverted (marked "shipped": false)
     rows = [dict(r, speedup=serving_speedup(r)) for r in d["rows"]
             if isinstance(r, dict) and "shape" in r and isinstance(r.get("speedup"), (int, float))]
     return (str(d["op"]), str(d.get("date", "")), rows, str(d.get("variant") or "")) if rows else None

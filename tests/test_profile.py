@@ -218,6 +218,12 @@ def test_speedup_lookup_takes_only_the_shipped_kernels_benches(tmp_path):
     t = SpeedupTable.from_dirs([tmp_path])
     assert t.lookup("fused_add_rmsnorm", (1, 4096)).value == 1.3   # the older shipped bench, not the newer variant
     assert t.lookup("silu_and_mul", (1, 4096)) is None
+    # a trial of kernels/<op>/kernel.cu itself that was reverted (linear's 16-warp CTAs, 2026-11-27): its record
+    # says so, and the newest shipped bench stands
+    (tmp_path / "trial.json").write_text(json.dumps({
+        "op": "fused_add_rmsnorm", "date": "2026-11-25T00:00", "candidate": "/r/kernels/fused_add_rmsnorm/kernel.cu",
+        "shipped": False, "rows": [{"shape": "1x4096", "dtype": "bf16", "speedup": 1.1}]}))
+    assert SpeedupTable.from_dirs([tmp_path]).lookup("fused_add_rmsnorm", (1, 4096)).value == 1.3
 
 
 def test_speedup_lookup_of_a_call_site_reads_the_bench_against_its_production(tmp_path):
