@@ -105,12 +105,13 @@ class OpAdapter:
     def canonical(self, param: str) -> str:
         return self.aliases.get(param, param)
 
-    def kept_by_sglang(self, tokens: int, dims: Optional[Tuple[int, ...]] = None) -> Optional[str]:
-        """Why a call of `tokens` tokens (of ABI dims `dims`, where known) stays with SGLang's original by design
-        (max_tokens, keeps), or None."""
+    def kept_by_sglang(self, dims: Sequence[int]) -> Optional[str]:
+        """Why a call of ABI dims `dims` (dims[0] its tokens) stays with SGLang's original by design (max_tokens,
+        keeps), or None."""
+        tokens = dims[0]
         if self.max_tokens is not None and tokens > self.max_tokens:
             return f"{tokens} tokens > {self.max_tokens}: SGLang's own route is faster in context"
-        if self.keeps is not None and dims is not None:
+        if self.keeps is not None:
             return self.keeps(tuple(dims))
         return None
 

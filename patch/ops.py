@@ -221,7 +221,7 @@ class OpState:
         views, dims = res
         if 0 in dims:
             return "empty tensor"
-        kept = ad.kept_by_sglang(dims[0], dims)
+        kept = ad.kept_by_sglang(dims)
         if kept:
             return kept
         for n, _ in self.layout.scalars:

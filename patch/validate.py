@@ -137,7 +137,7 @@ def validate(
             c.calls = after.get("calls", 0) - before.get("calls", 0)
             c.fallbacks = after.get("fallbacks", 0) - before.get("fallbacks", 0)
             if c.calls == 0:
-                kept = get_adapter(c.op).kept_by_sglang(c.dims[0], c.dims) if c.dims else None
+                kept = get_adapter(c.op).kept_by_sglang(c.dims) if c.dims else None
                 if kept:
                     c.status, c.detail = "n/a", f"{kept} (by design)"
                 elif c.fallbacks:

@@ -188,10 +188,10 @@ def test_declined_shapes_are_validates_n_a_not_failures():
     """The shape rule is the adapter's `keeps`: validate reports a shape the adapter leaves to cuBLAS by design n/a
     (the edge shape of in_features 1002, 3-4 tokens of wide outputs, 8 tokens), and the taken corpus shapes are 1, 2
     and 4 tokens."""
-    assert A.kept_by_sglang(3, (3, 1002, 5)) and "multiple of 8" in A.kept_by_sglang(3, (3, 1002, 5))
-    assert "outputs" in A.kept_by_sglang(4, (4, 4096, 6144))
-    assert A.kept_by_sglang(4, (4, 4096, 4096)) is None and A.kept_by_sglang(2, (2, 4096, 28672)) is None
-    assert "tokens" in A.kept_by_sglang(8, (8, 4096, 4096))  # 8 tokens: the step at batch 8 did not gain
+    assert A.kept_by_sglang((3, 1002, 5)) and "multiple of 8" in A.kept_by_sglang((3, 1002, 5))
+    assert "outputs" in A.kept_by_sglang((4, 4096, 6144))
+    assert A.kept_by_sglang((4, 4096, 4096)) is None and A.kept_by_sglang((2, 4096, 28672)) is None
+    assert "tokens" in A.kept_by_sglang((8, 4096, 4096))  # 8 tokens: the step at batch 8 did not gain
     taken = [s.dims for s in SPEC.corpus if ADAPTER_MOD.declined(*s.dims) is None]
     assert {t for t, _, _ in taken} == {1, 2, 4}
 
@@ -201,10 +201,10 @@ def test_validate_reports_three_plus_tokens_n_a_off_hopper(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(ADAPTER_MOD, "_major", lambda device: 8)
-    assert "Hopper" in A.kept_by_sglang(4, (4, 4096, 4096))
-    assert A.kept_by_sglang(2, (2, 4096, 4096)) is None
+    assert "Hopper" in A.kept_by_sglang((4, 4096, 4096))
+    assert A.kept_by_sglang((2, 4096, 4096)) is None
     monkeypatch.setattr(ADAPTER_MOD, "_major", lambda device: 9)
-    assert A.kept_by_sglang(4, (4, 4096, 4096)) is None
+    assert A.kept_by_sglang((4, 4096, 4096)) is None
 
 
 def test_prefill_calls_leave_before_anything_else_is_read(unquant):

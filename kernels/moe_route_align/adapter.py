@@ -83,7 +83,7 @@ def _expand_route(a: Dict[str, Any]):
     t, e = x.shape
     k = int(cfg.top_k)
     if t > MAX_TOKENS:   # before any allocation: select_experts runs as it would
-        return ADAPTER.kept_by_sglang(t)
+        return ADAPTER.kept_by_sglang((t,))
     if not 1 <= k <= min(MAX_TOPK, e) or e > MAX_EXPERTS or t * k > MAX_NUMEL:
         return f"{t} tokens x top {k} of {e} experts: past one block"
     bs = _BLOCK.get((t, e, k))
