@@ -531,16 +531,17 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     pdir = Path(results).parent / "profile"
     predicted = None
     arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
-    if (pdir / META).is_file() and not (pdir / "profile.json").is_file():
-        pm = json.loads((pdir / META).read_text())
-        model = str(data.get("meta", {}).get("model", ""))
-        partial = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
-        partial["meta"]["model"] = model
-        write_outputs(partial, pdir, pm.get("config") or {}, model)
-    if (pdir / "profile-meta.json").is_file() and arm_ops.get("A", "none") == "none":
+    report_missing = not (pdir / "profile.json").is_file()   # a run cut off while profiling
+    predict = arm_ops.get("A", "none") == "none"
+    if (pdir / META).is_file() and (report_missing or predict):
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
-        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)
-        add_consumer_prediction(predicted, consumer_effects_of(pdir))
+        if report_missing:
+            model = str(data.get("meta", {}).get("model", ""))
+            analysis["meta"]["model"] = model
+            write_outputs(analysis, pdir, json.loads((pdir / META).read_text()).get("config") or {}, model)
+        if predict:
+            predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)
+            add_consumer_prediction(predicted, consumer_effects_of(pdir))
     summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)
