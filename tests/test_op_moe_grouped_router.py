@@ -119,24 +119,29 @@ def triton_like(scores, bias, topk, g, tg, renormalize=True, scale=1.0, apply=Fa
 # --------------------------------------------------------------------------- spec / reference
 def test_corpus_from_real_configs_and_scalars():
     dims = {s.dims: s for s in SPEC.corpus}
-    for name, e, k, g, tg, _ in SPEC_MOD.ROUTER_MODELS:
-        for t in SPEC_MOD.DECODE + SPEC_MOD.PREFILL:
-            assert (t, e, k, g, tg) in dims, name
-    assert "deepseek-r1" in dims[(1, 256, 8, 8, 4)].source and "kimi-k2" in dims[(64, 384, 8, 1, 1)].source
-    assert SPEC.scalars((1, 256, 8, 8, 4)) == {"topk": 8, "num_expert_group": 8, "topk_group": 4, "renormalize": 1,
-                                               "routed_scaling_factor": 2.5,
-                                               "apply_routed_scaling_factor_on_output": 0}
-    assert SPEC.scalars((1, 384, 8, 1, 1))["routed_scaling_factor"] == 2.827
+    for name, e, k, g, tg, _, shared in SPEC_MOD.ROUTER_MODELS:
+        for s in shared:
+            for t in SPEC_MOD.DECODE + SPEC_MOD.PREFILL:
+                assert (t, e, k + s, g, tg, s) in dims, name
+    assert "deepseek-r1" in dims[(1, 256, 8, 8, 4, 0)].source and "kimi-k2" in dims[(64, 384, 8, 1, 1, 0)].source
+    assert "fused shared expert" in dims[(1, 256, 9, 8, 4, 1)].source   # SGLang 0.5.17's default for DeepSeek-V3
+    assert SPEC.scalars((1, 256, 8, 8, 4, 0)) == {"topk": 8, "num_expert_group": 8, "topk_group": 4,
+                                                  "num_fused_shared_experts": 0, "renormalize": 1,
+                                                  "routed_scaling_factor": 2.5,
+                                                  "apply_routed_scaling_factor_on_output": 0}
+    assert SPEC.scalars((1, 256, 9, 8, 4, 1))["num_fused_shared_experts"] == 1
+    assert SPEC.scalars((1, 384, 8, 1, 1, 0))["routed_scaling_factor"] == 2.827
     assert SPEC.scalars(SPEC_MOD.SCALED_EDGE)["apply_routed_scaling_factor_on_output"] == 1
-    assert SPEC.bytes_moved((2, 256, 8, 8, 4), "fp32") == 2 * (1024 + 64) + 1024
+    assert SPEC.bytes_moved((2, 256, 8, 8, 4, 0), "fp32") == 2 * (1024 + 64) + 1024
     for s in list(SPEC.corpus) + list(SPEC.edge_shapes):
-        t, e, k, g, tg = s.dims
+        t, e, k, g, tg, sh = s.dims
         assert e <= SPEC_MOD.MAX_EXPERTS and g <= SPEC_MOD.MAX_GROUPS and e % g == 0 and 1 <= tg <= g
-        assert 1 <= k <= min(SPEC_MOD.MAX_TOPK, tg * (e // g)), s
+        assert g == 1 or e // g <= SPEC_MOD.MAX_GROUP_EXPERTS
+        assert k <= SPEC_MOD.MAX_TOPK and 1 <= k - sh <= tg * (e // g), s
 
 
-SMALL = [(16, 256, 8, 8, 4), (12, 384, 8, 1, 1), (9, 64, 6, 8, 3), (7, 16, 4, 8, 2), (5, 32, 1, 4, 1),
-         (7, 256, 8, 8, 4), (4, 8, 8, 1, 1)]
+SMALL = [(16, 256, 8, 8, 4, 0), (12, 384, 8, 1, 1, 0), (9, 64, 6, 8, 3, 0), (7, 16, 4, 8, 2, 0), (5, 32, 1, 4, 1, 0),
+         (7, 256, 8, 8, 4, 0), (4, 8, 8, 1, 1, 0)]
 
 
 @pytest.mark.parametrize("dims", SMALL)
@@ -153,7 +158,7 @@ def test_reference_is_flashinfers_selection(dims, dtype):
         assert torch.allclose(w.double(), ref["topk_weights"], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("dims", [(12, 384, 8, 1, 1), (5, 160, 8, 1, 1), (16, 256, 8, 8, 4), (9, 64, 6, 8, 3)])
+@pytest.mark.parametrize("dims", [(12, 384, 8, 1, 1, 0), (5, 160, 8, 1, 1, 0), (16, 256, 8, 8, 4, 0), (9, 64, 6, 8, 3, 0)])
 def test_reference_is_the_triton_routers_where_no_group_maximum_ties(dims):
     """Kimi-K2's path (one group) always; grouped rows agree wherever no group's maximum is tied."""
     for seed, dist in enumerate(("normal", "peaked", "ties")):
@@ -204,7 +209,7 @@ def test_ties_distribution_keeps_distinct_keys_and_group_sums_apart():
     # group sums: both keys carry the group's one bias c
     sums = sorted({sig[i] + sig[j] + c / 4.0 for i in range(4) for j in range(i, 4) for c in range(3)})
     assert min(b - a for a, b in zip(sums, sums[1:])) > 1e-4
-    dims = (4, 256, 8, 8, 4)
+    dims = (4, 256, 8, 8, 4, 0)
     b = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(0), "ties", device="cpu")["bias"]
     assert bool((b.view(8, 32) == b.view(8, 32)[:, :1]).all())
 
@@ -212,7 +217,7 @@ def test_ties_distribution_keeps_distinct_keys_and_group_sums_apart():
 def test_one_hot_canonical_makes_every_differing_id_fail():
     from astra_sglang.harness.numerics import rel_err, tolerance
 
-    dims = (64, 256, 8, 8, 4)
+    dims = (64, 256, 8, 8, 4, 0)
     inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(3), "normal", device="cpu")
     ref = SPEC.reference({"scores": inp["scores"].double(), "bias": inp["bias"].double()}, dims, SPEC.scalars(dims))
     _, ids = flashinfer_like(inp["scores"], inp["bias"], 8, 8, 4)
@@ -312,10 +317,14 @@ def test_adapter_binds_biased_grouped_topk_as_select_experts_calls_it(sglang_0_5
     for n, mk in A.alloc.items():
         canon[n] = mk(canon)
     views, dims = A.normalize(canon)
-    assert dims == (5, 256, 8, 8, 4)
+    assert dims == (5, 256, 8, 8, 4, 0)
     assert canon["routed_scaling_factor"] == 2.5 and canon["apply_routed_scaling_factor_on_output"] == 0
     assert views["topk_ids"].dtype == torch.int32 and views["topk_weights"].dtype == torch.float32
-    assert b.bind((), {**kw, "num_fused_shared_experts": 1})[0] is None  # DeepSeek's fused shared expert: SGLang's
+    shared, svals = b.bind((), {**kw, "topk": 9, "num_fused_shared_experts": 1})  # SGLang 0.5.17's DeepSeek-V3 default
+    assert shared is not None, svals
+    for n, mk in A.alloc.items():
+        shared[n] = mk(shared)
+    assert A.normalize(shared)[1] == (5, 256, 9, 8, 4, 1) and shared["topk_weights"].shape == (5, 9)
     norm = A.normalize
     assert "renormalize" in norm({**canon, "renormalize": False})
     assert "float32" in norm({**canon, "bias": bias.half()})
@@ -343,7 +352,7 @@ def test_adapter_defers_where_sglang_runs_the_triton_grouped_router(monkeypatch)
     fake.envs = types.SimpleNamespace(SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=types.SimpleNamespace(get=lambda: flag.on))
     monkeypatch.setitem(sys.modules, "sglang.srt.layers.moe.topk", fake)
     ok = A.normalize(dict(c))
-    assert not isinstance(ok, str) and ok[1] == (2, 256, 8, 8, 4)
+    assert not isinstance(ok, str) and ok[1] == (2, 256, 8, 8, 4, 0)
     flag.on = True
     assert "Triton grouped" in A.normalize(dict(c))
     flag.on = False
@@ -351,6 +360,22 @@ def test_adapter_defers_where_sglang_runs_the_triton_grouped_router(monkeypatch)
     assert "missing" in A.normalize(dict(c))
     kimi = {**c, "scores": torch.randn(2, 384), "bias": torch.zeros(384), "num_expert_group": 1, "topk_group": 1}
     assert not isinstance(A.normalize(kimi), str)  # one group: the Triton router computes the same
+    # fused shared experts: only where flashinfer runs and SGLang pads the columns itself, with a scale to divide by
+    fake.fused_topk_deepseek = object()
+    sh = {**c, "topk": 9, "num_fused_shared_experts": 1, "routed_scaling_factor": 2.5,
+          "topk_weights": torch.empty(2, 9), "topk_ids": torch.empty(2, 9, dtype=torch.int32)}
+    ok = A.normalize(dict(sh))
+    assert not isinstance(ok, str) and ok[1] == (2, 256, 9, 8, 4, 1)
+    assert "routed_scaling_factor None" in A.normalize({**sh, "routed_scaling_factor": None})
+    assert "its own way" in A.normalize({**kimi, **{k: sh[k] for k in ("topk", "num_fused_shared_experts",
+                                                                      "routed_scaling_factor", "topk_weights",
+                                                                      "topk_ids")}})
+    one = {**sh, "scores": torch.randn(2, 128), "bias": torch.zeros(128), "num_expert_group": 1, "topk_group": 1}
+    assert "its own way" in A.normalize(dict(one))  # flashinfer ungrouped needs topk_group * n_group >= routed
+    four = {**sh, "scores": torch.randn(2, 128), "bias": torch.zeros(128), "topk": 5, "num_expert_group": 4,
+            "topk_group": 2, "topk_weights": torch.empty(2, 5), "topk_ids": torch.empty(2, 5, dtype=torch.int32)}
+    assert A.normalize(dict(four))[1] == (2, 128, 5, 4, 2, 1)
+    assert "experts a group" in A.normalize({**c, "scores": torch.randn(2, 512), "bias": torch.zeros(512)})
     assert ad.flashinfer_takes(256, 8, 8, 4) and not ad.flashinfer_takes(384, 8, 1, 1)
     assert not ad.flashinfer_takes(512, 8, 8, 4)  # 64 experts a group
     fake._use_aiter = True
@@ -363,95 +388,76 @@ def test_layer_and_adapter_import_without_sglang():
 
 
 # --------------------------------------------------------------------------- the shipped kernel
-def _okey(f):
-    b = struct.unpack("<I", struct.pack("<f", f))[0]
-    return (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
+def _cta_emulation(keys, e, k, g, tg, sh):
+    """kernel.cu's selection for one row of fp32 keys, thread by thread: segments of LANES lanes, each lane's rank
+    in its segment, the slot table, the kept-group mask, the candidates' ranks among each other."""
+    epg = e // g if g > 1 else 32
+    lanes = 32 if g == 1 else 1 << max(0, (epg - 1).bit_length())
+    nseg = g if g > 1 else (e + 31) // 32
+    routed = k - sh
 
+    def before(a, b):  # (key, id): the larger key, then the lower id
+        return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
 
-def _kval(k):
-    b = (k & 0x7FFFFFFF) if k & 0x80000000 else (~k & 0xFFFFFFFF)
-    return struct.unpack("<f", struct.pack("<I", b))[0]
+    slots = {}
+    for seg in range(nseg):
+        lane_keys = []
+        for sl in range(lanes):
+            ex = seg * epg + sl
+            ok = sl < epg and ex < e
+            x = keys[ex] if ok else -math.inf
+            x = -1e30 if x != x else x
+            lane_keys.append((0.0 if x == 0 else x, ex))
+        for sl, mine in enumerate(lane_keys):
+            rank = sum(before(o, mine) for o in lane_keys)
+            slots[(seg, rank)] = mine if mine[0] != -math.inf else (-math.inf, 0x7FFFFFFF)
+    kept = list(range(nseg))
+    if g > 1:
+        gs = [_f32(slots[(x, 0)][0] + (slots[(x, 1)][0] if epg >= 2 else -math.inf)) for x in range(g)]
+        kept = [x for x in range(g) if sum(before((gs[j], j), (gs[x], x)) for j in range(g)) < tg]
+    kc = min(routed, lanes)
+    cands = [slots[(x, r)] for x in kept for r in range(kc)]
+    sel = {}
+    for c in cands:
+        if c[0] != -math.inf:
+            r = sum(before(o, c) for o in cands)
+            if r < routed:
+                sel[r] = c[1]
+    assert sorted(sel) == list(range(routed))
+    return [sel[r] for r in range(routed)] + [e] * sh
 
 
 def _f32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def _warp_emulation(keys, e, k, g, tg):
-    """kernel.cu's selection for one row of fp32 keys, lane by lane (lane l: experts l, l + 32, ...)."""
-    v_per = 1
-    while 32 * v_per < e:
-        v_per *= 2
-    key = [[-math.inf] * v_per for _ in range(32)]
-    for lane in range(32):
-        for j in range(v_per):
-            i = j * 32 + lane
-            if i < e:
-                x = keys[i]
-                x = -1e30 if x != x else x
-                key[lane][j] = 0.0 if x == 0 else x
-
-    def lowest_at(ks, top, ids):
-        return 0xFFFF - max((0xFFFF - i) if kk == top else 0 for kk, i in zip(ks, ids))
-
-    if g > 1:
-        epg = e // g
-        gs = [-math.inf] * 32
-        for gi in range(g):
-            a = []
-            for lane in range(32):
-                a1 = a2 = -math.inf
-                for j in range(v_per):
-                    i = j * 32 + lane
-                    if i < e and i // epg == gi:
-                        v = key[lane][j]
-                        if v > a1:
-                            a1, a2 = v, a1
-                        elif v > a2:
-                            a2 = v
-                a.append((a1, a2))
-            k1 = [_okey(a1) for a1, _ in a]
-            top1 = max(k1)
-            first = lowest_at(k1, top1, range(32))
-            top2 = max(_okey(a[ln][1]) if ln == first else k1[ln] for ln in range(32))
-            gs[gi] = _f32(_kval(top1) + _kval(top2))
-        kept, taken = 0, [False] * 32
-        for _ in range(tg):
-            ks = [_okey(gs[ln]) if ln < g and not taken[ln] else 0 for ln in range(32)]
-            gid = lowest_at(ks, max(ks), range(32))
-            kept |= 1 << gid
-            taken[gid] = True
-        for lane in range(32):
-            for j in range(v_per):
-                i = j * 32 + lane
-                if i < e and not (kept >> (i // epg)) & 1:
-                    key[lane][j] = -math.inf
-    ids = []
-    for _ in range(k):
-        best = []
-        for lane in range(32):
-            bv, bi = key[lane][0], lane
-            for j in range(1, v_per):
-                if key[lane][j] > bv:
-                    bv, bi = key[lane][j], j * 32 + lane
-            best.append((_okey(bv), bi))
-        top = max(kk for kk, _ in best)
-        bi = lowest_at([kk for kk, _ in best], top, [i for _, i in best])
-        key[bi % 32][bi // 32] = -math.inf
-        ids.append(bi)
-    return ids
-
-
-@pytest.mark.parametrize("dims", [(3, 256, 8, 8, 4), (2, 384, 8, 1, 1), (2, 64, 6, 8, 3), (2, 16, 4, 8, 2),
-                                  (2, 1024, 32, 32, 8), (2, 96, 5, 3, 2)])
-def test_the_kernels_warp_selection_is_the_reference(dims):
+@pytest.mark.parametrize("dims", [(3, 256, 8, 8, 4, 0), (3, 256, 9, 8, 4, 1), (2, 384, 8, 1, 1, 0),
+                                  (2, 64, 6, 8, 3, 0), (2, 64, 8, 8, 3, 2), (2, 16, 4, 8, 2, 0), (2, 1024, 32, 32, 8, 0),
+                                  (2, 96, 5, 3, 2, 0), (2, 160, 8, 1, 1, 0), (2, 3, 3, 1, 1, 0), (2, 8, 2, 8, 2, 0)])
+def test_the_kernels_cta_selection_is_the_reference(dims):
     for seed, dist in enumerate(SPEC.distributions):
         inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(seed), dist, device="cpu")
-        ref_ids = SPEC_MOD.route(inp["scores"].double(), inp["bias"], dims[2], dims[3], dims[4])[1]
+        ref_ids = SPEC_MOD.route(inp["scores"].double(), inp["bias"], dims[2] - dims[5], dims[3], dims[4])[1]
         keys = keys32(inp["scores"], inp["bias"])
         for r in range(dims[0]):
-            got = _warp_emulation([float(x) for x in keys[r]], *dims[1:])
-            assert got == ref_ids[r].tolist(), (dims, dist, r)
+            got = _cta_emulation([float(x) for x in keys[r]], *dims[1:])
+            assert got == ref_ids[r].tolist() + [dims[1]] * dims[5], (dims, dist, r)
+
+
+def test_reference_appends_the_shared_columns_as_sglang_pads_them():
+    dims = (4, 256, 9, 8, 4, 1)
+    sc = SPEC.scalars(dims)
+    inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(5), "normal", device="cpu")
+    t = {"scores": inp["scores"].double(), "bias": inp["bias"].double()}
+    ref = SPEC.reference(t, dims, sc)
+    w8, ids8 = SPEC_MOD.route(t["scores"], t["bias"], 8, 8, 4)
+    assert torch.equal(ref["topk_weights"][:, :8], w8)
+    assert torch.allclose(ref["topk_weights"][:, 8], w8.sum(-1) / 2.5)  # F.pad, then sum(routed) / rsf
+    got = torch.cat([ids8, torch.full((4, 1), 256)], dim=1)
+    assert torch.equal(SPEC.canonical({"topk_ids": got}, dims)["topk_ids"].double(), ref["topk_ids"])
+    bad = got.clone()
+    bad[0, 8] = 0  # a shared column must carry id num_experts
+    assert not torch.equal(SPEC.canonical({"topk_ids": bad}, dims)["topk_ids"].double(), ref["topk_ids"])
 
 
 @pytest.mark.nvcc

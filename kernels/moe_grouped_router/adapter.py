@@ -7,9 +7,10 @@ Routed (the kernel computes what SGLang would): gating_output 2-D contiguous fp3
 experts; correction_bias 1-D fp32 of the expert count (0.5.23's per-token 2-D bias is not); experts divisible by
 num_expert_group <= 32; 1 <= topk_group <= num_expert_group; 1 <= topk <= min(32, kept experts);
 renormalize true (0.5.17's flashinfer path renormalizes whatever the flag says, its Triton path does not: every
-corpus model renormalizes); num_fused_shared_experts 0 (its default: any other value is not the op's contract and
-SGLang serves the call); routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars (the
-kernel scales only when asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
+corpus model renormalizes); num_fused_shared_experts (DeepSeek-V3's default 1) only where SGLang runs flashinfer
+and then pads the shared columns itself (spec.py), with a routed_scaling_factor (the shared weight divides by it);
+routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars (the kernel scales only when
+asked, as SGLang). At most 32 experts a group (the kernel's segment; SGLang's flashinfer path has the same limit). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
 SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU."""
@@ -22,6 +23,7 @@ from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_outp
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
 MAX_GROUPS = 32
+MAX_GROUP_EXPERTS = 32
 
 
 def _pow2(n: int) -> bool:
@@ -36,9 +38,9 @@ def flashinfer_takes(e: int, k: int, g: int, tg: int) -> bool:
     return (epg <= 32 and epg * tg <= 128) if g > 1 else e <= 384
 
 
-def _sglang_route(e: int, k: int, g: int, tg: int):
+def _sglang_route(e: int, k: int, g: int, tg: int, shared: int = 0):
     """Why SGLang's biased_grouped_topk_gpu would not compute this op's contract here (None: it would, or SGLang
-    is not loaded)."""
+    is not loaded). k: the routed experts (topk - shared)."""
     mod = sys.modules.get("sglang.srt.layers.moe.topk")
     if mod is None:
         return None
@@ -46,20 +48,22 @@ def _sglang_route(e: int, k: int, g: int, tg: int):
         return "aiter: SGLang runs aiter's biased_grouped_topk"
     if not getattr(mod, "_is_cuda", True):
         return "not CUDA: SGLang runs another platform's router"
-    if g <= 1:
+    if g <= 1 and not shared:
         return None  # flashinfer ungrouped or the Triton router: the same keys, order and ties
     flag = getattr(getattr(mod, "envs", None), "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK", None)
-    if flag is not None:
+    if flag is not None and g > 1:  # SGLang reads the flag for grouped calls only
         try:
             on = bool(flag.get())
         except Exception:  # an env parser error is SGLang's to raise
             return "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK unreadable"
         if on:
             return "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1: SGLang runs its Triton grouped router (other group ties)"
+    triton = ("SGLang's Triton router appends the shared columns its own way" if shared
+              else "SGLang runs its Triton grouped router (other group ties)")
     if getattr(mod, "fused_topk_deepseek", None) is None:
-        return "flashinfer's fused_topk_deepseek is missing: SGLang runs its Triton grouped router (other group ties)"
+        return f"flashinfer's fused_topk_deepseek is missing: {triton}"
     if not flashinfer_takes(e, k, g, tg):
-        return "outside flashinfer's limits: SGLang runs its Triton grouped router (other group ties)"
+        return f"outside flashinfer's limits: {triton}"
     return None
 
 
@@ -79,12 +83,19 @@ def _normalize(c):
     g = int(c["num_expert_group"] or 1)
     tg = int(c["topk_group"] or 1)
     k = int(c["topk"])
+    shared = int(c.get("num_fused_shared_experts") or 0)
     if not 1 <= g <= MAX_GROUPS or e % g:
         return f"num_expert_group {g}: not 1..{MAX_GROUPS} dividing {e} experts"
+    if g > 1 and e // g > MAX_GROUP_EXPERTS:
+        return f"{e // g} experts a group > {MAX_GROUP_EXPERTS}"
     if not 1 <= tg <= g:
         return f"topk_group {tg} outside 1..{g}"
-    if not 1 <= k <= min(MAX_TOPK, tg * (e // g)):
-        return f"topk {k} outside 1..min({MAX_TOPK}, kept experts {tg * (e // g)})"
+    if shared < 0 or k > MAX_TOPK or not 1 <= k - shared <= tg * (e // g):
+        return (f"topk {k} with {shared} shared: not 1..min({MAX_TOPK}, kept experts {tg * (e // g)}) routed "
+                f"columns")
+    rsf = c["routed_scaling_factor"]
+    if shared and (rsf is None or not float(rsf) > 0):
+        return f"fused shared experts with routed_scaling_factor {rsf}: SGLang leaves their weight 0"
     if not c["renormalize"]:
         return "renormalize=False: SGLang 0.5.17's paths disagree on it (flashinfer renormalizes anyway)"
     bad = topk_outputs_problem(c, t, k)
@@ -94,14 +105,14 @@ def _normalize(c):
     bad = contiguity_problem(c, ("scores", "bias", "topk_weights", "topk_ids"))
     if bad:
         return bad
-    why = _sglang_route(e, k, g, tg)
+    why = _sglang_route(e, k - shared, g, tg, shared)
     if why:
         return why
     c["num_expert_group"], c["topk_group"], c["renormalize"] = g, tg, 1
-    rsf = c["routed_scaling_factor"]
+    c["num_fused_shared_experts"] = shared
     c["routed_scaling_factor"] = 1.0 if rsf is None else float(rsf)
     c["apply_routed_scaling_factor_on_output"] = int(bool(c["apply_routed_scaling_factor_on_output"]))
-    return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg)
+    return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg, shared)
 
 
 # `--ops all` leaves this op out until its kernel wins (name it to patch it anyway).

@@ -13,7 +13,8 @@ def run_layer(inp, dims, scalars):
         w, ids = tk.biased_grouped_topk(
             hidden_states=x, gating_output=x, correction_bias=inp["bias"], topk=int(scalars["topk"]),
             renormalize=bool(scalars["renormalize"]), num_expert_group=int(scalars["num_expert_group"]),
-            topk_group=int(scalars["topk_group"]), num_fused_shared_experts=0,
+            topk_group=int(scalars["topk_group"]),
+            num_fused_shared_experts=int(scalars["num_fused_shared_experts"]),
             routed_scaling_factor=float(scalars["routed_scaling_factor"]),
             apply_routed_scaling_factor_on_output=bool(scalars["apply_routed_scaling_factor_on_output"]))
     inp["topk_weights"].copy_(w)

@@ -9,10 +9,13 @@ key[e] = fp32(s[e]) + b[e] (rounded to fp32: what every production path ranks on
     topk_ids[t]     = the topk experts of the kept groups by descending key, ties to the LOWEST expert id
     topk_weights[t] = s[topk_ids] (unbiased) / their sum (renormalize; by 1 when the sum is 0), times
                       routed_scaling_factor only when apply_routed_scaling_factor_on_output
+    shared columns  = the last n_shared of the topk columns (num_fused_shared_experts, SGLang's fused shared
+                      expert): id = num_experts, weight = the routed weights' sum / routed_scaling_factor
 
 scores: router logits [tokens, experts] (fp32 in SGLang: MoEGate returns fp32 logits on CUDA; fp16 / bf16 accepted,
 SGLang casts them to fp32 exactly); bias fp32 [experts]; topk_weights fp32 [tokens, topk]; topk_ids int32
-[tokens, topk], slot k = the k-th largest key. Nothing else is written.
+[tokens, topk], slot k = the k-th largest key (topk counts the shared columns, as SGLang's topk argument does).
+Nothing else is written.
 
 What SGLang 0.5.17 runs on Hopper (srt/layers/moe/topk.py; source facts below guard each point):
   DeepseekV2MoE builds TopK(use_grouped_topk=True, num_expert_group=n_group, topk_group, correction_bias=
@@ -39,10 +42,12 @@ What SGLang 0.5.17 runs on Hopper (srt/layers/moe/topk.py; source facts below gu
     fast path covers only 896 experts / top 16): sigmoid + bias keys, lowest id on ties, NaN as -1e30, renormalize
     by the routed sum (1 when 0), then the scale when asked. A power-of-2 expert count <= 384 with topk <= 8 takes
     flashinfer ungrouped instead: same result.
-  num_fused_shared_experts is 0 here. NOTE: 0.5.17 fuses DeepSeek-V3/R1's shared expert into the MoE by default
-  on NVIDIA sm >= 80 without EP (num_fused_shared_experts = 1, topk 9 with one appended column): those calls are not
-  this contract and stay SGLang's (adapter); they are this op's with --disable-shared-experts-fusion, with EP, DeepEP
-  or SBO/TBO, and for Kimi-K2.
+  Fused shared experts: 0.5.17 fuses DeepSeek-V3/R1's shared expert into the MoE by default on NVIDIA sm >= 80
+  without EP (num_fused_shared_experts = 1: topk 9). On flashinfer's path SGLang routes topk - 1 experts, then
+  F.pads the ids with num_experts and the weights with 0, and sets the shared column to the routed weights' sum /
+  routed_scaling_factor: four more kernels after flashinfer's, all in this op. With EP, DeepEP, SBO/TBO or
+  --disable-shared-experts-fusion there is no shared column (n_shared 0). Kimi-K2's fused shared expert goes to the
+  Triton router, which appends it its own way: those calls stay SGLang's (adapter).
 
 Models: DeepSeek-V3 / R1 (config.json: n_routed_experts 256, num_experts_per_tok 8, n_group 8, topk_group 4,
 routed_scaling_factor 2.5, norm_topk_prob true, scoring_func sigmoid, topk_method noaux_tc); Kimi-K2 (384, top 8,
@@ -59,55 +64,67 @@ from typing import Any, Dict, Mapping, Tuple
 
 from astra_sglang.spec import DTYPE_BYTES, AbiArg, OpSpec, Shape, Tolerance, Variant, dedupe_shapes
 
-# (name, experts, topk, n_group, topk_group, routed_scaling_factor)
-ROUTER_MODELS: Tuple[Tuple[str, int, int, int, int, float], ...] = (
-    ("deepseek-v3", 256, 8, 8, 4, 2.5),
-    ("deepseek-r1", 256, 8, 8, 4, 2.5),
-    ("kimi-k2", 384, 8, 1, 1, 2.827),
+# (name, experts, routed topk, n_group, topk_group, routed_scaling_factor, fused shared columns as SGLang calls it)
+ROUTER_MODELS: Tuple[Tuple[str, int, int, int, int, float, Tuple[int, ...]], ...] = (
+    ("deepseek-v3", 256, 8, 8, 4, 2.5, (1, 0)),   # 1: the default on Hopper without EP; 0: EP / DeepEP / disabled
+    ("deepseek-r1", 256, 8, 8, 4, 2.5, (1, 0)),
+    ("kimi-k2", 384, 8, 1, 1, 2.827, (0,)),      # its fused shared column is the Triton router's (not this op's)
 )
 DECODE = (1, 8, 32, 64, 256)
 PREFILL = (1024, 4096, 16384)
-MAX_EXPERTS = 1024  # the shipped kernel: one warp per token, <= 32 values a lane
-MAX_TOPK = 32       # slot r lives in lane r
-MAX_GROUPS = 32     # group g's score lives in lane g
+MAX_EXPERTS = 1024  # the shipped kernel: one CTA per token, one thread per expert
+MAX_TOPK = 32       # slot r lives in lane r of warp 0
+MAX_GROUPS = 32     # group g's score lives in lane g of warp 0
+MAX_GROUP_EXPERTS = 32  # a group is one segment of <= 32 lanes (SGLang's flashinfer path has the same limit)
 
-# (routed_scaling_factor, apply_routed_scaling_factor_on_output) per (experts, topk, n_group, topk_group)
-SCALING: Dict[Tuple[int, ...], Tuple[float, int]] = {(e, k, g, tg): (r, 0) for _, e, k, g, tg, r in ROUTER_MODELS}
+# (routed_scaling_factor, apply_routed_scaling_factor_on_output) per (experts, topk, n_group, topk_group, n_shared)
+SCALING: Dict[Tuple[int, ...], Tuple[float, int]] = {
+    (e, k + s, g, tg, s): (r, 0) for _, e, k, g, tg, r, shared in ROUTER_MODELS for s in shared}
 # edge shapes whose scale is applied in the router (cutlass / flashinfer-trtllm-routed fp8, ModelOpt NVFP4 runners)
-SCALED_EDGE = (7, 256, 8, 8, 4)
+SCALED_EDGES = ((7, 256, 8, 8, 4, 0), (6, 256, 9, 8, 4, 1))
+SCALED_EDGE = SCALED_EDGES[0]
 
 
 def _corpus() -> Tuple[Shape, ...]:
     out = []
-    for name, e, k, g, tg, _ in ROUTER_MODELS:
-        for t in DECODE + PREFILL:
-            out.append(Shape((t, e, k, g, tg), ("decode" if t in DECODE else "prefill",), name))
+    for name, e, k, g, tg, _, shared in ROUTER_MODELS:
+        for s in shared:
+            for t in DECODE + PREFILL:
+                tag = "decode" if t in DECODE else "prefill"
+                out.append(Shape((t, e, k + s, g, tg, s), (tag,), name + (" fused shared expert" if s else "")))
     return dedupe_shapes(out)
 
 
 EDGE = (
-    Shape(SCALED_EDGE, ("edge", "scaled"), "deepseek-v3 with the scale applied in the router (apply ... on_output)"),
-    Shape((33, 256, 8, 8, 4), ("edge",), "odd token count"),
-    Shape((5, 160, 8, 1, 1), ("edge",), "160 experts, one group (not a power of 2: SGLang's Triton path)"),
-    Shape((6, 64, 6, 8, 3), ("edge",), "8 experts a group, keep 3 groups, top 6"),
-    Shape((4, 16, 4, 8, 2), ("edge",), "2 experts a group: topk == kept experts"),
-    Shape((3, 32, 1, 4, 1), ("edge",), "top 1 in one kept group"),
-    Shape((3, 8, 8, 1, 1), ("edge",), "topk == experts"),
-    Shape((2, 1024, 32, 32, 8), ("edge", "largest-row"), "the widest row the shipped kernel takes: 32 groups, top 32"),
+    Shape(SCALED_EDGES[0], ("edge", "scaled"), "deepseek-v3 with the scale applied in the router (apply ... on_output)"),
+    Shape(SCALED_EDGES[1], ("edge", "scaled"), "deepseek-v3, scale applied in the router, fused shared expert"),
+    Shape((33, 256, 8, 8, 4, 0), ("edge",), "odd token count"),
+    Shape((5, 160, 8, 1, 1, 0), ("edge",), "160 experts, one group (not a power of 2: SGLang's Triton path)"),
+    Shape((6, 64, 6, 8, 3, 0), ("edge",), "8 experts a group, keep 3 groups, top 6"),
+    Shape((3, 64, 8, 8, 3, 2), ("edge",), "8 experts a group, top 6 and two shared columns"),
+    Shape((4, 16, 4, 8, 2, 0), ("edge",), "2 experts a group: topk == kept experts"),
+    Shape((3, 32, 1, 4, 1, 0), ("edge",), "top 1 in one kept group"),
+    Shape((3, 8, 8, 1, 1, 0), ("edge",), "topk == experts"),
+    Shape((3, 128, 5, 4, 2, 1), ("edge",), "4 groups of 32, keep 2, top 4 and a fused shared expert"),
+    Shape((2, 1024, 32, 32, 8, 0), ("edge", "largest-row"), "the widest row the shipped kernel takes: 32 groups, "
+          "top 32"),
 )
 
 
 def scaling_of(dims) -> Tuple[float, int]:
     d = tuple(int(x) for x in dims)
-    if d == SCALED_EDGE:
+    if d in SCALED_EDGES:
         return 2.5, 1
+    if d[5]:
+        return 2.5, 0  # a shared column's weight divides by the scale: never 1 where it is tested
     return SCALING.get(d[1:], (1.0, 0))
 
 
 def scalars(dims) -> Dict[str, Any]:
     rsf, apply = scaling_of(dims)
-    return {"topk": int(dims[2]), "num_expert_group": int(dims[3]), "topk_group": int(dims[4]), "renormalize": 1,
-            "routed_scaling_factor": float(rsf), "apply_routed_scaling_factor_on_output": int(apply)}
+    return {"topk": int(dims[2]), "num_expert_group": int(dims[3]), "topk_group": int(dims[4]),
+            "num_fused_shared_experts": int(dims[5]), "renormalize": 1, "routed_scaling_factor": float(rsf),
+            "apply_routed_scaling_factor_on_output": int(apply)}
 
 
 scalars_of = scalars  # reference() takes a parameter of that name
@@ -193,19 +210,30 @@ def route(scores, bias, topk: int, n_group: int, topk_group: int, renormalize: b
     return w * float(scale), order
 
 
+def id_classes(dims) -> int:
+    """One-hot width of topk_ids: the experts, plus the shared columns' id (num_experts) when there are any."""
+    return int(dims[1]) + (1 if int(dims[5]) else 0)
+
+
 def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
-    sc = {**scalars_of(dims), **dict(scalars or {})}
-    scale = float(sc["routed_scaling_factor"]) if int(sc["apply_routed_scaling_factor_on_output"]) else 1.0
-    w, ids = route(inp["scores"], inp["bias"], int(dims[2]), int(dims[3]), int(dims[4]),
-                   bool(sc["renormalize"]), scale)
     import torch
 
-    return {"topk_weights": w, "topk_ids": one_hot_ids(ids, int(dims[1]), torch.float64)}
+    sc = {**scalars_of(dims), **dict(scalars or {})}
+    rsf = float(sc["routed_scaling_factor"])
+    scale = rsf if int(sc["apply_routed_scaling_factor_on_output"]) else 1.0
+    shared = int(dims[5])
+    w, ids = route(inp["scores"], inp["bias"], int(dims[2]) - shared, int(dims[3]), int(dims[4]),
+                   bool(sc["renormalize"]), scale)
+    if shared:  # SGLang's F.pad columns after flashinfer: id num_experts, weight routed sum / rsf
+        w = torch.cat([w, (w.sum(-1, keepdim=True) / rsf).expand(-1, shared)], dim=-1)
+        ids = torch.cat([ids, torch.full((ids.shape[0], shared), int(dims[1]), dtype=ids.dtype,
+                                         device=ids.device)], dim=-1)
+    return {"topk_weights": w, "topk_ids": one_hot_ids(ids, id_classes(dims), torch.float64)}
 
 
 def canonical(outs: Dict[str, Any], dims) -> Dict[str, Any]:
     if "topk_ids" in outs and outs["topk_ids"].dim() == 2:
-        outs["topk_ids"] = one_hot_ids(outs["topk_ids"], int(dims[1]))
+        outs["topk_ids"] = one_hot_ids(outs["topk_ids"], id_classes(dims))
     return outs
 
 
@@ -251,6 +279,14 @@ SOURCE_FACTS = (
             r"(?P<FI_LAST>True|launch_with_pdl=True),\s*\)",
      "flashinfer gets fp32 logits, the bias as is, fp32 / int32 outputs (FI_LAST: 0.5.17 passes True "
      "positionally = launch_with_pdl: it always renormalizes)"),
+    (_TOPK, r"topk_routed = topk - num_fused_shared_experts",
+     "flashinfer routes topk - num_fused_shared_experts experts (the shape's top_k counts the shared columns)"),
+    (_TOPK, r"topk_ids = F\.pad\(topk_ids, \(0, num_fused_shared_experts\), value=num_experts\)\s*"
+            r"topk_weights = F\.pad\(topk_weights, \(0, num_fused_shared_experts\)\)\s*"
+            r"if routed_scaling_factor is not None:\s*topk_weights\[:, topk_routed:\] = \(\s*"
+            r"topk_weights\[:, :topk_routed\]\.sum\(dim=-1, keepdim=True\)\s*/ routed_scaling_factor\s*\)",
+     "after flashinfer, the shared columns: id num_experts, weight = the routed weights' sum / "
+     "routed_scaling_factor (0 when it is None: the adapter leaves those calls to SGLang)"),
     (_TOPK, r"topk_weights = torch\.empty\(\s*\(num_tokens, topk_routed\), dtype=torch\.float32, "
             r"device=gating_output\.device\s*\)\s*topk_ids = torch\.empty\(\s*\(num_tokens, topk_routed\), "
             r"dtype=torch\.int32, device=gating_output\.device\s*\)",
@@ -279,7 +315,7 @@ SPEC = OpSpec(
     name="moe_grouped_router",
     summary="MoE grouped biased-sigmoid top-k router (DeepSeek-V3 noaux_tc): groups by their top-2 biased sum, "
     "experts by biased sigmoid (ties: lowest id), renormalized unbiased sigmoid weights",
-    dim_names=("num_tokens", "num_experts", "top_k", "n_group", "n_topk_group"),
+    dim_names=("num_tokens", "num_experts", "top_k", "n_group", "n_topk_group", "n_shared"),
     abi=(
         AbiArg("scores", "ptr", "in"),
         AbiArg("bias", "ptr", "in"),
@@ -290,6 +326,7 @@ SPEC = OpSpec(
         AbiArg("topk", "i64"),
         AbiArg("num_expert_group", "i64"),
         AbiArg("topk_group", "i64"),
+        AbiArg("num_fused_shared_experts", "i64"),
         AbiArg("renormalize", "i32"),
         AbiArg("routed_scaling_factor", "f64"),
         AbiArg("apply_routed_scaling_factor_on_output", "i32"),
