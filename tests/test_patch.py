@@ -275,6 +275,30 @@ print(json.dumps(dict(patched=patched, counters=c, restored=restored, sk_calls=s
     assert res["restored"]
 
 
+def test_install_through_sglangs_registry_rebinds_an_alias_in_the_defining_module(sglang_root, tmp_path):
+    """SGLang's REPLACE hook propagates to other modules' `from X import Y` copies but skips the defining module:
+    topk.py's `biased_grouped_topk = biased_grouped_topk_gpu` (what select_experts calls) kept the original until
+    install swept it too (validate reached no patched callable, 2026-11-27)."""
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + """
+import types
+from astra_sglang.patch.install import install, uninstall, VIA_SGLANG
+m = types.ModuleType("astra_alias_probe")
+def f(x):
+    return "original"
+m.f = m.g = f
+sys.modules[m.__name__] = m
+orig = m.f
+def ours(x):
+    return "ours"
+inst = install(m, "f", orig, ours)
+after = dict(via=inst.via, f=m.f(0), g=m.g(0), alias_rebound=f"{m.__name__}:g" in inst.rebound)
+uninstall(inst)
+print(json.dumps(dict(after=after, restored=m.f is orig and m.g is orig)))
+""")
+    assert res["after"] == {"via": "sglang HookRegistry", "f": "ours", "g": "ours", "alias_rebound": True}
+    assert res["restored"]
+
+
 def test_jit_factory_routes_only_the_ops_contract(sglang_root, discovery, tmp_path):
     """sglang.kernels.ops.layernorm.norm: the JIT fused_add_rmsnorm module built with
     cast_x_before_out_mul=False is routed to the astra op; the HF-parity build (True) is not."""
