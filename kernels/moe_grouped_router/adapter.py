@@ -17,6 +17,7 @@ SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU."""
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_output_alloc, topk_outputs_problem
 
@@ -115,9 +116,19 @@ def _normalize(c):
     return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg, shared)
 
 
-# `--ops all` leaves this op out until its kernel wins (name it to patch it anyway).
-DEFAULT_OFF = ("0.40x SGLang's installed router in context on DeepSeek-V3's decode rows (H200, 2026-11-24: about 17.5 "
-               "us against 6-7.5 us)")
+def _kept(dims) -> Optional[str]:
+    """Calls without a fused shared column stay SGLang's: there flashinfer's kernel runs alone, and astra's was
+    slower than it in context (0.65-0.92x on DeepSeek-V3's rows, 0.65-0.76x against the Triton router on
+    Kimi-K2's; H200, 2026-11-27). With the shared column SGLang adds four torch kernels after flashinfer's, which
+    astra's kernel writes in the same launch (2.9-4.2x in context)."""
+    if not int(dims[5]):
+        return "no fused shared column: SGLang's router alone is faster in context"
+    return None
+
+
+# `--ops all` leaves this op out until a DeepSeek-shaped server has run it (name it to patch it anyway).
+DEFAULT_OFF = ("not yet run in a DeepSeek-shaped server; in context 2.9-4.2x SGLang's router + shared-column pad on "
+               "DeepSeek-V3's decode rows (H200, 2026-11-27), validate 15/15")
 
 ADAPTER = OpAdapter(
     op="moe_grouped_router",
@@ -132,4 +143,5 @@ ADAPTER = OpAdapter(
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),
     outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},
     bare_args={"hidden_states": lambda c: c["scores"]},
+    keeps=_kept,
 )
