@@ -97,8 +97,10 @@ def install(module: types.ModuleType, name: str, original: Any, replacement: Any
     if inst.via == VIA_ASTRA:
         setattr(*owner(module, name), replacement)
         sweep(original, replacement)
-    else:  # SGLang's propagation skips the defining module: an alias there (topk.py's `biased_grouped_topk =
-        sweep(original, inst.bound)  # biased_grouped_topk_gpu`, what select_experts calls) would keep the original
+    else:
+        # SGLang's propagation skips the defining module: an alias there (topk.py's
+        # `biased_grouped_topk = biased_grouped_topk_gpu`, what select_experts calls) kept the original
+        sweep(original, inst.bound)
     inst.bound.__astra_via__ = inst.via
     inst.rebound = [h for h in holders(inst.bound) if h != f"{module.__name__}:{name}"]
     return inst

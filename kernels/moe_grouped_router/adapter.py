@@ -1,19 +1,22 @@
 """The patch adapter: SGLang's biased_grouped_topk_gpu (sglang/srt/layers/moe/topk.py) onto this op's ABI.
 
 Patched: `sglang.srt.layers.moe.topk:biased_grouped_topk_gpu`. select_experts calls it through the module global
-`biased_grouped_topk` (bound to the same function at import): the install's identity sweep rebinds that alias too.
+`biased_grouped_topk` (bound to the same function at import): patch/install.py rebinds that alias too (SGLang's
+REPLACE hook skips aliases in the defining module).
 
 Routed (the kernel computes what SGLang would): gating_output 2-D contiguous fp32 / fp16 / bf16 with at most 1024
 experts; correction_bias 1-D fp32 of the expert count (0.5.23's per-token 2-D bias is not); experts divisible by
-num_expert_group <= 32; 1 <= topk_group <= num_expert_group; 1 <= topk <= min(32, kept experts);
+num_expert_group <= 32, at most 32 experts a group (the kernel's segment; SGLang's flashinfer path has the same
+limit); 1 <= topk_group <= num_expert_group; 1 <= topk - num_fused_shared_experts <= kept experts, topk <= 32;
 renormalize true (0.5.17's flashinfer path renormalizes whatever the flag says, its Triton path does not: every
 corpus model renormalizes); num_fused_shared_experts (DeepSeek-V3's default 1) only where SGLang runs flashinfer
 and then pads the shared columns itself (spec.py), with a routed_scaling_factor (the shared weight divides by it);
 routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars (the kernel scales only when
-asked, as SGLang). At most 32 experts a group (the kernel's segment; SGLang's flashinfer path has the same limit). For num_expert_group > 1, only where SGLang would run flashinfer's
+asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU."""
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept by design (`_kept`): calls without a fused
+shared column, where SGLang's router alone is faster in context."""
 from __future__ import annotations
 
 import sys
