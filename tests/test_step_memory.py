@@ -23,6 +23,8 @@ def test_weight_bytes_of_the_shipped_configs():
     assert sm.weight_bytes(_cfg("llama3-8b")) == pytest.approx(15 * GIB, rel=0.1)
     assert sm.weight_bytes(_cfg("llama3-70b")) == pytest.approx(70.6e9 * 2, rel=0.05)
     assert sm.weight_bytes(_cfg("llama-small")) < 1 * GIB
+    # DeepSeek's first_k_dense_replace dense layers, n_routed_experts + n_shared_experts in the rest
+    assert sm.weight_bytes(_cfg("deepseek-v3-3l")) == pytest.approx(47.5 * GIB, rel=0.05)
     for name in shipped_configs():
         assert sm.weight_bytes(_cfg(name)) > 0
 
