@@ -170,10 +170,22 @@ class OpSpec:
     # outputs before any comparison, for ops whose production result is only defined up to an order
     # (moe_align: atomics order tokens within an expert). None: outputs are compared as written.
     canonical: Optional[Callable[[Dict[str, Any], Tuple[int, ...]], Dict[str, Any]]] = None
+    # dims that count something optional and may be 0 (moe_grouped_router's n_shared: no fused shared column);
+    # every other dim is a size, > 0
+    zero_dims: Tuple[str, ...] = ()
 
     @property
     def symbol(self) -> str:
         return f"astra_{self.name}"
+
+    def dims_problem(self, dims: Sequence[int]) -> Optional[str]:
+        """Why `dims` is not a shape of this op (its dim count, sizes > 0, zero_dims >= 0), or None."""
+        if len(dims) != len(self.dim_names):
+            return f"{len(dims)} dims; {self.name} takes {'x'.join(self.dim_names)}"
+        for n, d in zip(self.dim_names, dims):
+            if d < (0 if n in self.zero_dims else 1):
+                return f"{n} = {d}: {'not >= 0' if n in self.zero_dims else 'not a positive size'}"
+        return None
 
     def fused_member_sets(self) -> Tuple[Tuple[str, ...], ...]:
         """`fuses` as one tuple of member ops per call site (a flat tuple is one site)."""
@@ -299,8 +311,8 @@ def load_shapes_file(path, spec: "OpSpec") -> List[Shape]:
     merged: Dict[Tuple[int, ...], List[Any]] = {}
     for i, r in enumerate(rows):
         dims = r.get("dims") if isinstance(r, dict) else None
-        if (not isinstance(dims, list) or len(dims) != len(spec.dim_names)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)):
+        if (not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
+                or spec.dims_problem(dims)):
             raise AstraError(f"--shapes {path}: {spec.name} entry {i}: dims {dims!r} is not "
                              f"{len(spec.dim_names)} positive integers ({'x'.join(spec.dim_names)})")
         key = tuple(dims)

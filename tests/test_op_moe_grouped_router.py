@@ -476,3 +476,31 @@ def test_shipped_kernel_compiles_for_sm90a_and_passes_the_static_checks(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     sym = subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
     assert "astra_moe_grouped_router" in sym
+
+
+def test_no_shared_column_is_a_zero_dim_not_an_empty_call(tmp_path):
+    """n_shared = 0 is a real call (EP, DeepEP, Kimi-K2): the patch's prepare had declined every such call as an
+    "empty tensor" (`0 in dims`; validate's 30 fallbacks on the H200, 2026-11-27), and the optimize loop's shape
+    checks refused the corpus. Now only size dims count as empty; these calls reach the adapter's own rule."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState
+
+    assert SPEC.dims_problem((8, 256, 8, 8, 4, 0)) is None and SPEC.dims_problem((8, 256, 9, 8, 4, 1)) is None
+    assert "n_shared" in SPEC.dims_problem((8, 256, 8, 8, 4, -1))
+    assert "num_tokens" in SPEC.dims_problem((0, 256, 8, 8, 4, 0))
+    assert SPEC.dims_problem((8, 256, 8, 8, 4)) is not None
+    assert "positive" in get_op("linear").dims_problem((4, 0, 8))
+
+    class Backend:
+        devices, dtypes = ("cpu",), ("fp32", "bf16", "fp16")
+
+    st = OpState(SPEC, op_part(OP, "adapter").ADAPTER, Backend(), CounterFile(tmp_path / "c", [OP]))
+    for dims, why in (((8, 256, 8, 8, 4, 0), "no fused shared column"), ((0, 256, 9, 8, 4, 1), "empty tensor")):
+        t, e, k = dims[:3]
+        canon = {"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
+                 "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars(dims)}
+        assert why in st.prepare(canon), dims
+    t, e, k = 8, 256, 9
+    ok = st.prepare({"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
+                     "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars((t, e, k, 8, 4, 1))})
+    assert not isinstance(ok, str) and ok[1] == (8, 256, 9, 8, 4, 1)

@@ -116,7 +116,7 @@ def add_tests(ctx: RunContextWrapper[RoundContext], shapes: List[str], distribut
         except ValueError:
             notes.append(f"rejected {s!r}: not a shape like {shape_key(run.cfg.bench_shapes[0])}")
             continue
-        if len(dims) != len(spec.dim_names) or min(dims) <= 0:
+        if spec.dims_problem(dims):
             notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}, all positive")
         elif dims in mandatory or dims in new_shapes:
             notes.append(f"skipped {shape_key(dims)}: already in the suite")
@@ -241,7 +241,7 @@ def bench(ctx: RunContextWrapper[RoundContext], shapes: List[str]) -> str:
     subject = _subject(c)
     dims = [parse_shape(s) for s in (shapes or [])][:MAX_BENCH_SHAPES] or list(run.cfg.bench_shapes)
     for d in dims:
-        if len(d) != len(run.spec.dim_names) or min(d) <= 0:
+        if run.spec.dims_problem(d):
             return f"error: shape {shape_key(d)} is not {' x '.join(run.spec.dim_names)}"
     res = run.executor.bench(subject, dims, run.cfg.bench_dtypes)
     if not res.ok:

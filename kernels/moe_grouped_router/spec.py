@@ -364,4 +364,5 @@ SPEC = OpSpec(
     # whichever op the registry lists first), astra's astra_moegr:: kernel
     kernel_symbols=(r"deepseek_v3_topk_kernel", r"astra_moegr::"),
     canonical=canonical,
+    zero_dims=("n_shared",),   # 0: no fused shared column (EP, DeepEP, disabled fusion, Kimi-K2)
 )
