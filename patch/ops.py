@@ -221,7 +221,7 @@ class OpState:
         if isinstance(res, str):
             return res
         views, dims = res
-        if any(dims[i] == 0 for i in self._size_dims):
+        if 0 in dims and any(dims[i] == 0 for i in self._size_dims):  # hot path: `0 in dims` is rare
             return "empty tensor"
         kept = ad.kept_by_sglang(dims)
         if kept:
