@@ -311,10 +311,11 @@ def load_shapes_file(path, spec: "OpSpec") -> List[Shape]:
     merged: Dict[Tuple[int, ...], List[Any]] = {}
     for i, r in enumerate(rows):
         dims = r.get("dims") if isinstance(r, dict) else None
-        if (not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
-                or spec.dims_problem(dims)):
+        ints = isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
+        why = spec.dims_problem(dims) if ints else "not a list of integers"
+        if why:
             raise AstraError(f"--shapes {path}: {spec.name} entry {i}: dims {dims!r} is not "
-                             f"{len(spec.dim_names)} positive integers ({'x'.join(spec.dim_names)})")
+                             f"{len(spec.dim_names)} positive integers ({'x'.join(spec.dim_names)}): {why}")
         key = tuple(dims)
         tags = tuple(str(t) for t in r.get("tags", ())) + ("file",)
         src = str(r.get("source", data.get("source", p.name)))

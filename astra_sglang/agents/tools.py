@@ -117,7 +117,7 @@ def add_tests(ctx: RunContextWrapper[RoundContext], shapes: List[str], distribut
             notes.append(f"rejected {s!r}: not a shape like {shape_key(run.cfg.bench_shapes[0])}")
             continue
         if spec.dims_problem(dims):
-            notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}, all positive")
+            notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}: {spec.dims_problem(dims)}")
         elif dims in mandatory or dims in new_shapes:
             notes.append(f"skipped {shape_key(dims)}: already in the suite")
         elif numel(dims) > ex.max_test_elems():
@@ -242,7 +242,7 @@ def bench(ctx: RunContextWrapper[RoundContext], shapes: List[str]) -> str:
     dims = [parse_shape(s) for s in (shapes or [])][:MAX_BENCH_SHAPES] or list(run.cfg.bench_shapes)
     for d in dims:
         if run.spec.dims_problem(d):
-            return f"error: shape {shape_key(d)} is not {' x '.join(run.spec.dim_names)}"
+            return f"error: shape {shape_key(d)} is not {' x '.join(run.spec.dim_names)}: {run.spec.dims_problem(d)}"
     res = run.executor.bench(subject, dims, run.cfg.bench_dtypes)
     if not res.ok:
         return f"bench failed: {res.reason}"
