@@ -68,19 +68,22 @@ def default_ops(known: List[str]) -> List[str]:
 
 
 def parse_ops(text: Optional[str], known: List[str], default: Optional[List[str]] = None) -> List[str]:
-    """'a,b' / 'all' / 'none' -> list of op names (validated against `known`). 'all' is `default`
-    (the ops patched unless named: see patch.default_ops) when given, else every known op."""
+    """'a,b' / 'all' / 'all,c' / 'none' -> list of op names (validated against `known`). 'all' is `default`
+    (the ops patched unless named: see patch.default_ops) when given, else every known op; 'all,c' adds c,
+    an op that is off by default, to them."""
     if text is None:
         return []
     t = text.strip()
     if t.lower() in ("", "none"):
         return []
-    if t.lower() == "all":
-        return list(known if default is None else default)
     ops = [p.strip() for p in t.split(",") if p.strip()]
+    everything = [o for o in ops if o.lower() == "all"]
+    ops = [o for o in ops if o.lower() != "all"]
     bad = [o for o in ops if o not in known]
     if bad:
         raise AstraError(f"unknown op(s) {', '.join(bad)}; known ops: {', '.join(known)}")
+    if everything:
+        ops = list(known if default is None else default) + ops
     return list(dict.fromkeys(ops))
 
 

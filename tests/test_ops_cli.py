@@ -17,6 +17,7 @@ def test_ops_json_lists_every_registered_op_with_its_parts(capsys):
 
 def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them():
     from astra_sglang.patch import patchable_ops
+    from astra_sglang.errors import AstraError
     from astra_sglang.patch.config import default_ops, parse_ops
     from astra_sglang.registry import op_part
 
@@ -26,6 +27,11 @@ def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them(
     everything = parse_ops("all", known, default_ops(known))
     assert not set(off) & set(everything) and "fused_add_rmsnorm" in everything
     assert parse_ops("kv_store", known, default_ops(known)) == ["kv_store"]
+    # the defaults plus an op that is off by default (moe_grouped_router for a DeepSeek server)
+    assert parse_ops("all,kv_store", known, default_ops(known)) == everything + ["kv_store"]
+    assert parse_ops("all, fused_add_rmsnorm", known, default_ops(known)) == everything
+    with pytest.raises(AstraError, match="unknown op"):
+        parse_ops("all,nope", known, default_ops(known))
 
 
 def test_counters_name_the_tp_rank_sglang_gives_a_worker(tmp_path):
