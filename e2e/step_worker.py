@@ -151,11 +151,12 @@ class GpuTimer:
 
 def ops_to_patch(ops) -> List[str]:
     """"all" means what `patch --serve --ops all` patches: every patchable op except those whose adapter
-    keeps them off by default (DEFAULT_OFF: slower in context, or not yet measured there)."""
+    keeps them off by default (DEFAULT_OFF: slower in context, or not yet measured there); ["all", OP] adds OP."""
     from astra_sglang.patch import patchable_ops
-    from astra_sglang.patch.config import default_ops
+    from astra_sglang.patch.config import default_ops, parse_ops
 
-    return default_ops(patchable_ops()) if ops == "all" else list(ops)
+    known = patchable_ops()
+    return parse_ops(ops if isinstance(ops, str) else ",".join(ops), known, default_ops(known))  # "all,OP" too
 
 
 class Worker:

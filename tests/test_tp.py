@@ -178,6 +178,7 @@ def test_step_worker_all_means_the_default_ops_like_the_server():
     off = [o for o in patchable_ops() if getattr(op_part(o, "adapter"), "DEFAULT_OFF", "")]
     assert off and not set(off) & set(all_ops) and "fused_add_rmsnorm" in all_ops
     assert ops_to_patch(["rope"]) == ["rope"]
+    assert ops_to_patch(["all", "rope"]) == all_ops + ["rope"]  # e2e --step --ops all,rope
 
 
 def test_tp_collectives_are_communication_not_sampling():
