@@ -50,7 +50,11 @@ def weight_bytes(cfg: dict) -> int:
 
 
 def kv_bytes_per_token(cfg: dict, tp: int = 1) -> int:
-    """Bytes a token takes in the KV pool (k and v of every layer, the model dtype), per GPU at `tp`."""
+    """Bytes a token takes in the KV pool (k and v of every layer, the model dtype), per GPU at `tp`. MLA
+    (DeepSeek: kv_lora_rank) caches one latent of kv_lora_rank + qk_rope_head_dim a layer, on every rank."""
+    if cfg.get("kv_lora_rank"):
+        latent = cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 0)
+        return cfg["num_hidden_layers"] * latent * _dtype_bytes(cfg)
     _, kv_heads, head_dim = _heads(cfg)
     return cfg["num_hidden_layers"] * 2 * max(1, kv_heads // tp) * head_dim * _dtype_bytes(cfg)
 
