@@ -433,8 +433,9 @@ def _f32(x):
 
 
 @pytest.mark.parametrize("dims", [(3, 256, 8, 8, 4, 0), (3, 256, 9, 8, 4, 1), (2, 384, 8, 1, 1, 0),
-                                  (2, 64, 6, 8, 3, 0), (2, 64, 8, 8, 3, 2), (2, 16, 4, 8, 2, 0), (2, 1024, 32, 32, 8, 0),
-                                  (2, 96, 5, 3, 2, 0), (2, 160, 8, 1, 1, 0), (2, 3, 3, 1, 1, 0), (2, 8, 2, 8, 2, 0)])
+                                  (2, 64, 6, 8, 3, 0), (2, 64, 8, 8, 3, 2), (2, 16, 4, 8, 2, 0),
+                                  (2, 1024, 32, 32, 8, 0), (2, 96, 5, 3, 2, 0), (2, 160, 8, 1, 1, 0),
+                                  (2, 3, 3, 1, 1, 0), (2, 8, 2, 8, 2, 0)])
 def test_the_kernels_cta_selection_is_the_reference(dims):
     for seed, dist in enumerate(SPEC.distributions):
         inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(seed), dist, device="cpu")

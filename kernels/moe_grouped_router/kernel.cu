@@ -243,7 +243,8 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
   if (num_expert_group > 1 && epg > 32) return cudaErrorInvalidValue;
   if (topk_group < 1 || topk_group > num_expert_group) return cudaErrorInvalidValue;
   const int64_t routed = topk - num_fused_shared_experts;
-  if (num_fused_shared_experts < 0 || topk > 32 || routed < 1 || routed > topk_group * epg) return cudaErrorInvalidValue;
+  if (num_fused_shared_experts < 0 || topk > 32 || routed < 1 || routed > topk_group * epg)
+    return cudaErrorInvalidValue;
   if (num_fused_shared_experts > 0 && !(routed_scaling_factor > 0.0)) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaSuccess;
   Args a;

@@ -31,7 +31,8 @@ What SGLang 0.5.17 runs on Hopper (srt/layers/moe/topk.py; source facts below gu
     flashinfer's launch_with_pdl, not renormalize: the kernel always renormalizes (0.5.23 then requires
     renormalize to take this path). flashinfer's tie rules (read in flashinfer 0.7.2's csrc: noAuxTcKernels.cu,
     moeTopKFuncs.cuh; the same in 0.6.15.post1, the version 0.5.17 pins, re-read 2026-11-27): sigmoid
-    0.5*tanhf(x/2)+0.5 in fp32, keys packed (value bits, 65535 - index) and reduced by max, so equal values go to the lower index; group score =
+    0.5*tanhf(x/2)+0.5 in fp32, keys packed (value bits, 65535 - index) and reduced by max, so equal values go to
+    the lower index; group score =
     top-2 of the group's keys counted with multiplicity (a tied maximum counts twice); weights
     s * scale / (sum + 1e-20) in double, stored as fp32.
   * n_group > 1 otherwise (the env flag on, or flashinfer missing / shape out of its limits) -> the Triton router
@@ -96,7 +97,8 @@ def _corpus() -> Tuple[Shape, ...]:
 
 
 EDGE = (
-    Shape(SCALED_EDGES[0], ("edge", "scaled"), "deepseek-v3 with the scale applied in the router (apply ... on_output)"),
+    Shape(SCALED_EDGES[0], ("edge", "scaled"),
+          "deepseek-v3 with the scale applied in the router (apply ... on_output)"),
     Shape(SCALED_EDGES[1], ("edge", "scaled"), "deepseek-v3, scale applied in the router, fused shared expert"),
     Shape((33, 256, 8, 8, 4, 0), ("edge",), "odd token count"),
     Shape((5, 160, 8, 1, 1, 0), ("edge",), "160 experts, one group (not a power of 2: SGLang's Triton path)"),
