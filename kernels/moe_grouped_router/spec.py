@@ -32,9 +32,8 @@ What SGLang 0.5.17 runs on Hopper (srt/layers/moe/topk.py; source facts below gu
     renormalize to take this path). flashinfer's tie rules (read in flashinfer 0.7.2's csrc: noAuxTcKernels.cu,
     moeTopKFuncs.cuh; the same in 0.6.15.post1, the version 0.5.17 pins, re-read 2026-11-27): sigmoid
     0.5*tanhf(x/2)+0.5 in fp32, keys packed (value bits, 65535 - index) and reduced by max, so equal values go to
-    the lower index; group score =
-    top-2 of the group's keys counted with multiplicity (a tied maximum counts twice); weights
-    s * scale / (sum + 1e-20) in double, stored as fp32.
+    the lower index; group score = top-2 of the group's keys counted with multiplicity (a tied maximum counts
+    twice); weights s * scale / (sum + 1e-20) in double, stored as fp32.
   * n_group > 1 otherwise (the env flag on, or flashinfer missing / shape out of its limits) -> the Triton router
     (kernels/ops/moe/moe_fused_gate.py, N_GROUP > 1): same order and id ties, but its group top-2 drops EVERY
     value equal to the maximum (`vals >= top1`), so a group whose maximum is tied scores differently. The
