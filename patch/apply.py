@@ -186,6 +186,7 @@ class Patcher:
             out[op] = {
                 "backend": st.backend.name,
                 "disabled": st.disabled,
+                "last_fallback": st.last_fallback,
                 "targets": {t: {"state": s.state, "rebound": list(s.rebound), "via": s.via}
                             for t, s in targets.items()},
                 "jit_factories": self._factories_of(op),

@@ -172,6 +172,7 @@ class OpState:
         self.captured = False  # astra's kernel went into a CUDA graph (a later disable cannot take it out)
         self.default_original: Optional[Callable[[Dict[str, Any]], Any]] = None
         self.last_check: Optional[CheckResult] = None
+        self.last_fallback = ""  # why SGLang's original last served a call (validate names it)
         import torch
 
         # torch dtype -> ABI dtype name, for the dtypes both the spec and the backend take
@@ -241,6 +242,7 @@ class OpState:
     # ------------------------------------------------------------ execution
     def fallback(self, reason: str) -> None:
         self.counters.bump(self.name, "fallbacks")
+        self.last_fallback = reason or (f"op disabled: {self.disabled}" if self.disabled else "")
         if reason and reason not in _seen_reasons.setdefault(self.name, set()) and len(_seen_reasons[self.name]) < 20:
             _seen_reasons[self.name].add(reason)
             log.info("astra-sglang %s: SGLang's original serves a call: %s", self.name, reason)

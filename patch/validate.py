@@ -122,8 +122,9 @@ def validate(
         baseline = [_unpatched_one(layers, c, inp) for c, inp in zip(cases, inputs)]
 
     cdir = tempfile.mkdtemp(prefix="astra-validate-")
-    apply_astra_kernels(list(ops), candidates=candidates, backends=backends, targets=targets, self_check="off",
-                        counter_dir=cdir, propagate=False, plan=None if real_layers else False)
+    patcher = apply_astra_kernels(list(ops), candidates=candidates, backends=backends, targets=targets,
+                                  self_check="off", counter_dir=cdir, propagate=False,
+                                  plan=None if real_layers else False)
     try:
         progress("running them patched")
         for c, inp, base in zip(cases, inputs, baseline):
@@ -141,7 +142,10 @@ def validate(
                 if kept:
                     c.status, c.detail = "n/a", f"{kept} (by design)"
                 elif c.fallbacks:
-                    c.status, c.detail = "FAIL", "the patched callable handed the call back to SGLang's original"
+                    st = patcher.states.get(c.op) if patcher is not None else None
+                    why = st.last_fallback if st is not None else ""
+                    c.status, c.detail = "FAIL", ("the patched callable handed the call back to SGLang's original"
+                                                  + (f": {why}" if why else ""))
                 else:
                     c.status, c.detail = "n/a", "SGLang's layer reached no patched callable for this shape"
                 continue

@@ -724,6 +724,31 @@ def test_max_tokens_keeps_larger_calls_with_sglang_and_validate_says_so(monkeypa
     assert by[(4, 64)].status == "n/a" and "by design" in by[(4, 64)].detail and by[(4, 64)].fallbacks == 1, text
 
 
+def test_validate_names_why_a_patched_call_went_back_to_sglang(monkeypatch):
+    """A case whose call reached the patch and fell back says why (moe_grouped_router's 30 FAILs on the H200,
+    2026-11-27, said only "handed the call back"; the reason, "empty tensor", took a CPU reconstruction)."""
+    import dataclasses
+
+    import sglang_cpu_env as E
+    from astra_sglang.patch.validate import format_results, validate
+    from astra_sglang.registry import op_part
+
+    mod = type(sys)("fake_declining_sk")
+    sys.modules["fake_declining_sk"] = mod
+    mod.silu_and_mul = _torch_silu_and_mul()
+    ad = op_part("silu_and_mul", "adapter")
+    monkeypatch.setattr(ad, "ADAPTER", dataclasses.replace(ad.ADAPTER, normalize=lambda c: "the test declines it"))
+    layer = {"silu_and_mul": lambda inp, dims, sc: {"out": mod.silu_and_mul(inp["input"])}}
+    try:
+        cases = validate(["silu_and_mul"], backends=E.astra_standins(), device="cpu", layers=layer,
+                         targets={"silu_and_mul": ["fake_declining_sk:silu_and_mul"]}, shapes="4x64",
+                         dtypes=["fp32"])
+    finally:
+        del sys.modules["fake_declining_sk"]
+    assert cases and all(c.status == "FAIL" and c.detail.endswith(": the test declines it") for c in cases), \
+        format_results(cases)
+
+
 def test_validate_marks_shapes_sglang_refuses_as_na():
     """sgl_kernel's silu_and_mul raises for halves that are not 16-byte aligned (seen on the H200
     with 0.5.17): validate reports those shapes n/a and still validates the others."""
