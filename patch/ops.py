@@ -178,8 +178,6 @@ class OpState:
         # torch dtype -> ABI dtype name, for the dtypes both the spec and the backend take
         self._dtypes = {getattr(torch, t): n for t, n in TORCH_DTYPES.items()
                         if n in spec.dtypes and n in backend.dtypes}
-        # the dims that are sizes (a call with one of them 0 is empty); spec.zero_dims may be 0 in a real call
-        self._size_dims = [i for i, n in enumerate(spec.dim_names) if n not in spec.zero_dims]
         _ensure_custom_op(self)
 
     @property
@@ -222,7 +220,7 @@ class OpState:
         if isinstance(res, str):
             return res
         views, dims = res
-        if 0 in dims and any(dims[i] == 0 for i in self._size_dims):  # hot path: `0 in dims` is rare
+        if 0 in dims and self.spec.dims_problem(dims):  # a size dim of 0 (spec.zero_dims may be 0); `0 in dims` is rare
             return "empty tensor"
         kept = ad.kept_by_sglang(dims)
         if kept:

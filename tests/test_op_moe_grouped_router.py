@@ -131,7 +131,7 @@ def test_corpus_from_real_configs_and_scalars():
                                                   "apply_routed_scaling_factor_on_output": 0}
     assert SPEC.scalars((1, 256, 9, 8, 4, 1))["num_fused_shared_experts"] == 1
     assert SPEC.scalars((1, 384, 8, 1, 1, 0))["routed_scaling_factor"] == 2.827
-    assert SPEC.scalars(SPEC_MOD.SCALED_EDGE)["apply_routed_scaling_factor_on_output"] == 1
+    assert SPEC.scalars(SPEC_MOD.SCALED_EDGES[0])["apply_routed_scaling_factor_on_output"] == 1
     assert SPEC.bytes_moved((2, 256, 8, 8, 4, 0), "fp32") == 2 * (1024 + 64) + 1024
     for s in list(SPEC.corpus) + list(SPEC.edge_shapes):
         t, e, k, g, tg, sh = s.dims
@@ -229,7 +229,7 @@ def test_one_hot_canonical_makes_every_differing_id_fail():
 
 
 def test_reference_without_scalars_uses_the_shapes_own():
-    dims = SPEC_MOD.SCALED_EDGE
+    dims = SPEC_MOD.SCALED_EDGES[0]
     inp = SPEC.make_inputs(dims, "fp32", torch.Generator().manual_seed(0), "normal", device="cpu")
     t = {"scores": inp["scores"].double(), "bias": inp["bias"].double()}
     a = SPEC.reference(t, dims, {})["topk_weights"]

@@ -82,7 +82,6 @@ SCALING: Dict[Tuple[int, ...], Tuple[float, int]] = {
     (e, k + s, g, tg, s): (r, 0) for _, e, k, g, tg, r, shared in ROUTER_MODELS for s in shared}
 # edge shapes whose scale is applied in the router (cutlass / flashinfer-trtllm-routed fp8, ModelOpt NVFP4 runners)
 SCALED_EDGES = ((7, 256, 8, 8, 4, 0), (6, 256, 9, 8, 4, 1))
-SCALED_EDGE = SCALED_EDGES[0]
 
 
 def _corpus() -> Tuple[Shape, ...]:
