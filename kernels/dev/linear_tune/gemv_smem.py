@@ -3,7 +3,7 @@
 #   python3 kernels/dev/linear_tune/gemv_smem.py 1x4096x2048,8x4096x2048,8x2048x5120,16x4096x6144
 import ctypes, os, subprocess, sys
 import torch
-from sandbox_timing import timed
+from sandbox_timing import rotating_problem, timed
 here = os.path.dirname(os.path.abspath(__file__))
 so = "/tmp/gemv_smem.so"
 if not os.path.exists(so):
@@ -15,12 +15,7 @@ shapes_arg = sys.argv[1]
 cfgs = [(4, 256, 4), (4, 256, 8), (4, 512, 4), (4, 512, 6), (8, 512, 4), (8, 512, 6), (8, 1024, 3), (8, 1024, 4)]
 for s in shapes_arg.split(","):
     T, K, N = map(int, s.split("x"))
-    nrot = max(4, (600 << 20) // (N * K * 2))
-    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    ref = torch.nn.functional.linear(x.float(), ws[0].float())
-    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    nrot, ws, x, outs, ref, t_cub = rotating_problem(T, K, N)
     res = []
     for wp, kc, st in cfgs:
         def f(i, wp=wp, kc=kc, st=st):

@@ -3,7 +3,7 @@
 #   python3 kernels/dev/linear_tune/gemv_tune.py 1x4096x2048,8x2048x5120   (tokens x in_features x out_features)
 import ctypes, subprocess, sys, os, json
 import torch
-from sandbox_timing import timed
+from sandbox_timing import rotating_problem, timed
 here = os.path.dirname(os.path.abspath(__file__))
 so = "/tmp/gemv_tune.so"
 if not os.path.exists(so):
@@ -15,12 +15,7 @@ cfgs = [(2, 2), (4, 1), (4, 2), (8, 1)]
 grids = [0]
 res = []
 for T, K, N in shapes:
-    nrot = max(4, (600 << 20) // (N * K * 2))
-    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    ref = torch.nn.functional.linear(x.float(), ws[0].float())
-    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    nrot, ws, x, outs, ref, t_cub = rotating_problem(T, K, N)
     row = {"shape": f"{T}x{K}x{N}", "cublas": t_cub, "cfg": {}}
     for rb, u in cfgs:
         st = torch.cuda.current_stream().cuda_stream

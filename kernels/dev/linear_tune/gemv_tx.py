@@ -4,7 +4,7 @@
 #   ROUND=8 python3 kernels/dev/linear_tune/gemv_tx.py 4x4096x6144,8x4096x24576     (tokens x in x out)
 import ctypes, os, subprocess, sys, json
 import torch
-from sandbox_timing import timed
+from sandbox_timing import rotating_problem, timed
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.abspath(f"{here}/../../..")
@@ -42,12 +42,7 @@ stream = lambda: ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)  # noq
 rows = []
 for s in sys.argv[1].split(","):
     T, K, N = map(int, s.split("x"))
-    nrot = max(4, (600 << 20) // (N * K * 2))
-    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-    ref = torch.nn.functional.linear(x.float(), ws[0].float())
-    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    nrot, ws, x, outs, ref, t_cub = rotating_problem(T, K, N)
     f_shipped = lambda i: shipped.astra_linear(x.data_ptr(), ws[i].data_ptr(), outs[i].data_ptr(), T, K, N, 2,  # noqa
                                                stream())
     outs[0].zero_(); f_shipped(0); torch.cuda.synchronize()

@@ -1,6 +1,18 @@
-# The sandbox runners' timer: median µs per call of fn(0..nrot-1) replayed in one CUDA graph (rotating weights, so
-# every call reads its weights from HBM). Not the bench: no in-context timing, no oracle.
+# The sandbox runners' shared pieces: one problem per shape on rotating weights (>= 600 MB, so every call reads its
+# weights from HBM), and the timer: median µs per call of fn(0..nrot-1) replayed in one CUDA graph.
+# Not the bench: no in-context timing, no oracle.
 import torch
+
+
+def rotating_problem(T, K, N):
+    """(nrot, weights, x, outputs, fp32 reference of x @ weights[0]^T, cuBLAS µs per call) for T x K -> N, bf16."""
+    nrot = max(4, (600 << 20) // (N * K * 2))
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty(T, N, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+    ref = torch.nn.functional.linear(x.float(), ws[0].float())
+    t_cub = timed(lambda i: torch.nn.functional.linear(x, ws[i]), nrot)
+    return nrot, ws, x, outs, ref, t_cub
 
 
 def timed(fn, nrot, reps=20):
