@@ -24,8 +24,8 @@ def test_weight_bytes_of_the_shipped_configs():
     assert sm.weight_bytes(_cfg("llama3-70b")) == pytest.approx(70.6e9 * 2, rel=0.05)
     assert sm.weight_bytes(_cfg("llama-small")) < 1 * GIB
     # DeepSeek's first_k_dense_replace dense layers, n_routed_experts + n_shared_experts in the rest
-    assert sm.weight_bytes(_cfg("deepseek-v3-3l")) == pytest.approx(47.5 * GIB, rel=0.05)
-    assert sm.kv_bytes_per_token(_cfg("deepseek-v3-3l"), tp=2) == 3 * (512 + 64) * 2  # MLA: one latent a layer
+    assert sm.weight_bytes(_cfg("deepseek-v3-2l")) == pytest.approx(26 * GIB, rel=0.05)
+    assert sm.kv_bytes_per_token(_cfg("deepseek-v3-2l"), tp=2) == 2 * (512 + 64) * 2  # MLA: one latent a layer
     for name in shipped_configs():
         assert sm.weight_bytes(_cfg(name)) > 0
 
