@@ -27,7 +27,7 @@ def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them(
     everything = parse_ops("all", known, default_ops(known))
     assert not set(off) & set(everything) and "fused_add_rmsnorm" in everything
     assert parse_ops("kv_store", known, default_ops(known)) == ["kv_store"]
-    # the defaults plus an op that is off by default (moe_grouped_router for a DeepSeek server)
+    # the defaults plus an op that is off by default
     assert parse_ops("all,kv_store", known, default_ops(known)) == everything + ["kv_store"]
     assert parse_ops("all, fused_add_rmsnorm", known, default_ops(known)) == everything
     with pytest.raises(AstraError, match="unknown op"):
