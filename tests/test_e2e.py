@@ -108,6 +108,28 @@ def test_run_metrics_and_throughput():
     assert m["n_ok"] == 4 and m["n_failed"] == 0
 
 
+def test_itl_p10_moves_with_a_per_step_cost_not_with_stalls():
+    """A cost every decode step pays moves the fastest steps (ITL p10); a stall on a few steps (a prefill between
+    them) moves p99 and not p10. The DeepSeek-shaped server's +0.45 ms a step showed as the first (2026-11-27)."""
+    def run(arm, step_s, stall_every=0):
+        rs = []
+        for i in range(8):
+            r = _req(i, 0.0, 0.02, step_s, 64)
+            if stall_every:  # every stall_every-th gap 10 ms longer: later chunks shift
+                r.chunk_times = [t + 0.01 * (k // stall_every) for k, t in enumerate(r.chunk_times)]
+            rs.append(r)
+        return st.Run("c8", arm, 0, rs)
+
+    base = st.run_metrics(run("A", 0.0015))
+    slower = st.run_metrics(run("B", 0.0019))
+    stalled = st.run_metrics(run("B", 0.0015, stall_every=32))
+    assert base["itl_p10"] == pytest.approx(1.5) and slower["itl_p10"] == pytest.approx(1.9)
+    assert stalled["itl_p10"] == pytest.approx(1.5) and stalled["itl_p99"] > 10
+    c = st.compare_arms([run("A", 0.0015), run("B", 0.0019)], "c8", n_boot=200)
+    assert c["itl_p10"].boot_point == pytest.approx(0.0019 / 0.0015 - 1)
+    assert "| ITL p10 (ms) |" in st.report_markdown(st.summarize([run("A", 0.0015), run("B", 0.0019)]))
+
+
 def _runs(speedup=0.9, noise=0.01, rounds=5, seed=0, diverge_at=None):
     rng = np.random.default_rng(seed)
     runs = []
