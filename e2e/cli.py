@@ -123,6 +123,9 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     md = report_markdown(summary, meta)
     if png:
         md += f"\n![A/B per run]({Path(png).name})\n"
+    prof = Path(results_path).parent / "server-profile.md"
+    if prof.is_file():   # --server-profile's comparison
+        md += "\n" + prof.read_text()
     (out / "report.md").write_text(md)
     return md
 
@@ -156,7 +159,12 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "what the method resolves).")
 @click.option("--calibrate", is_flag=True, help="--step: a third, unpatched arm A2 beside A and B (A/A and A/B in one run).")
 @click.option("--no-profile", is_flag=True, help="--step: skip the profile (and so the predicted Δ).")
-@click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture.")
+@click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture; "
+              "--server-profile: scheduler steps profiled per arm (prefills count).")
+@click.option("--server-profile", "server_profile_wl", metavar="WORKLOAD",
+              help="After that workload's measured rounds, one more round per arm with SGLang's profiler on: "
+              "report.md then says where each arm's served decode step goes (graph replay, other kernels, GPU idle) "
+              "and which kernels differ.")
 @click.option("--prefill-graph", is_flag=True, help="--step: keep SGLang's prefill CUDA graph (default off: start-up time).")
 @click.option("--tokenizer-path", help="--step: a tokenizer dir (default: one is generated beside the config).")
 @click.option("--procs", default=2, show_default=True, help="--step: worker processes per arm (the process is a random "
@@ -182,7 +190,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
             tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
-            base_ops, tp, worker_module):
+            base_ops, tp, worker_module, server_profile_wl):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import make_prompts, parse_workload, run_workload, wait_ready
     from .model_configs import resolve_model_path, shipped_configs
@@ -193,6 +201,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--tp must be >= 1")
     if base_ops.strip() != "none" and not step:
         raise AstraError("--base-ops is for --step (a server A/B's arm A is SGLang unpatched)")
+    if server_profile_wl and step:
+        raise AstraError("--server-profile is for a server A/B (--step profiles its own captures)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     from astra_sglang.patch import patchable_ops
@@ -242,6 +252,9 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                     raise AstraError(f"{cfg_path}: not found (give --vocab-size)")
                 vocab_size = int(json.loads(cfg_path.read_text())["vocab_size"])
             wls = [parse_workload(w) for w in workloads]
+            if server_profile_wl and server_profile_wl not in [w.name for w in wls]:
+                raise AstraError(f"--server-profile {server_profile_wl}: no such workload "
+                                 f"({', '.join(w.name for w in wls)})")
             for w in wls:
                 if w.input_len + w.output_len > max_total_tokens:
                     raise AstraError(f"{w.name}: {w.input_len}+{w.output_len} tokens exceed --max-total-tokens")
@@ -322,6 +335,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                      f"{tok / max(run.t_finish - run.t_begin, 1e-9):8.1f} tok/s"
                      + (f", {len(bad)} failed: {bad[0].error}" if bad else ""))
                 _dump(out_dir, meta, workloads, all_runs)
+            if w.name == server_profile_wl:
+                _profile_round(servers, w, prompts, out_dir, profile_steps, tp)
     finally:
         for arm, s in servers.items():
             rc = s.stop()
@@ -339,6 +354,32 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     _dump(out_dir, meta, workloads, all_runs)
     md = analyze(out_dir / "results.json", out_dir, n_boot=n_boot)
     click.echo(md)
+
+
+def _profile_round(servers: dict, w, prompts, out_dir: Path, steps: int, tp: int) -> None:
+    """One unmeasured round of `w` per arm under SGLang's profiler; writes server-profile.{md,json}. A failure is
+    reported there, never fatal: the measured rounds are already on disk."""
+    from . import server_profile as sp
+    from .client import run_workload
+
+    profiles, notes = {}, []
+    for arm, s in servers.items():
+        url, tdir = f"http://127.0.0.1:{s.port}", out_dir / "server-profile" / arm
+        try:
+            sp.start(url, tdir, steps)
+            _say(f"  {w.name} profiled round {arm} ({steps} scheduler steps)")
+            run_workload("127.0.0.1", s.port, w, prompts, arm, -2)
+            sp.stop(url)   # fewer steps than asked: stop and write what there is
+            profiles[arm] = sp.profile_of(sp.wait_traces(tdir, tp, 120.0))
+            if profiles[arm] is None:
+                notes.append(f"arm {arm}: no trace with decode graph replays in {tdir}")
+        except AstraError as e:
+            profiles[arm] = None
+            notes.append(f"arm {arm}: {e}")
+    md = sp.compare_markdown(profiles.get("A"), profiles.get("B"), w.name) + "".join(f"\n- {n}" for n in notes)
+    (out_dir / "server-profile.md").write_text(md + "\n")
+    (out_dir / "server-profile.json").write_text(json.dumps(
+        {arm: (p.to_dict() if p else None) for arm, p in profiles.items()}, indent=1))
 
 
 def _counter_text(tot: dict) -> str:

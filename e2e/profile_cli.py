@@ -15,8 +15,6 @@ import json
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import click
@@ -42,30 +40,13 @@ def trace_rank(name: str) -> str:
 
 
 def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict, model: str, tp: int = 1) -> dict:
+    from . import server_profile
     from .profile import META
-    from .trace import find_traces
 
     tdir = out / "server-traces"
-    tdir.mkdir(parents=True, exist_ok=True)
-    body = json.dumps({"output_dir": str(tdir), "num_steps": num_steps, "activities": ["GPU"],
-                       "record_shapes": True}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/start_profile", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            r.read()
-    except (urllib.error.URLError, OSError) as e:
-        raise AstraError(f"--url {url}: POST /start_profile failed ({e})") from None
+    server_profile.start(url, tdir, num_steps, activities=("GPU",), record_shapes=True)
     _say(f"profiling {num_steps} steps; send traffic to the server now (traces land in {tdir})")
-    end = time.monotonic() + timeout
-    traces = []
-    while time.monotonic() < end:
-        traces = find_traces(tdir)
-        if len(traces) >= tp:       # one trace per TP rank
-            time.sleep(3)   # let the writer finish
-            traces = find_traces(tdir)
-            break
-        time.sleep(2)
+    traces = server_profile.wait_traces(tdir, tp, timeout)   # one trace per TP rank
     if not traces:
         raise AstraError(f"no trace in {tdir} after {timeout:.0f}s: did the server run {num_steps} steps, and "
                          "does it share this file system?")

@@ -4,11 +4,34 @@ of the e2e driver: serves SGLang's /generate streaming format for token-id promp
 Greedy "model": token i of the answer is (sum(prompt) + 7 * i) % 50000. With FAKE_DIVERGE=k in the
 environment and --ops other than none, answers differ from token k on (a patched arm that
 changed numerics). FAKE_INCREMENTAL=1 streams incremental chunks instead of cumulative ones.
+POST /start_profile then /stop_profile writes a Chrome trace of decode graph replays (`profile_trace`) into the
+requested output_dir: the patched arm's replays are shorter and its steps longer (GPU idle).
 """
+import gzip
 import json
 import os
 import sys
 import time
+from pathlib import Path
+
+
+def profile_trace(patched: bool, replays: int = 5) -> dict:
+    """Decode steps as SGLang's profiler records them: a cudaGraphLaunch per step, its kernels carrying the
+    launch's correlation id; a sampling kernel outside the graph after each replay. Unpatched: replay 60 µs
+    (gemm 50 + norm 10), period 100 µs; patched: replay 56 µs (gemm 50 + astra norm 6), period 150 µs."""
+    ev, period = [], (150.0 if patched else 100.0)
+    norm = ("astra_rmsnorm_kernel", 6.0) if patched else ("flashinfer_rmsnorm", 10.0)
+    for i in range(replays):
+        t, corr = 1000.0 + i * period, 100 + i
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t - 20, "dur": 15,
+                   "pid": 1, "tid": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": t, "dur": 50.0, "pid": 0, "tid": 7,
+                   "args": {"correlation": corr, "stream": 7, "device": 0}})
+        ev.append({"ph": "X", "cat": "kernel", "name": norm[0], "ts": t + 50, "dur": norm[1], "pid": 0, "tid": 7,
+                   "args": {"correlation": corr, "stream": 7, "device": 0}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "argmax", "ts": t + 70, "dur": 4.0, "pid": 0, "tid": 7,
+                   "args": {"correlation": 900 + i, "stream": 7, "device": 0}})
+    return {"traceEvents": ev}
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -18,6 +41,7 @@ def main(argv):
     diverge = int(os.environ.get("FAKE_DIVERGE", "-1")) if ops != "none" else -1
     incremental = os.environ.get("FAKE_INCREMENTAL") == "1"
     tok_s = float(os.environ.get("FAKE_TOKEN_S", "0.0005"))
+    profile = {}
 
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -32,8 +56,23 @@ def main(argv):
             self.end_headers()
             self.wfile.write(body)
 
+        def _ok(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
         def do_POST(self):
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path.startswith("/start_profile"):
+                profile["dir"] = json.loads(raw)["output_dir"]
+                return self._ok()
+            if self.path.startswith("/stop_profile"):
+                if profile.get("dir"):
+                    out = Path(profile.pop("dir")) / "fake-TP-0.trace.json.gz"
+                    with gzip.open(out, "wt") as f:
+                        json.dump(profile_trace(ops != "none"), f)
+                return self._ok()
+            req = json.loads(raw)
             ids, sp = req["input_ids"], req["sampling_params"]
             n = sp["max_new_tokens"]
             base = sum(ids)

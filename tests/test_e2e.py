@@ -288,3 +288,60 @@ def test_e2e_cli_against_stand_in_servers(tmp_path):
                                         "--bootstrap", "200"])
     assert res2.exit_code == 0, res2.output
     assert (tmp_path / "re" / "report.md").read_text().count("###") == 2
+
+
+# ----------------------------------------------------------------------------- served decode-step profile
+
+def _fake_server_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_fake_server", FAKE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_profile_splits_a_served_step_into_replay_other_and_idle():
+    """Per CUDA-graph replay: span (its kernels), period (to the next replay), other kernels between, GPU idle."""
+    from astra_sglang.e2e.server_profile import compare_markdown, decode_profile
+
+    fake = _fake_server_module()
+    a, b = decode_profile(fake.profile_trace(False)), decode_profile(fake.profile_trace(True))
+    assert (a.replays, a.span_us, a.period_us, a.other_us, a.idle_us) == (5, 60.0, 100.0, 4.0, 36.0)
+    assert (b.span_us, b.period_us, b.other_us, b.idle_us) == (56.0, 150.0, 4.0, 90.0)
+    assert a.kernels_us == {"gemm": 50.0, "flashinfer_rmsnorm": 10.0} and b.kernels_us["astra_rmsnorm_kernel"] == 6.0
+    assert "argmax" not in a.kernels_us   # outside the graph: counted in "other", not as a replay kernel
+    md = compare_markdown(a, b, "c8")
+    assert "| period | 100.0 | 150.0 | +50.0 |" in md and "| GPU idle | 36.0 | 90.0 | +54.0 |" in md
+    rows = [l for l in md.splitlines() if l.startswith("| `")]
+    assert rows[0].startswith("| `flashinfer_rmsnorm` | 10.00 | 0.00 | -10.00 |")   # largest difference first
+    assert decode_profile({"traceEvents": fake.profile_trace(False, replays=1)["traceEvents"]}) is None
+    assert "nothing to compare" in compare_markdown(a, None, "c8")
+
+
+def test_e2e_server_profile_round_compares_the_arms(tmp_path):
+    """--server-profile W: after W's measured rounds one more round per arm under the server's profiler; the report
+    gains the comparison, and the profiled rounds are not among the measured ones."""
+    from click.testing import CliRunner
+
+    from astra_sglang.e2e.cli import e2e_cmd
+
+    fake_py = tmp_path / "fakepython"
+    fake_py.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
+    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    out = tmp_path / "out"
+    args = ["--model-path", str(model), "--python", str(fake_py), "--out", str(out), "--port", str(_free_port()),
+            "--rounds", "1", "--workload", "d:4:16:8:2", "--startup-timeout", "30", "--bootstrap", "100"]
+    bad = CliRunner().invoke(e2e_cmd, args + ["--server-profile", "nope"])
+    assert bad.exit_code != 0 and "--server-profile nope: no such workload (d)" in str(bad.exception)
+    res = CliRunner().invoke(e2e_cmd, args + ["--server-profile", "d"])
+    assert res.exit_code == 0, res.output + str(res.exception)
+    data = json.loads((out / "results.json").read_text())
+    assert all(r["round"] >= -1 for r in data["runs"]) and len(data["runs"]) == 4
+    md = (out / "report.md").read_text()
+    assert "Served decode steps, profiled (d" in md and "| period | 100.0 | 150.0 | +50.0 |" in md
+    prof = json.loads((out / "server-profile.json").read_text())
+    assert prof["B"]["idle_us"] == 90.0 and (out / "server-profile" / "A" / "fake-TP-0.trace.json.gz").is_file()
