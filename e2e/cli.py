@@ -165,6 +165,8 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               help="After that workload's measured rounds, one more round per arm with SGLang's profiler on: "
               "report.md then says where each arm's served decode step goes (graph replay, other kernels, GPU idle) "
               "and which kernels differ.")
+@click.option("--each-op", is_flag=True, help="One A/B per op of --ops, each op alone in arm B (arm A stays up, arm B "
+              "restarts per op): which op helps or hurts this server. OUT/<op>/ per op, OUT/each-op.md and .png.")
 @click.option("--prefill-graph", is_flag=True, help="--step: keep SGLang's prefill CUDA graph (default off: start-up time).")
 @click.option("--tokenizer-path", help="--step: a tokenizer dir (default: one is generated beside the config).")
 @click.option("--procs", default=2, show_default=True, help="--step: worker processes per arm (the process is a random "
@@ -190,11 +192,10 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
             tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
-            base_ops, tp, worker_module, server_profile_wl):
+            base_ops, tp, worker_module, server_profile_wl, each_op):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
-    from .client import make_prompts, parse_workload, run_workload, wait_ready
+    from .client import parse_workload
     from .model_configs import resolve_model_path, shipped_configs
-    from .stats import ab_schedule
 
     stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
     if tp < 1:
@@ -203,6 +204,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--base-ops is for --step (a server A/B's arm A is SGLang unpatched)")
     if server_profile_wl and step:
         raise AstraError("--server-profile is for a server A/B (--step profiles its own captures)")
+    if each_op and step:
+        raise AstraError("--each-op is for a server A/B (a step A/B of one op: --base-ops all --ops all,OP)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     from astra_sglang.patch import patchable_ops
@@ -287,10 +290,11 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         click.echo(md)
         return
     out_dir = out_dir.resolve()
-
     env = dict(os.environ)
     env.setdefault("TVM_FFI_CACHE_DIR", str(Path.home() / ".cache" / "tvm-ffi"))
-    servers = {}
+    run = _ServedAB(model_path, load_format, port, max_total_tokens, mem_fraction, cuda_graph_max_bs, list(extra),
+                    python_exe, self_check, candidates, env, startup_timeout, wls, vocab_size, rounds, workloads,
+                    server_profile_wl, profile_steps, tp, n_boot)
     meta = {
         "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "GPU": _gpu_name(),
@@ -299,61 +303,141 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         **{k: v for k, v in _versions().items()},
         "model": str(model_path),
         "arm A": "astra-sglang patch --serve --ops none",
-        "arm B": f"astra-sglang patch --serve --ops {ops} --self-check {self_check}"
-                 + "".join(f" --candidate {op}={p}" for op, p in candidates.items()),
+        "launch_server args": " ".join(server_args(model_path, load_format, port, max_total_tokens, mem_fraction,
+                                                   cuda_graph_max_bs, list(extra))),
     }
-    all_runs = []
-    try:
-        for arm, p, o in (("A", port, "none"), ("B", port + 1, ops)):
-            cdir = fresh_counter_dir(out_dir / f"counters-{arm}")
-            args = server_args(model_path, load_format, p, max_total_tokens, mem_fraction, cuda_graph_max_bs,
-                               list(extra))
-            cmd = launcher_cmd(python_exe, o, cdir, args, self_check, candidates if o != "none" else None)
-            _say(f"arm {arm}: {' '.join(cmd)}")
-            servers[arm] = Server(arm, cmd, p, out_dir / f"server-{arm}.log", env, cdir)
-        meta["launch_server args"] = " ".join(server_args(model_path, load_format, port, max_total_tokens,
-                                                          mem_fraction, cuda_graph_max_bs, list(extra)))
-        for arm, s in servers.items():
-            try:
-                waited = wait_ready("127.0.0.1", s.port, startup_timeout, s.alive)
-            except RuntimeError as e:
-                raise AstraError(f"arm {arm}: {e}\n--- server-{arm}.log (tail) ---\n{s.tail()}") from e
-            _say(f"arm {arm} ready after {time.monotonic() - s.t0:.0f}s (waited {waited:.0f}s)")
-            meta[f"startup {arm} (s)"] = f"{time.monotonic() - s.t0:.0f}"
-        for w in wls:
-            prompts = make_prompts(w, vocab_size)
+    if each_op:
+        click.echo(run.each_op(patched, out_dir, meta))
+        failed = [op for op in patched if (out_dir / op / "error.txt").is_file()]
+        if failed:
+            raise AstraError(f"--each-op: {', '.join(failed)} did not run to the end (OUT/<op>/error.txt); "
+                             f"the others are in {out_dir / 'each-op.md'}")
+        return
+    click.echo(run.one(ops, out_dir, meta))
+
+
+def _arm_b_text(ops: str, self_check: str, candidates: Dict[str, Path]) -> str:
+    return (f"astra-sglang patch --serve --ops {ops} --self-check {self_check}"
+            + "".join(f" --candidate {op}={p}" for op, p in candidates.items()))
+
+
+class _ServedAB:
+    """Servers A (unpatched) and B (--ops) on the same flags, driven in ABBA rounds; `each_op` keeps A up and
+    restarts B with one op at a time."""
+
+    def __init__(self, model_path, load_format, port, max_total_tokens, mem_fraction, cuda_graph_max_bs, extra,
+                 python_exe, self_check, candidates, env, startup_timeout, wls, vocab_size, rounds, workloads,
+                 server_profile_wl, profile_steps, tp, n_boot):
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+
+    def start(self, arm: str, ops: str, counters: Path, log: Path,
+              candidates: Optional[Dict[str, Path]] = None) -> "Server":
+        p = self.port + (arm != "A")
+        args = server_args(self.model_path, self.load_format, p, self.max_total_tokens, self.mem_fraction,
+                           self.cuda_graph_max_bs, self.extra)
+        cmd = launcher_cmd(self.python_exe, ops, fresh_counter_dir(counters), args, self.self_check, candidates)
+        _say(f"arm {arm}: {' '.join(cmd)}")
+        return Server(arm, cmd, p, log, self.env, counters)
+
+    def ready(self, s: "Server", meta: dict) -> None:
+        from .client import wait_ready
+
+        try:
+            waited = wait_ready("127.0.0.1", s.port, self.startup_timeout, s.alive)
+        except RuntimeError as e:
+            raise AstraError(f"arm {s.arm}: {e}\n--- {s.log_path.name} (tail) ---\n{s.tail()}") from e
+        _say(f"arm {s.arm} ready after {time.monotonic() - s.t0:.0f}s (waited {waited:.0f}s)")
+        meta[f"startup {s.arm} (s)"] = f"{time.monotonic() - s.t0:.0f}"
+
+    def rounds_of(self, servers: dict, out_dir: Path, meta: dict) -> list:
+        from .client import make_prompts, run_workload
+        from .stats import ab_schedule
+
+        runs: list = []
+        for w in self.wls:
+            prompts = make_prompts(w, self.vocab_size)
             _say(w.describe())
-            for rnd, arm in ab_schedule(rounds):
+            for rnd, arm in ab_schedule(self.rounds):
                 s = servers[arm]
                 if not s.alive():
                     raise AstraError(f"arm {arm} died during the run\n{s.tail()}")
                 run = run_workload("127.0.0.1", s.port, w, prompts, arm, rnd)
-                all_runs.append(run)
+                runs.append(run)
                 bad = [r for r in run.results if not r.ok]
                 tok = sum(r.n_out for r in run.results if r.ok)
                 _say(f"  {w.name} round {rnd:>2} {arm}: {run.t_finish - run.t_begin:6.2f}s, "
                      f"{tok / max(run.t_finish - run.t_begin, 1e-9):8.1f} tok/s"
                      + (f", {len(bad)} failed: {bad[0].error}" if bad else ""))
-                _dump(out_dir, meta, workloads, all_runs)
-            if w.name == server_profile_wl:
-                _profile_round(servers, w, prompts, out_dir, profile_steps, tp)
-    finally:
-        for arm, s in servers.items():
-            rc = s.stop()
-            meta[f"server {arm} exit"] = rc
-    # counters of the patched arm (read after stop: the files stay)
-    try:
-        from astra_sglang.patch.counters import totals
+                _dump(out_dir, meta, self.workloads, runs)
+            if w.name == self.server_profile_wl:
+                _profile_round(servers, w, prompts, out_dir, self.profile_steps, self.tp)
+        return runs
 
-        tot = totals(str(out_dir / "counters-B"))
-        (out_dir / "counters-B.json").write_text(json.dumps(tot, indent=1))
-        meta["astra counters in B"] = _counter_text(tot)
-        meta["astra counters in A"] = _counter_text(totals(str(out_dir / "counters-A")))
-    except Exception as e:  # noqa: BLE001 - report, don't lose the results
-        meta["astra counters in B"] = f"unreadable: {e}"
-    _dump(out_dir, meta, workloads, all_runs)
-    md = analyze(out_dir / "results.json", out_dir, n_boot=n_boot)
-    click.echo(md)
+    def finish(self, out_dir: Path, meta: dict, runs: list, counters_a: Path) -> str:
+        """Counters of both arms (read after stop: the files stay), results.json, report."""
+        try:
+            from astra_sglang.patch.counters import totals
+
+            tot = totals(str(out_dir / "counters-B"))
+            (out_dir / "counters-B.json").write_text(json.dumps(tot, indent=1))
+            meta["astra counters in B"] = _counter_text(tot)
+            meta["astra counters in A"] = _counter_text(totals(str(counters_a)))
+        except Exception as e:  # noqa: BLE001 - report, don't lose the results
+            meta["astra counters in B"] = f"unreadable: {e}"
+        _dump(out_dir, meta, self.workloads, runs)
+        return analyze(out_dir / "results.json", out_dir, n_boot=self.n_boot)
+
+    def one(self, ops: str, out_dir: Path, meta: dict) -> str:
+        meta["arm B"] = _arm_b_text(ops, self.self_check, self.candidates)
+        servers: Dict[str, Server] = {}
+        runs: list = []
+        try:
+            for arm, o in (("A", "none"), ("B", ops)):
+                servers[arm] = self.start(arm, o, out_dir / f"counters-{arm}", out_dir / f"server-{arm}.log",
+                                          self.candidates if arm == "B" else None)
+            for s in servers.values():
+                self.ready(s, meta)
+            runs = self.rounds_of(servers, out_dir, meta)
+        finally:
+            for arm, s in servers.items():
+                meta[f"server {arm} exit"] = s.stop()
+        return self.finish(out_dir, meta, runs, out_dir / "counters-A")
+
+    def each_op(self, ops: List[str], out_dir: Path, meta: dict) -> str:
+        """One A/B per op, arm A up throughout: OUT/<op>/ per op, then OUT/each-op.md (+ .png)."""
+        from .each_op import summary_markdown
+
+        done: Dict[str, Path] = {}
+        a = self.start("A", "none", out_dir / "counters-A", out_dir / "server-A.log")
+        try:
+            self.ready(a, meta)
+            for i, op in enumerate(ops):
+                sub = out_dir / op
+                sub.mkdir(parents=True, exist_ok=True)
+                cand = {op: self.candidates[op]} if op in self.candidates else {}
+                m = {**meta, "arm B": _arm_b_text(op, self.self_check, cand)}
+                _say(f"op {i + 1}/{len(ops)}: {op}")
+                b = self.start("B", op, sub / "counters-B", sub / "server-B.log", cand)
+                runs: list = []
+                try:
+                    self.ready(b, m)
+                    runs = self.rounds_of({"A": a, "B": b}, sub, m)
+                except AstraError as e:
+                    if not a.alive():
+                        raise
+                    (sub / "error.txt").write_text(f"{e}\n")   # this op's server failed: the next op still runs
+                    _say(f"op {op}: {str(e).splitlines()[0]}")
+                finally:
+                    m["server B exit"] = b.stop()
+                if runs:
+                    self.finish(sub, m, runs, out_dir / "counters-A")
+                done[op] = sub
+        finally:
+            meta["server A exit"] = a.stop()
+        md = summary_markdown(done, out_dir, meta)
+        (out_dir / "each-op.md").write_text(md)
+        return md
 
 
 def _profile_round(servers: dict, w, prompts, out_dir: Path, steps: int, tp: int) -> None:

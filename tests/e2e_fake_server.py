@@ -42,6 +42,9 @@ def main(argv):
     incremental = os.environ.get("FAKE_INCREMENTAL") == "1"
     tok_s = float(os.environ.get("FAKE_TOKEN_S", "0.0005"))
     profile = {}
+    if ops in os.environ.get("FAKE_FAIL_OPS", "").split(","):  # a patched server that dies at start-up
+        print(f"fake server: failing on purpose with ops={ops}", flush=True)
+        sys.exit(1)
 
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -345,3 +345,36 @@ def test_e2e_server_profile_round_compares_the_arms(tmp_path):
     assert "Served decode steps, profiled (d" in md and "| period | 100.0 | 150.0 | +50.0 |" in md
     prof = json.loads((out / "server-profile.json").read_text())
     assert prof["B"]["idle_us"] == 90.0 and (out / "server-profile" / "A" / "fake-TP-0.trace.json.gz").is_file()
+
+
+def test_e2e_each_op_runs_one_ab_per_op_against_one_baseline(tmp_path):
+    """--each-op: arm A starts once, arm B once per op; each op's report in OUT/<op>/, one summary table and plot.
+    An op whose server dies is reported in the table and makes the command fail, after the others ran."""
+    from click.testing import CliRunner
+
+    from astra_sglang.e2e.cli import e2e_cmd
+
+    fake_py = tmp_path / "fakepython"
+    fake_py.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
+    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    out = tmp_path / "out"
+    os.environ["FAKE_FAIL_OPS"] = "rmsnorm"
+    try:
+        res = CliRunner().invoke(e2e_cmd, ["--model-path", str(model), "--python", str(fake_py), "--out", str(out),
+                                           "--port", str(_free_port()), "--rounds", "2", "--workload", "d:4:16:8:2",
+                                           "--startup-timeout", "20", "--bootstrap", "100", "--each-op",
+                                           "--ops", "silu_and_mul,rmsnorm,fused_add_rmsnorm"])
+    finally:
+        os.environ.pop("FAKE_FAIL_OPS")
+    assert res.exit_code != 0 and "--each-op: rmsnorm did not run to the end" in str(res.exception)
+    md = (out / "each-op.md").read_text()
+    assert "| silu_and_mul | d |" in md and "| fused_add_rmsnorm | d |" in md and "8/8 identical" in md
+    assert "| rmsnorm | — |" in md and "failed: arm B" in md
+    assert (out / "silu_and_mul" / "report.md").is_file() and (out / "each-op.png").is_file()
+    assert "--ops silu_and_mul " in (out / "silu_and_mul" / "report.md").read_text()
+    assert (out / "server-A.log").read_text().count("fake server on") == 1   # one baseline for every op
+    bad = CliRunner().invoke(e2e_cmd, ["--step", "--each-op", "--model-path", str(model), "--out", str(tmp_path / "s")])
+    assert bad.exit_code != 0 and "--each-op is for a server A/B" in str(bad.exception)
