@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -321,15 +322,31 @@ def _arm_b_text(ops: str, self_check: str, candidates: Dict[str, Path]) -> str:
             + "".join(f" --candidate {op}={p}" for op, p in candidates.items()))
 
 
+@dataclass
 class _ServedAB:
     """Servers A (unpatched) and B (--ops) on the same flags, driven in ABBA rounds; `each_op` keeps A up and
     restarts B with one op at a time."""
 
-    def __init__(self, model_path, load_format, port, max_total_tokens, mem_fraction, cuda_graph_max_bs, extra,
-                 python_exe, self_check, candidates, env, startup_timeout, wls, vocab_size, rounds, workloads,
-                 server_profile_wl, profile_steps, tp, n_boot):
-        self.__dict__.update(locals())
-        del self.__dict__["self"]
+    model_path: str
+    load_format: str
+    port: int
+    max_total_tokens: int
+    mem_fraction: float
+    cuda_graph_max_bs: int
+    extra: List[str]
+    python_exe: str
+    self_check: str
+    candidates: Dict[str, Path]
+    env: dict
+    startup_timeout: float
+    wls: list
+    vocab_size: int
+    rounds: int
+    workloads: tuple
+    server_profile_wl: Optional[str]
+    profile_steps: int
+    tp: int
+    n_boot: int
 
     def start(self, arm: str, ops: str, counters: Path, log: Path,
               candidates: Optional[Dict[str, Path]] = None) -> "Server":
