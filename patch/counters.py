@@ -113,9 +113,10 @@ class CounterFile:
 
     def record_shape(self, op: str, dims, dtype: str, captured: bool = False) -> None:
         """One launch of `op` on `dims` (the spec's dim order) and `dtype`."""
-        key = (op, tuple(int(d) for d in dims), str(dtype))
+        key = (op, dims if type(dims) is tuple else tuple(dims), dtype)   # hot path: ints from a shape already
         slot = self._shape_slot.get(key)
         if slot is None:
+            key = (op, tuple(int(d) for d in dims), str(dtype))
             with self._lock:
                 slot = self._shape_slot.get(key)
                 if slot is None:

@@ -79,9 +79,14 @@ class KernelBackend:
         import torch
 
         dev = views[next(iter(views))].device
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        if dev.index is not None and dev.index != torch.cuda.current_device():
-            with torch.cuda.device(dev):
+        cur = torch.cuda.current_device()
+        idx = cur if dev.index is None else dev.index
+        # the current stream's handle as an int: torch's own raw-stream getter (what inductor launches with) skips
+        # building a torch.cuda.Stream object on every eager call
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        stream = raw(idx) if raw is not None else torch.cuda.current_stream(idx).cuda_stream
+        if idx != cur:
+            with torch.cuda.device(idx):
                 rc = self.lib(views, dims, dtype, scalars, stream=stream)
         else:
             rc = self.lib(views, dims, dtype, scalars, stream=stream)

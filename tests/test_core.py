@@ -142,3 +142,24 @@ def test_every_distribution_makes_inputs_the_harness_accepts(op):
         for dist in spec.distributions:
             for seed in range(3):
                 make_case_inputs(spec, shape.dims, (spec.dtypes or ("fp32",))[0], dist, seed, "cpu")
+
+
+def test_kernel_lib_args_follow_the_abi_order():
+    """KernelLib.args walks the ABI through a plan made once (the patched eager call's hot path): pointers as
+    ints, dims by name, scalars, the dtype code, in the ABI's order; a missing scalar is one clear error."""
+    import torch
+
+    from astra_sglang.build.loader import KernelLib
+    from astra_sglang.spec import DTYPE_CODES
+
+    spec = get_op("rmsnorm")
+    lib = object.__new__(KernelLib)   # no library needed to build arguments
+    lib.spec, lib._plan = spec, None
+    t = {"out": torch.empty(3, 8), "input": torch.ones(3, 8), "weight": torch.ones(8)}
+    got = lib.args(t, (3, 8), "bf16", {"eps": 1e-6})
+    want = {"out": t["out"].data_ptr(), "input": t["input"].data_ptr(), "weight": t["weight"].data_ptr(),
+            "num_tokens": 3, "hidden": 8, "eps": 1e-6, "dtype": DTYPE_CODES["bf16"]}
+    assert got == [want[a.name] for a in spec.abi]
+    assert lib.args(t, (5, 8), "fp16", {"eps": 1e-5})[3:5] == [5, 8]   # the plan is reused, the values are not
+    with pytest.raises(AstraError, match="no value for ABI argument 'eps'"):
+        lib.args(t, (3, 8), "bf16", {})

@@ -26,24 +26,43 @@ class KernelLib:
             raise AstraError(f"{self.path.name} does not export {spec.symbol} (the op's ABI entry point)") from e
         self._fn.argtypes = spec.ctypes_argtypes()
         self._fn.restype = ctypes.c_int
+        self._plan: Optional[list] = None
 
     def args(self, tensors: Mapping[str, Any], dims: Sequence[int], dtype: str,
              scalars: Optional[Mapping[str, Any]] = None) -> list:
-        dimv = dict(zip(self.spec.dim_names, dims))
-        scalars = dict(scalars or {})
+        """The ABI's arguments in order (pointers as ints: argtypes makes them void*). On the hot path of every
+        patched eager call, so the ABI is walked through a plan made once."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._make_plan()
         out = []
+        for kind, key in plan:
+            if kind == 0:
+                out.append(tensors[key].data_ptr())
+            elif kind == 1:
+                out.append(int(dims[key]))
+            elif kind == 2:
+                if scalars is None or key not in scalars:
+                    raise AstraError(f"no value for ABI argument {key!r} of {self.spec.name}")
+                out.append(scalars[key])
+            else:
+                out.append(DTYPE_CODES[dtype])
+        return out
+
+    def _make_plan(self) -> list:
+        """(0, tensor name) | (1, dim index) | (2, scalar name) | (3, None: the dtype code), per ABI argument."""
+        dims = {n: i for i, n in enumerate(self.spec.dim_names)}
+        plan = []
         for a in self.spec.abi:
             if a.ctype == "ptr":
-                out.append(ctypes.c_void_p(tensors[a.name].data_ptr()))
+                plan.append((0, a.name))
             elif a.name == "dtype":
-                out.append(DTYPE_CODES[dtype])
-            elif a.name in dimv:
-                out.append(int(dimv[a.name]))
-            elif a.name in scalars:
-                out.append(scalars[a.name])
+                plan.append((3, None))
+            elif a.name in dims:
+                plan.append((1, dims[a.name]))
             else:
-                raise AstraError(f"no value for ABI argument {a.name!r} of {self.spec.name}")
-        return out
+                plan.append((2, a.name))
+        return plan
 
     def __call__(self, tensors: Mapping[str, Any], dims: Sequence[int], dtype: str,
                  scalars: Optional[Mapping[str, Any]] = None, stream: Optional[int] = None) -> int:
