@@ -6,7 +6,9 @@ they differ only in the patch. They run side by side on the GPU (KV pool capped 
 time, rounds in ABBA order. The idle one holds memory, not the GPU's time.
 
 Outputs in --out: results.json (every request: chunk times, output ids), summary.json,
-report.md (CIs and parity), ab.png, server-{A,B}.log, counters-B.json.
+report.md (CIs and parity), ab.png, server-{A,B}.log, counters-B.json; with --server-profile also
+server-profile.{md,json} and the traces under server-profile/{A,B}/; with --each-op one such folder per op
+(OUT/<op>/, arm A's log and counters once in OUT) and each-op.{md,png}.
 """
 from __future__ import annotations
 
