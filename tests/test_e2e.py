@@ -319,6 +319,17 @@ def test_decode_profile_splits_a_served_step_into_replay_other_and_idle():
     assert "nothing to compare" in compare_markdown(a, None, "c8")
 
 
+def _stand_in_launcher(tmp_path):
+    """A `python` that runs the stand-in server for `-m astra_sglang.cli patch --serve ...`, and a model dir."""
+    fake_py = tmp_path / "fakepython"
+    fake_py.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
+    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    return fake_py, model
+
+
 def test_e2e_server_profile_round_compares_the_arms(tmp_path):
     """--server-profile W: after W's measured rounds one more round per arm under the server's profiler; the report
     gains the comparison, and the profiled rounds are not among the measured ones."""
@@ -326,12 +337,7 @@ def test_e2e_server_profile_round_compares_the_arms(tmp_path):
 
     from astra_sglang.e2e.cli import e2e_cmd
 
-    fake_py = tmp_path / "fakepython"
-    fake_py.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
-    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    fake_py, model = _stand_in_launcher(tmp_path)
     out = tmp_path / "out"
     args = ["--model-path", str(model), "--python", str(fake_py), "--out", str(out), "--port", str(_free_port()),
             "--rounds", "1", "--workload", "d:4:16:8:2", "--startup-timeout", "30", "--bootstrap", "100"]
@@ -354,12 +360,7 @@ def test_e2e_each_op_runs_one_ab_per_op_against_one_baseline(tmp_path):
 
     from astra_sglang.e2e.cli import e2e_cmd
 
-    fake_py = tmp_path / "fakepython"
-    fake_py.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} \"$@\"\n")
-    fake_py.chmod(fake_py.stat().st_mode | stat.S_IEXEC)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    fake_py, model = _stand_in_launcher(tmp_path)
     out = tmp_path / "out"
     os.environ["FAKE_FAIL_OPS"] = "rmsnorm"
     try:
