@@ -137,7 +137,8 @@ def compare_markdown(a: Optional[DecodeProfile], b: Optional[DecodeProfile], wor
     assert a is not None and b is not None
     lines.append(f"Medians over {a.replays} (A) and {b.replays} (B) CUDA-graph replays. span: the replay on the GPU "
                  "(what `e2e --step` times); period: one replay's start to the next's; other: kernels outside the "
-                 "graph in between; idle: the GPU waiting for the host.\n")
+                 "graph in between; idle: the GPU waiting for the host. The profiler slows the host too: compare A "
+                 "with B here, not with the measured rounds' ITL.\n")
     lines.append("| µs per decode step | A | B | B − A |\n|---|---:|---:|---:|")
     for label, attr in (("period", "period_us"), ("span (graph replay)", "span_us"), ("other kernels", "other_us"),
                         ("GPU idle", "idle_us")):
