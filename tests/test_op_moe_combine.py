@@ -282,3 +282,18 @@ def test_shipped_kernel_compiles_for_sm90a(tmp_path):
                         "-Xcompiler", "-fPIC", "-o", str(lib), str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "astra_moe_combine(const void* input, void* output" in src.read_text()
+
+
+def test_precheck_declines_prefill_calls_off_the_raw_arguments():
+    """A combine of more than ROUTED_MAX_TOKENS tokens leaves before binding, whichever SGLang callable and argument
+    name carried it; smaller or other-shaped calls are prepare's to decide."""
+    import torch
+
+    mod = op_part("moe_combine", "adapter")
+    pre, n = mod.ADAPTER.precheck, mod.ROUTED_MAX_TOKENS
+    many = torch.randn(n + 1, 8, 16)
+    assert "tokens" in pre((many, None), {})
+    for name in ("x", "input", "input_tensor"):
+        assert "tokens" in pre((), {name: many})
+    assert pre((torch.randn(n, 8, 16), None), {}) is None and pre((torch.randn(n + 1, 16), None), {}) is None
+    assert pre((), {}) is None

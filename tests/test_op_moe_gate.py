@@ -235,3 +235,13 @@ def test_tensor_core_fragments_compute_the_product():
                             B[slot, g] = X[g, phys]
                 C += A @ B
     assert torch.allclose(C, W @ X.t(), rtol=1e-12, atol=1e-9)
+
+
+def test_precheck_declines_prefill_calls_off_the_raw_arguments():
+    """ReplicatedLinear.forward(self, x) with a prefill-sized x leaves before binding (every eager prefill of every
+    ReplicatedLinear passes here); anything else is expand's to decide."""
+    pre = ADAPTER_MOD.ADAPTER.precheck
+    many = torch.randn(ADAPTER_MOD.MAX_TOKENS + 1, 64)
+    assert "tokens" in pre((None, many), {}) and "tokens" in pre((None,), {"x": many})
+    assert pre((None, torch.randn(ADAPTER_MOD.MAX_TOKENS, 64)), {}) is None
+    assert pre((None, "not a tensor"), {}) is None and pre((None,), {}) is None

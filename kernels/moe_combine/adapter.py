@@ -37,6 +37,15 @@ def _combine_normalize(c):
 # sum, and patching that route made the Qwen3-30B-A3B decode step faster at batch 1, 8 and 32 (H200,
 # 2026-11-24 and 2026-11-26, RESULTS.md).
 ROUTED_MAX_TOKENS = 32
+_MANY_TOKENS = f"more than {ROUTED_MAX_TOKENS} tokens: SGLang's own route is faster in context"
+
+
+def _precheck(args, kwargs):
+    """A prefill-sized call (x [tokens, topk, hidden]), declined off the raw arguments before binding: every MoE
+    layer's eager prefill passes here. None: binding and prepare decide."""
+    x = args[0] if args else next((kwargs[n] for n in ("x", "input", "input_tensor") if n in kwargs), None)
+    shape = getattr(x, "shape", None)
+    return _MANY_TOKENS if shape is not None and len(shape) == 3 and shape[0] > ROUTED_MAX_TOKENS else None
 
 # On in `--ops all` (for the routed calls above); DEFAULT_OFF = "reason" would take it out again.
 DEFAULT_OFF = ""
@@ -54,5 +63,6 @@ ADAPTER = OpAdapter(
     },
     normalize=_combine_normalize,
     returns=lambda c: None,
+    precheck=_precheck,
     max_tokens=ROUTED_MAX_TOKENS,
 )
