@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .stats import _pct
+
 # (metric, request-level?): throughput has only the per-round paired interval; the latency metrics are read at the
 # request level (every request's, or every token's, value pooled), which resolves smaller effects
 COLUMNS: Tuple[Tuple[str, str, bool], ...] = (
@@ -20,10 +22,6 @@ COLUMNS: Tuple[Tuple[str, str, bool], ...] = (
     ("itl_p10", "ITL p10 (tokens)", True),
     ("ttft_mean", "TTFT mean (requests)", True),
 )
-
-
-def _pct(x: float) -> str:
-    return "—" if x is None or math.isnan(x) else f"{100 * x:+.2f}%"
 
 
 def _cell(c: Optional[dict], request_level: bool) -> str:

@@ -69,11 +69,16 @@ class KernelBackend:
     devices: FrozenSet[str] = frozenset({"cuda"})
 
     def __init__(self, spec, lib_path, source: str = ""):
+        import torch
+
         from astra_sglang.build.loader import KernelLib
 
         self.lib = KernelLib(lib_path, spec)
         self.name = f"kernel {source or lib_path}"
         self.dtypes = frozenset(spec.dtypes)
+        # the current stream's handle as an int: torch's own raw-stream getter (what inductor launches with) skips
+        # building a torch.cuda.Stream object on every eager call; looked up once, not per launch
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
     def launch(self, views: Dict[str, Any], dims: Tuple[int, ...], dtype: str, scalars: Dict[str, Any]) -> None:
         import torch
@@ -81,9 +86,7 @@ class KernelBackend:
         dev = views[next(iter(views))].device
         cur = torch.cuda.current_device()
         idx = cur if dev.index is None else dev.index
-        # the current stream's handle as an int: torch's own raw-stream getter (what inductor launches with) skips
-        # building a torch.cuda.Stream object on every eager call
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        raw = self._raw_stream
         stream = raw(idx) if raw is not None else torch.cuda.current_stream(idx).cuda_stream
         if idx != cur:
             with torch.cuda.device(idx):

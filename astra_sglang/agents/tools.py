@@ -116,8 +116,9 @@ def add_tests(ctx: RunContextWrapper[RoundContext], shapes: List[str], distribut
         except ValueError:
             notes.append(f"rejected {s!r}: not a shape like {shape_key(run.cfg.bench_shapes[0])}")
             continue
-        if spec.dims_problem(dims):
-            notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}: {spec.dims_problem(dims)}")
+        problem = spec.dims_problem(dims)
+        if problem:
+            notes.append(f"rejected {s!r}: a shape is {' x '.join(spec.dim_names)}: {problem}")
         elif dims in mandatory or dims in new_shapes:
             notes.append(f"skipped {shape_key(dims)}: already in the suite")
         elif numel(dims) > ex.max_test_elems():
@@ -241,8 +242,9 @@ def bench(ctx: RunContextWrapper[RoundContext], shapes: List[str]) -> str:
     subject = _subject(c)
     dims = [parse_shape(s) for s in (shapes or [])][:MAX_BENCH_SHAPES] or list(run.cfg.bench_shapes)
     for d in dims:
-        if run.spec.dims_problem(d):
-            return f"error: shape {shape_key(d)} is not {' x '.join(run.spec.dim_names)}: {run.spec.dims_problem(d)}"
+        problem = run.spec.dims_problem(d)
+        if problem:
+            return f"error: shape {shape_key(d)} is not {' x '.join(run.spec.dim_names)}: {problem}"
     res = run.executor.bench(subject, dims, run.cfg.bench_dtypes)
     if not res.ok:
         return f"bench failed: {res.reason}"

@@ -123,18 +123,22 @@ def _expand(a: Dict[str, Any]):
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
 
 
-_MANY_TOKENS = f"more than {MAX_TOKENS} tokens: SGLang's cuBLAS GEMM"
+def token_precheck(x_position: int, max_tokens: int):
+    """A precheck for a method taking x [..., features] at `x_position` (or as keyword x): a call of more than
+    max_tokens rows is declined off the raw arguments, before binding (every eager prefill call of every such
+    layer passes here); None leaves the call to expand. linear's apply(self, layer, x) and moe_gate's
+    ReplicatedLinear.forward(self, x) share it."""
+    reason = f"more than {max_tokens} tokens: SGLang's cuBLAS GEMM"
 
+    def precheck(args, kwargs) -> Optional[str]:
+        x = args[x_position] if len(args) > x_position else kwargs.get("x")
+        shape = getattr(x, "shape", None)
+        if not shape:
+            return None
+        k = shape[-1]
+        return reason if k and x.numel() // k > max_tokens else None
 
-def _precheck(args, kwargs) -> Optional[str]:
-    """apply(self, layer, x, bias=None) called with a prefill-sized x: declined off the raw arguments, before
-    binding (every eager prefill call of every linear layer passes here). None: expand decides."""
-    x = args[2] if len(args) > 2 else kwargs.get("x")
-    shape = getattr(x, "shape", None)
-    if not shape:
-        return None
-    k = shape[-1]
-    return _MANY_TOKENS if k and x.numel() // k > MAX_TOKENS else None
+    return precheck
 
 
 def normalize_linear(c):
@@ -170,7 +174,7 @@ ADAPTER = OpAdapter(
     returns=lambda c: c["out"],
     expand=_expand,
     sequence=sequence_linear,
-    precheck=_precheck,
+    precheck=token_precheck(2, MAX_TOKENS),  # apply(self, layer, x, bias=None)
     max_tokens=MAX_TOKENS,
     keeps=_kept,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy

@@ -12,9 +12,9 @@ Every other ReplicatedLinear call (wide projections, quantized or biased layers,
 before any work. The output is allocated as F.linear would ([..., experts], x's dtype)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
-from astra_sglang.kernels.linear.adapter import apply_path_problem, normalize_linear, sequence_linear
+from astra_sglang.kernels.linear.adapter import apply_path_problem, normalize_linear, sequence_linear, token_precheck
 from astra_sglang.kernels.moe_gate.spec import MAX_HIDDEN
 from astra_sglang.patch.adapters import OpAdapter
 
@@ -22,20 +22,6 @@ MAX_EXPERTS = 512    # a router's width (Qwen3-Next: 512); wider linears (MLA's 
 # Decode sizes: the kernel's tensor-core path ends at 64 tokens (in context 1.25-2.9x cuBLAS there, H200, RESULTS.md).
 MAX_TOKENS = 64
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
-
-
-_MANY_TOKENS = f"more than {MAX_TOKENS} tokens: SGLang's cuBLAS GEMM"
-
-
-def _precheck(args, kwargs) -> Optional[str]:
-    """ReplicatedLinear.forward(self, x) called with a prefill-sized x: declined off the raw arguments, before binding
-    (every eager prefill call of every ReplicatedLinear passes here). None: expand decides."""
-    x = args[1] if len(args) > 1 else kwargs.get("x")
-    shape = getattr(x, "shape", None)
-    if not shape:
-        return None
-    k = shape[-1]
-    return _MANY_TOKENS if k and x.numel() // k > MAX_TOKENS else None
 
 
 def _expand(a: Dict[str, Any]):
@@ -76,7 +62,7 @@ ADAPTER = OpAdapter(
     returns=lambda c: (c["out"], None),
     expand=_expand,
     sequence=sequence_linear,
-    precheck=_precheck,
+    precheck=token_precheck(1, MAX_TOKENS),  # ReplicatedLinear.forward(self, x)
     max_tokens=MAX_TOKENS,
     # bench's installed baseline: F.linear returns a new tensor that `sequence` copies into the ABI's out; the copy
     # is the binding's, timed alone and taken out of SGLang's time
