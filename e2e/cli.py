@@ -3,7 +3,10 @@
 Both servers are started through `astra-sglang patch --serve` (`--ops none` for the baseline), so
 they differ only in the patch. They run side by side on the GPU (KV pool capped by
 --max-total-tokens, so both get the same pool whichever started first) and are driven one at a
-time, rounds in ABBA order. The idle one holds memory, not the GPU's time.
+time, rounds in ABBA order. The idle one holds memory, not the GPU's time, and (--sleep-on-idle) not a
+CPU core either: SGLang's idle scheduler otherwise spins a core at 100%, and on a VM whose vCPUs share
+physical cores that spin slowed whichever arm was measured by up to 25%, differently per server start
+(results/2026-11-27-h200 §6).
 
 Outputs in --out: results.json (every request: chunk times, output ids), summary.json,
 report.md (CIs and parity), ab.png, server-{A,B}.log, counters-B.json; with --server-profile also
@@ -42,7 +45,8 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
             "--disable-radix-cache",                  # every round prefills for real
             "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
             "--cuda-graph-max-bs", str(cuda_graph_max_bs),
-            "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--sleep-on-idle"]                        # the idle arm must not spin a core beside the measured one
     return args + list(extra)
 
 
@@ -158,8 +162,8 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--batch-size", "batch_sizes", default="1,8,32,64", show_default=True, help="--step: batch sizes.")
 @click.option("--input-len", default=256, show_default=True, help="--step: prompt tokens per request.")
 @click.option("--output-len", default=64, show_default=True, help="--step: tokens per request (decode steps + 1).")
-@click.option("--aa", is_flag=True, help="--step: both arms unpatched (A/A calibration: the CI width it shows is "
-              "what the method resolves).")
+@click.option("--aa", is_flag=True, help="Both arms unpatched (A/A control: the Δ and CI it shows are what the "
+              "method resolves; a server A/A with a significant Δ means the arms are not measured alike).")
 @click.option("--calibrate", is_flag=True, help="--step: a third, unpatched arm A2 beside A and B (A/A and A/B in one run).")
 @click.option("--no-profile", is_flag=True, help="--step: skip the profile (and so the predicted Δ).")
 @click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture; "
@@ -209,6 +213,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--server-profile is for a server A/B (--step profiles its own captures)")
     if each_op and step:
         raise AstraError("--each-op is for a server A/B (a step A/B of one op: --base-ops all --ops all,OP)")
+    if each_op and aa:
+        raise AstraError("--each-op with --aa: an A/A has no ops to go through (run --aa alone)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     from astra_sglang.patch import patchable_ops
@@ -248,8 +254,9 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                 from .step import load_floors
 
                 load_floors(aa_floor)
-        elif ops.strip() == "none":
-            raise AstraError("--ops none would compare the baseline with itself; name the ops to patch")
+        elif ops.strip() == "none" and not aa:
+            raise AstraError("--ops none would compare the baseline with itself; name the ops to patch "
+                             "(or --aa for that on purpose)")
         model_path = str(resolve_model_path(model_path))
         if not step:
             cfg_path = Path(model_path) / "config.json"
@@ -316,10 +323,12 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             raise AstraError(f"--each-op: {', '.join(failed)} did not run to the end (OUT/<op>/error.txt); "
                              f"the others are in {out_dir / 'each-op.md'}")
         return
-    click.echo(run.one(ops, out_dir, meta))
+    click.echo(run.one("none" if aa else ops, out_dir, meta))
 
 
 def _arm_b_text(ops: str, self_check: str, candidates: Dict[str, Path]) -> str:
+    if ops == "none":
+        return "astra-sglang patch --serve --ops none (A/A control: a second unpatched server)"
     return (f"astra-sglang patch --serve --ops {ops} --self-check {self_check}"
             + "".join(f" --candidate {op}={p}" for op, p in candidates.items()))
 

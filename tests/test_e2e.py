@@ -379,3 +379,30 @@ def test_e2e_each_op_runs_one_ab_per_op_against_one_baseline(tmp_path):
     assert (out / "server-A.log").read_text().count("fake server on") == 1   # one baseline for every op
     bad = CliRunner().invoke(e2e_cmd, ["--step", "--each-op", "--model-path", str(model), "--out", str(tmp_path / "s")])
     assert bad.exit_code != 0 and "--each-op is for a server A/B" in str(bad.exception)
+
+
+def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp_path):
+    """--aa on a server A/B: arm B is a second unpatched server (the null A/B). Both arms' flags carry
+    --sleep-on-idle: SGLang's idle scheduler otherwise spins a core beside the arm being measured."""
+    from click.testing import CliRunner
+
+    from astra_sglang.e2e.cli import e2e_cmd
+
+    fake_py, model = _stand_in_launcher(tmp_path)
+    out = tmp_path / "out"
+    args = ["--model-path", str(model), "--python", str(fake_py), "--out", str(out), "--port", str(_free_port()),
+            "--rounds", "1", "--workload", "d:4:16:8:2", "--startup-timeout", "30", "--bootstrap", "100"]
+    os.environ["FAKE_DIVERGE"] = "1"   # the stand-in diverges only when patched: an A/A must stay identical
+    try:
+        res = CliRunner().invoke(e2e_cmd, args + ["--aa"])
+    finally:
+        os.environ.pop("FAKE_DIVERGE")
+    assert res.exit_code == 0, res.output + str(res.exception)
+    md = (out / "report.md").read_text()
+    assert "A/A control: a second unpatched server" in md and "4/4 identical" in md
+    assert "--sleep-on-idle" in md
+    assert all("ops=none" in (out / f"server-{arm}.log").read_text() for arm in "AB")
+    bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "none"])
+    assert bad.exit_code != 0 and "or --aa for that on purpose" in str(bad.exception)
+    bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--each-op"])
+    assert bad.exit_code != 0 and "--each-op with --aa" in str(bad.exception)
