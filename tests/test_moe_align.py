@@ -381,6 +381,15 @@ def test_layer_and_adapter_modules_import_without_sglang():
     assert ad.ADAPTER.op == "moe_align" and not ad.DEFAULT_OFF  # on: measured in the step A/B (RESULTS.md)
 
 
+def test_adapter_leaves_more_than_1024_ids_to_sglang():
+    """Measured: 1.17-1.89x up to 1024 ids, 0.82x at 2048 (Qwen3-30B-A3B 256 tokens, H200 2026-11-27)."""
+    ad = op_part("moe_align", "adapter").ADAPTER
+    assert ad.kept_by_sglang((128, 8, 129, 16, 2960)) is None
+    assert ad.kept_by_sglang((256, 4, 33, 16, 1536)) is None          # top-4 at 256 tokens: 1024 ids
+    assert "2048 ids > 1024" in ad.kept_by_sglang((256, 8, 129, 32, 6048))
+    assert ad.kept_by_sglang((8192, 8, 129, 128, 82048)) is not None  # prefill
+
+
 def test_patch_self_check_skips_scratch_the_reference_does_not_define():
     """The patched moe_align died in its first self-check inside a Qwen3-30B-A3B step on the H200 (KeyError
     'cumsum_buffer', 2026-11-24): the self-check compares the reference's outputs only, scratch aside; a wrong

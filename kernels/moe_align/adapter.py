@@ -43,6 +43,19 @@ def _align_normalize(c):
 # DEFAULT_OFF = "reason" takes it out again.
 DEFAULT_OFF = ""
 
+# The one-block kernel measured 1.17-1.89x SGLang's pair chained up to 1024 ids (Qwen3-30B-A3B 1-128 tokens,
+# top-8) and 0.82x at 2048 (256 tokens, block 32: 6.85 against 5.59 us; H200 2026-11-27,
+# results/2026-11-27-h200/served-noise/moe_align). Above 1024 ids (decode past 128 tokens at top-8, every
+# prefill) nothing of it is measured faster, so SGLang's kernel keeps those calls.
+MAX_IDS = 1024
+
+
+def _keeps(dims):
+    ids = dims[0] * dims[1]
+    if ids > MAX_IDS:
+        return f"{ids} ids > {MAX_IDS}: SGLang's kernel (astra's one-block kernel measured 0.82x at 2048 ids)"
+    return None
+
 ADAPTER = OpAdapter(
     op="moe_align",
     data="topk_ids",
@@ -50,4 +63,5 @@ ADAPTER = OpAdapter(
     aliases={"experts_ids": "expert_ids"},  # sgl_kernel's spelling
     normalize=_align_normalize,
     returns=lambda c: None,
+    keeps=_keeps,
 )
