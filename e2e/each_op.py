@@ -1,7 +1,9 @@
 """`e2e --each-op`: one server A/B per op, each op alone in arm B, summed up in one table and one plot.
 
-Why: `--ops all` can lose in a server although every op's kernel wins alone (DeepSeek-shaped model, H200,
-2026-11-27: -19% output throughput at concurrency 8; moe_grouped_router alone gained). This says which op does it.
+Why: to say which op helps or hurts a server. Built for a DeepSeek-shaped server that seemed 19% slower with `--ops
+all` (H200, 2026-11-27). Its first run showed every arm-B server offset from the one arm A: one op -21% TPOT, another
++13%. The offset came from SGLang's idle scheduler spinning beside the measured arm. Both arms now sleep when idle
+(cli.py); run `e2e --aa` on the setup first.
 Each op's own run lies in OUT/<op>/ (report.md, summary.json, results.json, server-B.log; error.txt if its server
 failed); arm A is one unpatched server for all of them, so every op is compared with the same baseline.
 """
