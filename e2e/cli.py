@@ -122,7 +122,8 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     from .stats import Run, plot, report_markdown, summarize
 
     data = json.loads(Path(results_path).read_text())
-    runs = [Run.from_dict(r) for r in data["runs"]]
+    all_runs = [Run.from_dict(r) for r in data["runs"]]
+    runs = [r for r in all_runs if r.arm != "A2"]   # A2: --calibrate's second unpatched server
     summary = summarize(runs, n_boot=n_boot)
     meta = {**data.get("meta", {}), **(meta or {})}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -130,6 +131,16 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     md = report_markdown(summary, meta)
     if png:
         md += f"\n![A/B per run]({Path(png).name})\n"
+    if any(r.arm == "A2" for r in all_runs):
+        from .stats import aa_runs
+
+        aa = summarize(aa_runs(all_runs), n_boot=n_boot)
+        (out / "summary-aa.json").write_text(json.dumps(aa, indent=1))
+        plot(aa, str(out / "aa.png"))
+        md += ("\n## A/A control: A against A2, a second unpatched server in the same rounds\n\n"
+               "Read as an A/B (B = A2). An offset between two servers that stays the same every round shows here "
+               "and in no interval above: an A/B Δ no larger than this A/A's is not established.\n\n"
+               + report_markdown(aa, None).replace("B = patched", "B = A2, unpatched"))
     prof = Path(results_path).parent / "server-profile.md"
     if prof.is_file():   # --server-profile's comparison
         md += "\n" + prof.read_text()
@@ -145,7 +156,7 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               help="decode, prefill, or name:prompts:in:out:concurrency (repeatable).")
 @click.option("--rounds", default=5, show_default=True, help="Measured A/B rounds per workload (plus one warm-up).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("e2e-out"), show_default=True)
-@click.option("--port", default=30100, show_default=True, help="Arm A's port; arm B gets PORT+1.")
+@click.option("--port", default=30100, show_default=True, help="Arm A's port; arm B gets PORT+1 (--calibrate's A2: PORT+2).")
 @click.option("--max-total-tokens", default=65536, show_default=True, help="KV pool size of each server.")
 @click.option("--mem-fraction-static", "mem_fraction", default=0.85, show_default=True)
 @click.option("--cuda-graph-max-bs", default=64, show_default=True)
@@ -164,7 +175,8 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--output-len", default=64, show_default=True, help="--step: tokens per request (decode steps + 1).")
 @click.option("--aa", is_flag=True, help="Both arms unpatched (A/A control: the Δ and CI it shows are what the "
               "method resolves; a server A/A with a significant Δ means the arms are not measured alike).")
-@click.option("--calibrate", is_flag=True, help="--step: a third, unpatched arm A2 beside A and B (A/A and A/B in one run).")
+@click.option("--calibrate", is_flag=True, help="A third, unpatched arm A2 beside A and B (A/A and A/B in one run; a "
+              "server A/B then starts three servers and reports the A/A control under the A/B).")
 @click.option("--no-profile", is_flag=True, help="--step: skip the profile (and so the predicted Δ).")
 @click.option("--profile-steps", default=20, show_default=True, help="--step: decode steps per profile capture; "
               "--server-profile: scheduler steps profiled per arm (prefills count).")
@@ -213,8 +225,10 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--server-profile is for a server A/B (--step profiles its own captures)")
     if each_op and step:
         raise AstraError("--each-op is for a server A/B (a step A/B of one op: --base-ops all --ops all,OP)")
-    if each_op and aa:
-        raise AstraError("--each-op with --aa: an A/A has no ops to go through (run --aa alone)")
+    if each_op and (aa or calibrate):
+        raise AstraError("--each-op with --aa or --calibrate: run the A/A on its own (--aa) before the ops")
+    if aa and calibrate:
+        raise AstraError("--aa and --calibrate: --calibrate already runs an A/A beside the A/B")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     from astra_sglang.patch import patchable_ops
@@ -274,7 +288,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             if cfg_path.is_file():   # both arms' servers run at once, on the same GPUs
                 from . import step_memory as sm
 
-                sm.check_servers_fit(json.loads(cfg_path.read_text()), 2, tp, max_total_tokens, sm.gpu_memory_bytes())
+                sm.check_servers_fit(json.loads(cfg_path.read_text()), 3 if calibrate else 2, tp, max_total_tokens,
+                                     sm.gpu_memory_bytes())
     if not analyze_path and not stand_in and python_exe == sys.executable:  # SGLang runs in this Python: what it lacks, first
         from astra_sglang.preconditions import require
         require("sglang", "gpu", "cuda_torch")
@@ -323,7 +338,9 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             raise AstraError(f"--each-op: {', '.join(failed)} did not run to the end (OUT/<op>/error.txt); "
                              f"the others are in {out_dir / 'each-op.md'}")
         return
-    click.echo(run.one("none" if aa else ops, out_dir, meta))
+    if calibrate:
+        meta["arm A2"] = "astra-sglang patch --serve --ops none (A/A control: a second unpatched server)"
+    click.echo(run.one("none" if aa else ops, out_dir, meta, calibrate))
 
 
 def _arm_b_text(ops: str, self_check: str, candidates: Dict[str, Path]) -> str:
@@ -361,7 +378,7 @@ class _ServedAB:
 
     def start(self, arm: str, ops: str, counters: Path, log: Path,
               candidates: Optional[Dict[str, Path]] = None) -> "Server":
-        p = self.port + (arm != "A")
+        p = self.port + {"A": 0, "B": 1, "A2": 2}[arm]
         args = server_args(self.model_path, self.load_format, p, self.max_total_tokens, self.mem_fraction,
                            self.cuda_graph_max_bs, self.extra)
         cmd = launcher_cmd(self.python_exe, ops, fresh_counter_dir(counters), args, self.self_check, candidates)
@@ -380,13 +397,13 @@ class _ServedAB:
 
     def rounds_of(self, servers: dict, out_dir: Path, meta: dict) -> list:
         from .client import make_prompts, run_workload
-        from .stats import ab_schedule
+        from .stats import ab_schedule, calibrated_schedule
 
         runs: list = []
         for w in self.wls:
             prompts = make_prompts(w, self.vocab_size)
             _say(w.describe())
-            for rnd, arm in ab_schedule(self.rounds):
+            for rnd, arm in (calibrated_schedule(self.rounds) if "A2" in servers else ab_schedule(self.rounds)):
                 s = servers[arm]
                 if not s.alive():
                     raise AstraError(f"arm {arm} died during the run\n{s.tail()}")
@@ -399,7 +416,7 @@ class _ServedAB:
                      + (f", {len(bad)} failed: {bad[0].error}" if bad else ""))
                 _dump(out_dir, meta, self.workloads, runs)
             if w.name == self.server_profile_wl:
-                _profile_round(servers, w, prompts, out_dir, self.profile_steps, self.tp)
+                _profile_round({k: servers[k] for k in ("A", "B")}, w, prompts, out_dir, self.profile_steps, self.tp)
         return runs
 
     def finish(self, out_dir: Path, meta: dict, runs: list, counters_a: Path) -> str:
@@ -416,12 +433,12 @@ class _ServedAB:
         _dump(out_dir, meta, self.workloads, runs)
         return analyze(out_dir / "results.json", out_dir, n_boot=self.n_boot)
 
-    def one(self, ops: str, out_dir: Path, meta: dict) -> str:
+    def one(self, ops: str, out_dir: Path, meta: dict, calibrate: bool = False) -> str:
         meta["arm B"] = _arm_b_text(ops, self.self_check, self.candidates)
         servers: Dict[str, Server] = {}
         runs: list = []
         try:
-            for arm, o in (("A", "none"), ("B", ops)):
+            for arm, o in (("A", "none"), ("B", ops)) + ((("A2", "none"),) if calibrate else ()):
                 servers[arm] = self.start(arm, o, out_dir / f"counters-{arm}", out_dir / f"server-{arm}.log",
                                           self.candidates if arm == "B" else None)
             for s in servers.values():

@@ -12,7 +12,7 @@ Terms
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,6 +37,23 @@ def ab_schedule(rounds: int, warmup: int = 1, first: str = "A") -> List[Tuple[in
     for r in range(rounds):
         order += [(r, a), (r, b)] if r % 2 == 0 else [(r, b), (r, a)]
     return order
+
+
+def calibrated_schedule(rounds: int, warmup: int = 1) -> List[Tuple[int, str]]:
+    """(round, arm) for arms A, B and A2 (a second unpatched server, the A/A control): round r runs them rotated by
+    r, so over every three rounds each arm takes each position once."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    arms = ("A", "B", "A2")
+    order = [(-1, x) for _ in range(warmup) for x in arms]
+    for r in range(rounds):
+        order += [(r, arms[(i + r) % 3]) for i in range(3)]
+    return order
+
+
+def aa_runs(runs: Sequence["Run"]) -> List["Run"]:
+    """A against A2 as an A/B of their own (A2 relabelled B), for the A/A control of a calibrated run."""
+    return [r if r.arm == "A" else replace(r, arm="B") for r in runs if r.arm in ("A", "A2")]
 
 
 # --------------------------------------------------------------------------- records

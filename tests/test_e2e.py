@@ -417,3 +417,43 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
     assert bad.exit_code != 0 and "or --aa for that on purpose" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--each-op"])
     assert bad.exit_code != 0 and "--each-op with --aa" in str(bad.exception)
+
+
+def test_calibrated_schedule_rotates_three_arms():
+    order = st.calibrated_schedule(3)
+    assert order[:3] == [(-1, "A"), (-1, "B"), (-1, "A2")]
+    rounds = [[a for r, a in order if r == k] for k in range(3)]
+    assert rounds == [["A", "B", "A2"], ["B", "A2", "A"], ["A2", "A", "B"]]   # each arm once in each position
+    runs = [st.Run("w", a, r, []) for r, a in order]
+    aa = st.aa_runs(runs)
+    assert sorted({r.arm for r in aa}) == ["A", "B"] and len(aa) == 8   # A2 read as B; B itself left out
+
+
+def test_e2e_server_calibrate_reports_the_aa_control_under_the_ab(tmp_path):
+    """--calibrate on a server A/B: a third server A2, unpatched, runs in the same rounds; report.md gains the A/A
+    (A against A2) under the A/B, and the A/B itself never sees A2's runs."""
+    from click.testing import CliRunner
+
+    from astra_sglang.e2e.cli import e2e_cmd
+
+    fake_py, model = _stand_in_launcher(tmp_path)
+    out = tmp_path / "out"
+    args = ["--model-path", str(model), "--python", str(fake_py), "--out", str(out), "--port", str(_free_port()),
+            "--rounds", "2", "--workload", "d:4:16:8:2", "--startup-timeout", "30", "--bootstrap", "100",
+            "--ops", "rmsnorm"]
+    os.environ["FAKE_DIVERGE"] = "2"
+    try:
+        res = CliRunner().invoke(e2e_cmd, args + ["--calibrate"])
+    finally:
+        os.environ.pop("FAKE_DIVERGE")
+    assert res.exit_code == 0, res.output + str(res.exception)
+    data = json.loads((out / "results.json").read_text())
+    assert sorted({r["arm"] for r in data["runs"]}) == ["A", "A2", "B"] and len(data["runs"]) == 9
+    md = (out / "report.md").read_text()
+    ab, aa = md.split("## A/A control")
+    assert "A vs B (same round): 0/8 identical" in ab          # the patched stand-in diverges
+    assert "A vs B (same round): 8/8 identical" in aa and "B = A2, unpatched" in aa
+    assert "arm A2 | astra-sglang patch --serve --ops none" in ab
+    assert (out / "summary-aa.json").is_file() and "ops=none" in (out / "server-A2.log").read_text()
+    bad = CliRunner().invoke(e2e_cmd, args + ["--calibrate", "--aa"])
+    assert bad.exit_code != 0 and "--calibrate already runs an A/A" in str(bad.exception)
