@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -457,3 +458,16 @@ def test_e2e_server_calibrate_reports_the_aa_control_under_the_ab(tmp_path):
     assert (out / "summary-aa.json").is_file() and "ops=none" in (out / "server-A2.log").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--calibrate", "--aa"])
     assert bad.exit_code != 0 and "--calibrate already runs an A/A" in str(bad.exception)
+
+
+def test_sleep_on_idle_is_a_server_flag_of_every_pinned_sglang(sglang_pkg):
+    """Both arms of a server A/B pass --sleep-on-idle: each SGLang the adapters bind must define it, a ServerArgs
+    field `sleep_on_idle` whose flag is its name with dashes (0.5.17: server_args.py; 0.5.23: arg_groups/)."""
+    from astra_sglang.e2e.cli import server_args
+
+    srt = sglang_pkg / "sglang" / "srt"
+    files = [srt / "server_args.py", *sorted((srt / "arg_groups").rglob("*.py"))]
+    src = "\n".join(f.read_text() for f in files if f.is_file())
+    assert re.search(r"^\s+sleep_on_idle\s*:\s*A\[bool", src, re.M), "ServerArgs has no sleep_on_idle"
+    assert 'replace("_", "-")' in src
+    assert "--sleep-on-idle" in server_args("m", "dummy", 1, 8, 0.5, 8, [])
