@@ -73,6 +73,10 @@ class OpAdapter:
     # only read for its row count): param -> fn(canonical dict), set on every call of the original (the
     # self-check's row sample, the harness's installed baseline, compiled graphs' self-check).
     bare_args: Mapping[str, Callable[[Dict[str, Any]], Any]] = field(default_factory=dict)
+    # ABI dims that follow from the token count (a buffer sized from it: moe_align's max_num_tokens_padded). The
+    # self-check's shape class leaves them out; with them every prefill length was a class of its own, and each
+    # new one a self-check of ~10 ms on the request's path (H200 server profile, 2026-11-27).
+    token_derived: Tuple[str, ...] = ()
     # Calls with more tokens (dims[0]) than this stay with SGLang's original by design: the kernel was
     # measured slower than that route in context. validate reports such shapes n/a. None: no limit.
     max_tokens: Optional[int] = None

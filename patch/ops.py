@@ -186,6 +186,8 @@ class OpState:
         # torch dtype -> ABI dtype name, for the dtypes both the spec and the backend take
         self._dtypes = {getattr(torch, t): n for t, n in TORCH_DTYPES.items()
                         if n in spec.dtypes and n in backend.dtypes}
+        # the dims after the token count that name a self-check class (adapter.token_derived left out)
+        self._class_dims = tuple(i for i, n in enumerate(spec.dim_names) if i and n not in adapter.token_derived)
         _ensure_custom_op(self)
 
     @property
@@ -269,8 +271,9 @@ class OpState:
         self.execute(views, dims, dt, orig)
 
     def shape_class(self, dims: Tuple[int, ...], dt: str) -> Tuple[Any, ...]:
+        """What one self-check vouches for: the dtype, the token count's power-of-two bucket, the other dims."""
         t = dims[0]
-        return (dt, 1 << max(0, (t - 1).bit_length())) + tuple(dims[1:])
+        return (dt, 1 << max(0, (t - 1).bit_length())) + tuple(dims[i] for i in self._class_dims)
 
     def execute(self, views: Dict[str, Any], dims: Tuple[int, ...], dt: str,
                 original: Optional[Callable[[Dict[str, Any]], Any]]) -> None:

@@ -390,6 +390,24 @@ def test_adapter_leaves_more_than_1024_ids_to_sglang():
     assert ad.kept_by_sglang((8192, 8, 129, 128, 82048)) is not None  # prefill
 
 
+def test_self_check_class_ignores_the_buffer_length_the_token_count_sets(tmp_path):
+    """max_num_tokens_padded follows from the token count: with it in the shape class every prefill length was a
+    class of its own, and each new one a ~10 ms self-check on the request's path (H200 server, 2026-11-27)."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState, TorchBackend
+
+    for op in ("moe_align", "moe_route_align"):
+        ad = op_part(op, "adapter").ADAPTER
+        assert "max_num_tokens_padded" in ad.token_derived
+        st = OpState(get_op(op), ad, TorchBackend("cpu", lambda v, d, s: None, dtypes=("int32", "fp32", "bf16")),
+                     CounterFile(tmp_path / op, [op]))
+        a, b = (300, 8, 129, 64, 300 * 8 + 129 * 63), (500, 8, 129, 64, 500 * 8 + 129 * 63)
+        if op == "moe_route_align":
+            a, b = (300, 128, 8, 64, a[4]), (500, 128, 8, 64, b[4])
+        assert st.shape_class(a, "int32") == st.shape_class(b, "int32")          # one 512-token bucket
+        assert st.shape_class(a, "int32") != st.shape_class(a[:3] + (16,) + a[4:], "int32")  # block_m counts
+
+
 def test_patch_self_check_skips_scratch_the_reference_does_not_define():
     """The patched moe_align died in its first self-check inside a Qwen3-30B-A3B step on the H200 (KeyError
     'cumsum_buffer', 2026-11-24): the self-check compares the reference's outputs only, scratch aside; a wrong

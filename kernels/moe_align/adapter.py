@@ -64,4 +64,5 @@ ADAPTER = OpAdapter(
     normalize=_align_normalize,
     returns=lambda c: None,
     keeps=_keeps,
+    token_derived=("max_num_tokens_padded",),
 )

@@ -199,4 +199,5 @@ ADAPTER = OpAdapter(
     returns=_returns,
     returned=("topk_weights", "topk_ids"),
     max_tokens=MAX_TOKENS,
+    token_derived=("max_num_tokens_padded",),
 )
