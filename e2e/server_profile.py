@@ -144,6 +144,12 @@ def compare_markdown(a: Optional[DecodeProfile], b: Optional[DecodeProfile], wor
                         ("GPU idle", "idle_us")):
         va, vb = getattr(a, attr), getattr(b, attr)
         lines.append(f"| {label} | {va:.1f} | {vb:.1f} | {vb - va:+.1f} |")
+    if a.idle_us > a.span_us:
+        lines.append(f"\n**Host-bound.** In arm A the GPU waited for the host {a.idle_us:.0f} µs of each "
+                     f"{a.period_us:.0f} µs step, longer than the replay itself ({a.span_us:.0f} µs). The profiler "
+                     "slows the host, so this overstates it. But where it holds, this server's A/B cannot show a GPU "
+                     "step gain of a few percent: the step A/B (`e2e --step`) measures that. (deepseek-v3-2l at "
+                     "concurrency 8 on an H200, 2026-11-27, was such a server.)")
     rows = sorted(set(a.kernels_us) | set(b.kernels_us),
                   key=lambda n: -abs(b.kernels_us.get(n, 0.0) - a.kernels_us.get(n, 0.0)))[:top]
     lines.append("\nKernels in the replays, largest difference first (µs per replay, profiled durations):\n")

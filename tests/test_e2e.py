@@ -327,6 +327,8 @@ def test_decode_profile_splits_a_served_step_into_replay_other_and_idle():
     assert "| period | 100.0 | 150.0 | +50.0 |" in md and "| GPU idle | 36.0 | 90.0 | +54.0 |" in md
     rows = [l for l in md.splitlines() if l.startswith("| `")]
     assert rows[0].startswith("| `flashinfer_rmsnorm` | 10.00 | 0.00 | -10.00 |")   # largest difference first
+    assert "Host-bound" not in md                      # A: idle 36 µs of a 100 µs step, replay 60
+    assert "**Host-bound.** In arm A the GPU waited for the host 90 µs of each 150 µs step" in compare_markdown(b, a, "c8")
     assert decode_profile({"traceEvents": fake.profile_trace(False, replays=1)["traceEvents"]}) is None
     assert "nothing to compare" in compare_markdown(a, None, "c8")
 
