@@ -342,8 +342,8 @@ class Comparison:
 def compare_arms(runs: Sequence[Run], workload: str, conf: float = 0.95, n_boot: int = 2000,
                  seed: int = 0) -> Dict[str, Comparison]:
     """A vs B for one workload: run-level paired t CI and request-level bootstrap CI per metric."""
-    per = {arm: {r.round: run_metrics(r) for r in runs if r.workload == workload and r.arm == arm and r.round >= 0}
-           for arm in ARMS}
+    by = {arm: {r.round: r for r in runs if r.workload == workload and r.arm == arm and r.round >= 0} for arm in ARMS}
+    per = {arm: {rnd: run_metrics(r) for rnd, r in by[arm].items()} for arm in ARMS}
     rounds = sorted(set(per["A"]) & set(per["B"]))
     out: Dict[str, Comparison] = {}
     for metric in METRICS:
@@ -357,8 +357,6 @@ def compare_arms(runs: Sequence[Run], workload: str, conf: float = 0.95, n_boot:
         mean, lo, hi = t_interval(rel, conf)
         bp = blo = bhi = float("nan")
         if metric in MS_METRICS:
-            by = {arm: {r.round: r for r in runs if r.workload == workload and r.arm == arm and r.round >= 0}
-                  for arm in ARMS}
             sa = [request_samples([by["A"][r]], metric) for r in rounds]
             sb = [request_samples([by["B"][r]], metric) for r in rounds]
             stat = _PERCENTILE_STATS.get(metric[-3:], np.median if metric.endswith("median") else np.mean)
