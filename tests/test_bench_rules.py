@@ -302,3 +302,16 @@ def test_in_context_neighbours_are_linear_layers_around_the_op(consumer_k):
     nb.consume(s)
     assert nb.y.shape == (3, consumer_k or 32) and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
     assert CONTEXT_K == 4096
+
+
+def test_timed_graph_recheck_judges_a_spread_of_a_long_rotation():
+    """Up to CHECK_SETS sets are all judged; a longer rotation (tiny ops: up to 16384 sets, ~25 s a row for
+    moe_align when every set was judged) gives CHECK_SETS of them, evenly spread, the first and the last included."""
+    from astra_sglang.harness.graphcheck import CHECK_SETS, checked_sets
+
+    assert checked_sets(7) == list(range(7)) and checked_sets(CHECK_SETS) == list(range(CHECK_SETS))
+    idx = checked_sets(16384)
+    assert len(idx) == CHECK_SETS and idx[0] == 0 and idx[-1] == 16383 and idx == sorted(set(idx))
+    gaps = {b - a for a, b in zip(idx, idx[1:])}
+    assert max(gaps) - min(gaps) <= 1       # evenly spread
+    assert checked_sets(10, limit=4) == [0, 3, 6, 9]

@@ -23,6 +23,21 @@ from .oracle import references
 STALL_CYCLES = 50_000_000  # queued work ahead of the candidate in the stream test (~25 ms)
 
 
+# Sets the timed-graph re-check judges at most. Tiny ops rotate up to MAX_SETS (16384) sets; making fresh inputs and
+# an fp64 reference for each, one by one in Python, took ~25 s a row for moe_align (H200, 2026-11-27), so the
+# decode bench never finished in a session. Fresh values go into these sets only, spread over the whole rotation
+# (the first and the last included): a kernel that caches or skips work still leaves them wrong.
+CHECK_SETS = 512
+
+
+def checked_sets(n_sets: int, limit: int = CHECK_SETS) -> List[int]:
+    """Indices of the sets the timed-graph re-check refills and judges: all of them up to `limit`, else `limit`
+    evenly spread, 0 and n_sets - 1 among them."""
+    if n_sets <= limit:
+        return list(range(n_sets))
+    return sorted({round(i * (n_sets - 1) / (limit - 1)) for i in range(limit)})
+
+
 def calls_per_set(n_calls: int, n_sets: int) -> List[int]:
     """How often a graph of n_calls calls over sets i % n_sets calls each set."""
     return [len(range(j, n_calls, n_sets)) for j in range(n_sets)]
