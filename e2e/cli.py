@@ -118,7 +118,21 @@ def _versions() -> dict:
     return out
 
 
-def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000) -> str:
+def served_floor(path: Path) -> dict:
+    """An earlier server A/A's summary (summary.json or its --out dir), for --aa-floor."""
+    p = path / "summary.json" if path.is_dir() else path
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise AstraError(f"--aa-floor {path}: cannot read a summary.json there ({e})") from e
+    arm_b = str(data.get("meta", {}).get("arm B", ""))
+    if "workloads" not in data or (arm_b and "A/A" not in arm_b):
+        raise AstraError(f"--aa-floor {path}: not the summary of a server A/A (run e2e --aa first)")
+    return data
+
+
+def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000,
+            aa_floor: Optional[Path] = None) -> str:
     from .stats import Run, plot, report_markdown, summarize
 
     data = json.loads(Path(results_path).read_text())
@@ -126,21 +140,29 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     runs = [r for r in all_runs if r.arm != "A2"]   # A2: --calibrate's second unpatched server
     summary = summarize(runs, n_boot=n_boot)
     meta = {**data.get("meta", {}), **(meta or {})}
+    summary["meta"] = {"arm B": meta.get("arm B", "")}   # lets a later --aa-floor tell an A/A's summary
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     png = plot(summary, str(out / "ab.png"))
     md = report_markdown(summary, meta)
     if png:
         md += f"\n![A/B per run]({Path(png).name})\n"
     if any(r.arm == "A2" for r in all_runs):
-        from .stats import aa_runs
+        from .stats import aa_runs, floor_markdown
 
         aa = summarize(aa_runs(all_runs), n_boot=n_boot)
         (out / "summary-aa.json").write_text(json.dumps(aa, indent=1))
         plot(aa, str(out / "aa.png"))
         md += ("\n## A/A control: A against A2, a second unpatched server in the same rounds\n\n"
-               "Read as an A/B (B = A2). An offset between two servers that stays the same every round shows here "
-               "and in no interval above: an A/B Δ no larger than this A/A's is not established.\n\n"
+               "An offset between two servers that stays the same every round shows here and in no interval "
+               "above. So each A/B Δ is judged against the floor its A/A sets:\n\n" + floor_markdown(summary, aa)
+               + "\nThe A/A itself, read as an A/B (B = A2):\n\n"
                + report_markdown(aa, None).replace("B = patched", "B = A2, unpatched"))
+    if aa_floor is not None and not any(r.arm == "A2" for r in all_runs):
+        from .stats import floor_markdown
+
+        md += (f"\n## Against an earlier A/A ({aa_floor})\n\nEach A/B Δ judged against the floor that A/A sets "
+               "(run it on the same setup: same machine kind, model and workload):\n\n"
+               + floor_markdown(summary, served_floor(aa_floor)))
     prof = Path(results_path).parent / "server-profile.md"
     if prof.is_file():   # --server-profile's comparison
         md += "\n" + prof.read_text()
@@ -196,8 +218,9 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--skip-steps", default=3, show_default=True, help="--step: decode steps dropped at the start of each run.")
 @click.option("--gpu-pad-us", default=100.0, show_default=True, help="--step: spin kernel queued before each timed graph "
               "replay so launch latency stays outside the GPU timer (0: none).")
-@click.option("--aa-floor", type=click.Path(path_type=Path, exists=True), help="--step: summary.json (or --out dir) of "
-              "an earlier --aa run: its CI half-widths are the noise floor beside each Δ.")
+@click.option("--aa-floor", type=click.Path(path_type=Path, exists=True), help="summary.json (or --out dir) of an "
+              "earlier --aa run of the same kind (step or server): its CI half-widths are the noise floor each Δ is "
+              "judged against.")
 @click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
               help="The patched arm serves OP with this kernel instead of kernels/OP/kernel.cu (repeatable): "
                    "a candidate's serving A/B before it ships.")
@@ -271,6 +294,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         elif ops.strip() == "none" and not aa:
             raise AstraError("--ops none would compare the baseline with itself; name the ops to patch "
                              "(or --aa for that on purpose)")
+        if not step and aa_floor is not None:
+            served_floor(aa_floor)   # a wrong file: one error line now, not after the servers ran
         model_path = str(resolve_model_path(model_path))
         if not step:
             cfg_path = Path(model_path) / "config.json"
@@ -300,7 +325,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         click.echo(analyze_only(analyze_path, out_dir, aa_floor=aa_floor))
         return
     if analyze_path:
-        click.echo(analyze(analyze_path, out_dir, n_boot=n_boot))
+        click.echo(analyze(analyze_path, out_dir, n_boot=n_boot, aa_floor=aa_floor))
         return
     if step:
         from .step import run_step
@@ -319,7 +344,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     env.setdefault("TVM_FFI_CACHE_DIR", str(Path.home() / ".cache" / "tvm-ffi"))
     run = _ServedAB(model_path, load_format, port, max_total_tokens, mem_fraction, cuda_graph_max_bs, list(extra),
                     python_exe, self_check, candidates, env, startup_timeout, wls, vocab_size, rounds, workloads,
-                    server_profile_wl, profile_steps, tp, n_boot)
+                    server_profile_wl, profile_steps, tp, n_boot, aa_floor)
     meta = {
         "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "GPU": _gpu_name(),
@@ -375,6 +400,7 @@ class _ServedAB:
     profile_steps: int
     tp: int
     n_boot: int
+    aa_floor: Optional[Path] = None   # an earlier server A/A's summary: each Δ judged against its floor
 
     def start(self, arm: str, ops: str, counters: Path, log: Path,
               candidates: Optional[Dict[str, Path]] = None) -> "Server":
@@ -431,7 +457,7 @@ class _ServedAB:
         except Exception as e:  # noqa: BLE001 - report, don't lose the results
             meta["astra counters in B"] = f"unreadable: {e}"
         _dump(out_dir, meta, self.workloads, runs)
-        return analyze(out_dir / "results.json", out_dir, n_boot=self.n_boot)
+        return analyze(out_dir / "results.json", out_dir, n_boot=self.n_boot, aa_floor=self.aa_floor)
 
     def one(self, ops: str, out_dir: Path, meta: dict, calibrate: bool = False) -> str:
         meta["arm B"] = _arm_b_text(ops, self.self_check, self.candidates)

@@ -479,6 +479,33 @@ def summarize(runs: Sequence[Run], conf: float = 0.95, n_boot: int = 2000, seed:
     return out
 
 
+FLOOR_METRICS = ("output_throughput", "tpot_mean", "itl_median", "ttft_mean")
+
+
+def floor_markdown(ab: dict, aa: dict, metrics: Sequence[str] = FLOOR_METRICS) -> str:
+    """The A/B's rounds Δ against the floor its A/A sets (as `e2e --step` does): the A/A's CI half-width, or its far
+    edge where that CI excludes 0 (the servers differ by a steady offset). Resolved: the A/B's CI excludes 0 and
+    |Δ| exceeds the floor."""
+    lines = ["| workload | metric | A/B Δ (rounds) | A/A Δ | floor | verdict |", "|---|---|---:|---:|---:|---|"]
+    for w, d in ab.get("workloads", {}).items():
+        for m in metrics:
+            c, f = d["comparisons"].get(m), aa.get("workloads", {}).get(w, {}).get("comparisons", {}).get(m)
+            if not c or not f or any(math.isnan(v) for v in (c["rel_lo"], c["rel_hi"], f["rel_lo"], f["rel_hi"])):
+                continue
+            biased = f["rel_lo"] > 0 or f["rel_hi"] < 0
+            floor = max(abs(f["rel_lo"]), abs(f["rel_hi"])) if biased else (f["rel_hi"] - f["rel_lo"]) / 2
+            excl = c["rel_lo"] > 0 or c["rel_hi"] < 0
+            if excl and abs(c["rel_change"]) > floor:
+                better = (c["rel_change"] > 0) == METRICS[m][2]
+                verdict = "resolved: B " + ("better" if better else "worse")
+            else:
+                verdict = "not resolved"
+            lines.append(f"| {w} | {METRICS[m][0]} | {_pct(c['rel_change'])} [{_pct(c['rel_lo'])}, "
+                         f"{_pct(c['rel_hi'])}] | {_pct(f['rel_change'])} [{_pct(f['rel_lo'])}, {_pct(f['rel_hi'])}]"
+                         f"{' (offset)' if biased else ''} | {floor * 100:.2f}% | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 def report_markdown(summary: dict, meta: Optional[dict] = None, conf: float = 0.95) -> str:
     lines: List[str] = []
     meta = meta or {}

@@ -418,6 +418,17 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
     assert all("ops=none" in (out / f"server-{arm}.log").read_text() for arm in "AB")
     bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "none"])
     assert bad.exit_code != 0 and "or --aa for that on purpose" in str(bad.exception)
+    # that A/A is the floor of a later A/B, live or re-analysed; an A/B's summary is refused as a floor
+    ab_out = tmp_path / "ab"
+    res = CliRunner().invoke(e2e_cmd, [*args[:5], str(ab_out), *args[6:], "--ops", "rmsnorm", "--aa-floor", str(out)])
+    assert res.exit_code == 0, res.output + str(res.exception)
+    assert "## Against an earlier A/A" in (ab_out / "report.md").read_text()
+    re_out = tmp_path / "re"
+    res = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),
+                                       "--bootstrap", "100", "--aa-floor", str(out / "summary.json")])
+    assert res.exit_code == 0 and "| workload | metric | A/B Δ (rounds) |" in (re_out / "report.md").read_text()
+    bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "rmsnorm", "--aa-floor", str(ab_out)])
+    assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--each-op"])
     assert bad.exit_code != 0 and "--each-op with --aa" in str(bad.exception)
 
@@ -456,6 +467,7 @@ def test_e2e_server_calibrate_reports_the_aa_control_under_the_ab(tmp_path):
     ab, aa = md.split("## A/A control")
     assert "A vs B (same round): 0/8 identical" in ab          # the patched stand-in diverges
     assert "A vs B (same round): 8/8 identical" in aa and "B = A2, unpatched" in aa
+    assert "| workload | metric | A/B Δ (rounds) | A/A Δ | floor | verdict |" in aa
     assert "arm A2 | astra-sglang patch --serve --ops none" in ab
     assert (out / "summary-aa.json").is_file() and "ops=none" in (out / "server-A2.log").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--calibrate", "--aa"])
@@ -473,3 +485,18 @@ def test_sleep_on_idle_is_a_server_flag_of_every_pinned_sglang(sglang_pkg):
     assert re.search(r"^\s+sleep_on_idle\s*:\s*A\[bool", src, re.M), "ServerArgs has no sleep_on_idle"
     assert 'replace("_", "-")' in src
     assert "--sleep-on-idle" in server_args("m", "dummy", 1, 8, 0.5, 8, [])
+
+
+def test_floor_markdown_judges_the_ab_against_its_aa():
+    """As the step A/B does: resolved only where the A/B's interval excludes 0 and |Δ| exceeds the A/A's floor (its
+    half-width, or its far edge when the A/A itself excludes 0: a steady offset between two servers)."""
+    def summ(rel, lo, hi):
+        return {"workloads": {"c8": {"comparisons": {"output_throughput": {"rel_change": rel, "rel_lo": lo,
+                                                                             "rel_hi": hi}}}}}
+    ab = summ(0.10, 0.06, 0.14)
+    assert "| 4.00% | resolved: B better |" in st.floor_markdown(ab, summ(0.0, -0.04, 0.04))
+    # the A/A shows a +12% offset: a +10% A/B is inside it
+    md = st.floor_markdown(ab, summ(0.12, 0.08, 0.16))
+    assert "(offset) | 16.00% | not resolved |" in md
+    assert "not resolved" in st.floor_markdown(summ(-0.02, -0.05, 0.01), summ(0.0, -0.01, 0.01))
+    assert "resolved: B worse" in st.floor_markdown(summ(-0.2, -0.25, -0.15), summ(0.0, -0.01, 0.01))

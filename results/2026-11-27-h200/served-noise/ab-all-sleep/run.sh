@@ -16,3 +16,5 @@ timeout ${1:-300} python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs
 timeout ${2:-250} python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs/deepseek-v3-2l --out /tmp/ab --ops all $W > $OUT/ab.log 2>&1; echo "ab rc=$?"
 tar -C /tmp -czf $OUT/aa-ab.tar.gz --exclude="*/counters-*" aa ab 2>/dev/null
 for r in aa ab; do echo "== $r"; grep -E "^\| (startup|output throughput|TPOT mean|ITL p10|ITL median)" /tmp/$r/report.md; done
+# Its report.md was rebuilt on the CPU side (the run was cut off before its own analysis):
+#   astra-sglang e2e --analyze results.json --out . --aa-floor ../aa-sleep/summary.json
