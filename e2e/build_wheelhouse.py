@@ -28,12 +28,10 @@ import argparse
 import base64
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -106,7 +104,6 @@ def pip_download(req: str, dest: Path, python_version: str) -> Path:
 def resolve(roots: list[str], image: set[str], prune: set[str], dest: Path, python_version: str,
             lock: dict[str, str] | None, log) -> dict[str, Path]:
     """Breadth-first: roots first (a trailing ' --no-deps' stops recursion), then their deps."""
-    from packaging.markers import Marker
     from packaging.requirements import Requirement
 
     env = target_env(python_version)
@@ -199,7 +196,7 @@ def make_chunks(wheels: list[Path], out: Path, chunk_bytes: int) -> list[Path]:
         parts.append(p)
         return p
 
-    cur, used = new_part(), 0
+    new_part()
     for whl in sorted(wheels, key=lambda p: -p.stat().st_size):
         size = whl.stat().st_size
         manifest["wheels"][whl.name] = {"sha256": sha256(whl), "size": size}

@@ -1,0 +1,36 @@
+"""e2e/build_wheelhouse.py's carry parts (CPU): every part fits the chunk size, a wheel larger than it is split and
+joins back byte for byte, and every part carries the manifest (the device call's 64 MiB limit is why parts exist)."""
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _wheelhouse():
+    spec = importlib.util.spec_from_file_location("build_wheelhouse", HERE.parent / "e2e" / "build_wheelhouse.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_make_chunks_fits_splits_and_rejoins(tmp_path):
+    wh = _wheelhouse()
+    src = tmp_path / "wheels"
+    src.mkdir()
+    sizes = {"big-1.0-py3-none-any.whl": 2500, "a-1.0-py3-none-any.whl": 600, "b-1.0-py3-none-any.whl": 500,
+             "c-1.0-py3-none-any.whl": 300}
+    for i, (name, n) in enumerate(sizes.items()):
+        (src / name).write_bytes(bytes((i + k) % 251 for k in range(n)))
+    parts = wh.make_chunks(sorted(src.iterdir()), tmp_path / "carry", 1000)
+    for p in parts:
+        assert sum(f.stat().st_size for f in p.iterdir() if f.name != "MANIFEST.json") <= 1000
+    man = json.loads((parts[0] / "MANIFEST.json").read_text())["wheels"]
+    assert all((p / "MANIFEST.json").read_text() == (parts[0] / "MANIFEST.json").read_text() for p in parts)
+    assert man["big-1.0-py3-none-any.whl"]["splits"] == 3 and "splits" not in man["a-1.0-py3-none-any.whl"]
+    pieces = sorted(f for p in parts for f in p.glob("big-1.0-py3-none-any.whl.split*"))
+    joined = b"".join(f.read_bytes() for f in pieces)
+    assert hashlib.sha256(joined).hexdigest() == man["big-1.0-py3-none-any.whl"]["sha256"]
+    small = {f.name for p in parts for f in p.glob("*.whl")}
+    assert small == {"a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl", "c-1.0-py3-none-any.whl"}
