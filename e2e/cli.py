@@ -252,6 +252,8 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--each-op with --aa or --calibrate: run the A/A on its own (--aa) before the ops")
     if aa and calibrate:
         raise AstraError("--aa and --calibrate: --calibrate already runs an A/A beside the A/B")
+    if aa and candidate_items:
+        raise AstraError("--aa with --candidate: an A/A patches nothing (drop --aa to A/B the candidate)")
     if tp > 1 and not step:
         extra = ("--tp-size", str(tp), *extra)
     from astra_sglang.patch import patchable_ops

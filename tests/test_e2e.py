@@ -429,6 +429,8 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
     assert res.exit_code == 0 and "| workload | metric | A/B Δ (rounds) |" in (re_out / "report.md").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "rmsnorm", "--aa-floor", str(ab_out)])
     assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
+    bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--candidate", f"rmsnorm={model / 'config.json'}"])
+    assert bad.exit_code != 0 and "an A/A patches nothing" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--each-op"])
     assert bad.exit_code != 0 and "--each-op with --aa" in str(bad.exception)
 
