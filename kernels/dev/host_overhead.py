@@ -32,11 +32,19 @@ def host_us(f, n=3000):
 
 
 res = {(op, t): [host_us(f)] for t in tokens for op, f in calls(t).items()}
-apply_astra_kernels(["rmsnorm", "fused_add_rmsnorm", "silu_and_mul"], self_check="off",
-                    counter_dir=tempfile.mkdtemp(), propagate=False)
+pat = apply_astra_kernels(["rmsnorm", "fused_add_rmsnorm", "silu_and_mul"], self_check="off",
+                          counter_dir=tempfile.mkdtemp(), propagate=False)
 for t in tokens:
     for op, f in calls(t).items():
         res[(op, t)].append(host_us(f))
+        # the split: the patch's Python alone (the backend's launch a no-op), then the launch alone (ctypes + CUDA)
+        be, seen = pat.states[op].backend, {}
+        real = be.launch
+        be.launch = lambda *a: seen.setdefault("args", a)
+        res[(op, t)].append(host_us(f))
+        del be.launch
+        res[(op, t)].append(host_us(lambda: real(*seen["args"])))
 revert_astra_kernels()
-for (op, t), (a, b) in res.items():
-    print(f"host µs per call, {op:18s} {t:5d} x {H}: unpatched {a:6.2f}  patched {b:6.2f}  (+{b - a:.2f})")
+for (op, t), (a, b, py, launch) in res.items():
+    print(f"host µs per call, {op:18s} {t:5d} x {H}: unpatched {a:6.2f}  patched {b:6.2f}  (+{b - a:.2f}; "
+          f"patch Python {py:.2f} + launch {launch:.2f})")
