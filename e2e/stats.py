@@ -479,6 +479,21 @@ def summarize(runs: Sequence[Run], conf: float = 0.95, n_boot: int = 2000, seed:
     return out
 
 
+def rounds_for(cm: Optional[dict], target: float = 0.02) -> str:
+    """A sentence when a metric's rounds interval is wider than ±target: about how many rounds would bring it there
+    (a t-interval narrows as 1/sqrt(rounds)). A host-bound server's rounds drift: the DeepSeek-shaped A/B at
+    concurrency 8 had ±25% over 4 rounds (H200, 2026-11-27)."""
+    if not cm or cm.get("n_rounds", 0) < 2 or math.isnan(cm["rel_lo"]):
+        return ""
+    half = (cm["rel_hi"] - cm["rel_lo"]) / 2
+    if half <= target:
+        return ""
+    n = cm["n_rounds"]
+    need = math.ceil(n * (half / target) ** 2 - 1e-9)
+    return (f"Output throughput's interval is ±{half * 100:.1f}% over {n} rounds: the rounds vary that much. About "
+            f"{need} rounds would bring it to ±{target * 100:.0f}% (`--rounds`), if the variation stays the same.")
+
+
 FLOOR_METRICS = ("output_throughput", "tpot_mean", "itl_median", "ttft_mean")
 
 
@@ -533,6 +548,9 @@ def report_markdown(summary: dict, meta: Optional[dict] = None, conf: float = 0.
                          f"{_pct(cm['rel_change'])} | [{_pct(cm['rel_lo'])}, {_pct(cm['rel_hi'])}] | "
                          f"{_pct(cm['boot_point'])} | {boot_ci} | {verdict} |")
         lines.append("")
+        more = rounds_for(d["comparisons"].get("output_throughput"))
+        if more:
+            lines.append(more + "\n")
         lines.append("Parity (greedy, temperature 0):\n")
         for p in d["parity"].values():
             lines.append(f"- {p['summary']}")

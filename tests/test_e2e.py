@@ -502,3 +502,11 @@ def test_floor_markdown_judges_the_ab_against_its_aa():
     assert "(offset) | 16.00% | not resolved |" in md
     assert "not resolved" in st.floor_markdown(summ(-0.02, -0.05, 0.01), summ(0.0, -0.01, 0.01))
     assert "resolved: B worse" in st.floor_markdown(summ(-0.2, -0.25, -0.15), summ(0.0, -0.01, 0.01))
+
+
+def test_report_says_how_many_rounds_a_wide_interval_needs():
+    """±6% over 4 rounds: about 36 rounds for ±2% (the interval narrows as 1/sqrt(rounds)); a tight one says nothing."""
+    wide = {"n_rounds": 4, "rel_lo": -0.06, "rel_hi": 0.06, "rel_change": 0.0}
+    assert "±6.0% over 4 rounds" in st.rounds_for(wide) and "About 36 rounds" in st.rounds_for(wide)
+    assert st.rounds_for({"n_rounds": 4, "rel_lo": -0.01, "rel_hi": 0.015, "rel_change": 0.0}) == ""
+    assert st.rounds_for({"n_rounds": 1, "rel_lo": float("nan"), "rel_hi": float("nan")}) == ""
