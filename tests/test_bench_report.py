@@ -71,10 +71,12 @@ def test_plan_sets_exceeds_four_l2():
 
 
 def test_plan_sets_caps_tiny_sets():
-    from astra_sglang.harness.timer import MAX_SETS
+    from astra_sglang.harness.timer import MAX_CALLS, MAX_SETS
 
     l2 = 60 << 20
     n, note = plan_sets(1100, l2)  # moe_align batch 1: 228k sets uncapped (minutes of Python per stage)
+    assert n == MAX_CALLS and "capped" in note   # 16384 of them would still sit in L2: a graph's worth rotate
+    n, note = plan_sets(8192, l2)   # 16384 sets of 8 KB reach 2x L2: the cap itself
     assert n == MAX_SETS and "capped" in note
     n, note = plan_sets(1100, l2, mem_cap=1 << 20)  # the memory cap, when tighter, still wins and says so
     assert n == (1 << 20) // 1100 and "fit in" in note

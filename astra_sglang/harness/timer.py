@@ -24,7 +24,9 @@ MEM_CAP_BYTES = 24 << 30  # input sets for one shape never take more than this
 # ops) and re-checked one by one in Python, and each is one call (graph node(s)) in every timed graph. A
 # tiny set (moe_align at batch 1: 1.1 KB, 228k sets for 4x a 60 MiB L2) would otherwise take minutes in
 # one stage, which the worker's no-progress watchdog reports as a hang. 16384 leaves every op whose sets
-# are >= 16 KB (4x 60 MiB / 16384) as it was; smaller sets are timed less L2-cold, and the row says so.
+# are >= 16 KB (4x 60 MiB / 16384) as it was; smaller sets are timed less L2-cold, and the row says so. Sets so
+# small that 16384 of them fit in L2 (< ~3.8 KB: routers, moe_align, one-token combines) rotate MAX_CALLS
+# instead: L2-resident either way, and a quarter of the set-up (moe_align's rows took ~25 s, H200 2026-11-27).
 MAX_SETS = 16384
 CEILING_BYTES = 1 << 30  # bytes per copy when measuring the ceiling
 
@@ -115,6 +117,10 @@ def plan_sets(set_bytes: int, l2_bytes: int, l2: str = "cold", mem_cap: int = ME
         return n, (f"only {n} input sets fit in {mem_cap >> 30} GiB ({n * set_bytes / max(l2_bytes, 1):.1f}× L2)")
     if need > max_sets:
         n = max(2, max_sets)
+        if n * set_bytes < l2_bytes:
+            # even the capped rotation sits in L2: more sets buy no coldness, only minutes of set-up, re-check and
+            # graph nodes (one call per set per graph), so rotate about a graph's worth of calls
+            n = max(2, min(n, MAX_CALLS))
         return n, (f"input sets capped at {n} ({set_bytes} B each: {n * set_bytes / max(l2_bytes, 1):.2f}× L2, "
                    "not L2-cold)")
     return need, ""
