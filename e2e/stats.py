@@ -494,6 +494,18 @@ def rounds_for(cm: Optional[dict], target: float = 0.02) -> str:
             f"{need} rounds would bring it to ±{target * 100:.0f}% (`--rounds`), if the variation stays the same.")
 
 
+def noise_floor(lo: float, hi: float) -> Tuple[float, bool]:
+    """(floor, biased) an A/A interval [lo, hi] sets for a Δ: its half-width; where it excludes 0 (the arms differ by
+    a steady offset), its far edge instead. The step A/B (step_stats) and the served one judge alike."""
+    biased = lo > 0 or hi < 0
+    return (max(abs(lo), abs(hi)) if biased else (hi - lo) / 2), biased
+
+
+def resolved(delta: float, lo: float, hi: float, floor: Optional[float]) -> bool:
+    """A Δ is resolved when its interval excludes 0 and it exceeds the floor (None: no A/A to judge by)."""
+    return (lo > 0 or hi < 0) and (floor is None or abs(delta) > floor)
+
+
 FLOOR_METRICS = ("output_throughput", "tpot_mean", "itl_median", "ttft_mean")
 
 
@@ -507,10 +519,8 @@ def floor_markdown(ab: dict, aa: dict, metrics: Sequence[str] = FLOOR_METRICS) -
             c, f = d["comparisons"].get(m), aa.get("workloads", {}).get(w, {}).get("comparisons", {}).get(m)
             if not c or not f or any(math.isnan(v) for v in (c["rel_lo"], c["rel_hi"], f["rel_lo"], f["rel_hi"])):
                 continue
-            biased = f["rel_lo"] > 0 or f["rel_hi"] < 0
-            floor = max(abs(f["rel_lo"]), abs(f["rel_hi"])) if biased else (f["rel_hi"] - f["rel_lo"]) / 2
-            excl = c["rel_lo"] > 0 or c["rel_hi"] < 0
-            if excl and abs(c["rel_change"]) > floor:
+            floor, biased = noise_floor(f["rel_lo"], f["rel_hi"])
+            if resolved(c["rel_change"], c["rel_lo"], c["rel_hi"], floor):
                 better = (c["rel_change"] > 0) == METRICS[m][2]
                 verdict = "resolved: B " + ("better" if better else "worse")
             else:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .stats import first_divergence, t_interval, t_ppf
+from .stats import first_divergence, noise_floor, resolved, t_interval, t_ppf
 
 METRICS = {"gpu_ms": "GPU decode step (ms)", "decode_ms": "host decode step (ms)", "prefill_ms": "prefill (ms)"}
 UNPATCHED = ("A", "A2")
@@ -226,9 +226,8 @@ def aa_floor(c: dict) -> Optional[dict]:
     d = c[c["primary"]]
     if not math.isfinite(d.get("half", float("nan"))):
         return None
-    biased = d["lo"] > 0 or d["hi"] < 0
-    return {"floor": max(abs(d["lo"]), abs(d["hi"])) if biased else d["half"], "aa_biased": biased,
-            "aa_delta": d["delta"], "aa_half": d["half"]}
+    floor, biased = noise_floor(d["lo"], d["hi"])
+    return {"floor": floor, "aa_biased": biased, "aa_delta": d["delta"], "aa_half": d["half"]}
 
 
 def floors_from_summary(summary: dict, source: str) -> Dict[int, dict]:
@@ -246,11 +245,9 @@ def verdict(c: dict) -> str:
     d = c[c["primary"]]
     if not math.isfinite(d.get("half", float("nan"))):
         return "no interval"
-    excl = d["lo"] > 0 or d["hi"] < 0
     if c.get("aa"):
-        return "A/A offset (CI excludes 0)" if excl else "A/A"
-    fl = (c.get("floor") or {}).get("floor")
-    if excl and (fl is None or abs(d["delta"]) > fl):
+        return "A/A offset (CI excludes 0)" if d["lo"] > 0 or d["hi"] < 0 else "A/A"
+    if resolved(d["delta"], d["lo"], d["hi"], (c.get("floor") or {}).get("floor")):
         return "resolved: " + ("faster" if d["delta"] < 0 else "slower")
     return "not resolved"
 
