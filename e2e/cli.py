@@ -118,6 +118,10 @@ def _versions() -> dict:
     return out
 
 
+# arm B of `--aa` and arm A2 of `--calibrate` (served_floor knows an A/A's summary by its "A/A")
+AA_ARM = "astra-sglang patch --serve --ops none (A/A control: a second unpatched server)"
+
+
 def served_floor(path: Path) -> dict:
     """An earlier server A/A's summary (summary.json or its --out dir), for --aa-floor."""
     p = path / "summary.json" if path.is_dir() else path
@@ -138,6 +142,7 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     data = json.loads(Path(results_path).read_text())
     all_runs = [Run.from_dict(r) for r in data["runs"]]
     runs = [r for r in all_runs if r.arm != "A2"]   # A2: --calibrate's second unpatched server
+    calibrated = len(runs) < len(all_runs)
     summary = summarize(runs, n_boot=n_boot)
     meta = {**data.get("meta", {}), **(meta or {})}
     summary["meta"] = {"arm B": meta.get("arm B", "")}   # lets a later --aa-floor tell an A/A's summary
@@ -146,7 +151,7 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     md = report_markdown(summary, meta)
     if png:
         md += f"\n![A/B per run]({Path(png).name})\n"
-    if any(r.arm == "A2" for r in all_runs):
+    if calibrated:
         from .stats import aa_runs, floor_markdown
 
         aa = summarize(aa_runs(all_runs), n_boot=n_boot)
@@ -157,7 +162,7 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
                "above. So each A/B Δ is judged against the floor its A/A sets:\n\n" + floor_markdown(summary, aa)
                + "\nThe A/A itself, read as an A/B (B = A2):\n\n"
                + report_markdown(aa, None).replace("B = patched", "B = A2, unpatched"))
-    if aa_floor is not None and not any(r.arm == "A2" for r in all_runs):
+    if aa_floor is not None and not calibrated:
         from .stats import floor_markdown
 
         md += (f"\n## Against an earlier A/A ({aa_floor})\n\nEach A/B Δ judged against the floor that A/A sets "
@@ -366,13 +371,13 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                              f"the others are in {out_dir / 'each-op.md'}")
         return
     if calibrate:
-        meta["arm A2"] = "astra-sglang patch --serve --ops none (A/A control: a second unpatched server)"
+        meta["arm A2"] = AA_ARM
     click.echo(run.one("none" if aa else ops, out_dir, meta, calibrate))
 
 
 def _arm_b_text(ops: str, self_check: str, candidates: Dict[str, Path]) -> str:
     if ops == "none":
-        return "astra-sglang patch --serve --ops none (A/A control: a second unpatched server)"
+        return AA_ARM
     return (f"astra-sglang patch --serve --ops {ops} --self-check {self_check}"
             + "".join(f" --candidate {op}={p}" for op, p in candidates.items()))
 

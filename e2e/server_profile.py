@@ -4,9 +4,10 @@
 rounds (so the profiler never touches a timed round), with SGLang's profiler on (`POST /start_profile`, CPU and
 GPU activities, `--profile-steps` scheduler steps), and compares the two traces here.
 
-Why: a decode step can be faster alone on the GPU (what `e2e --step` times) and slower in a server (DeepSeek-shaped,
-H200, 2026-11-27: --ops all 2.3% faster in the step, every served step 0.45 ms slower). The trace tells the two
-stories apart. Each decode step is one CUDA-graph replay (`cudaGraphLaunch`); its kernels carry the launch's
+Why: a decode step can be faster alone on the GPU (what `e2e --step` times) and not in a server. The trace tells
+whether the served step is the replay, other kernels, or the GPU waiting for the host. Its first use (DeepSeek-shaped,
+H200, 2026-11-27) showed a host-bound server: a 1.3 ms replay in a 4.6-5.8 ms profiled step, and the two arms'
+"difference" was host speed. Each decode step is one CUDA-graph replay (`cudaGraphLaunch`); its kernels carry the launch's
 correlation id. Per replay:
   span    its first kernel's start to its last kernel's end (the step `e2e --step` measures),
   period  its first kernel's start to the next replay's (what a served decode step costs the GPU clock),
