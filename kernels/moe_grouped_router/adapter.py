@@ -129,8 +129,8 @@ def _kept(dims) -> Optional[str]:
     return None
 
 
-# On by default since a DeepSeek-shaped server and step ran it (deepseek-v3-2l, H200, 2026-11-27): step -0.46% /
-# -0.81% at batch 1 / 8, server alone at concurrency 8 request-level TPOT -5.0%, tokens identical.
+# On by default since a DeepSeek-shaped step ran it (deepseek-v3-2l, H200, 2026-11-27): -0.46% / -0.81% at batch
+# 1 / 8, tokens identical. (Its server rows then were withdrawn: both servers spun when idle; RESULTS.md.)
 
 ADAPTER = OpAdapter(
     op="moe_grouped_router",
