@@ -139,7 +139,13 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
             aa_floor: Optional[Path] = None) -> str:
     from .stats import Run, plot, report_markdown, summarize
 
-    data = json.loads(Path(results_path).read_text())
+    try:
+        data = json.loads(Path(results_path).read_text())
+    except (OSError, ValueError) as e:
+        raise AstraError(f"{results_path}: cannot read it as JSON ({e})") from e
+    if not isinstance(data, dict) or "runs" not in data:
+        raise AstraError(f"{results_path}: not the results.json of a server A/B (no 'runs')")
+    floor = served_floor(aa_floor) if aa_floor is not None else None   # a wrong file: say so before any work
     all_runs = [Run.from_dict(r) for r in data["runs"]]
     runs = [r for r in all_runs if r.arm != "A2"]   # A2: --calibrate's second unpatched server
     calibrated = len(runs) < len(all_runs)
@@ -162,12 +168,12 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
                "above. So each A/B Δ is judged against the floor its A/A sets:\n\n" + floor_markdown(summary, aa)
                + "\nThe A/A itself, read as an A/B (B = A2):\n\n"
                + report_markdown(aa, None).replace("B = patched", "B = A2, unpatched"))
-    if aa_floor is not None and not calibrated:
+    if floor is not None and not calibrated:
         from .stats import floor_markdown
 
         md += (f"\n## Against an earlier A/A ({aa_floor})\n\nEach A/B Δ judged against the floor that A/A sets "
                "(run it on the same setup: same machine kind, model and workload):\n\n"
-               + floor_markdown(summary, served_floor(aa_floor)))
+               + floor_markdown(summary, floor))
     prof = Path(results_path).parent / "server-profile.md"
     if prof.is_file():   # --server-profile's comparison
         md += "\n" + prof.read_text()

@@ -429,6 +429,11 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
     assert res.exit_code == 0 and "| workload | metric | A/B Δ (rounds) |" in (re_out / "report.md").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "rmsnorm", "--aa-floor", str(ab_out)])
     assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
+    bad = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),
+                                       "--aa-floor", str(ab_out / "summary.json")])
+    assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
+    bad = CliRunner().invoke(e2e_cmd, ["--analyze", str(out / "summary.json"), "--out", str(re_out)])
+    assert bad.exit_code != 0 and "not the results.json of a server A/B" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--candidate", f"rmsnorm={model / 'config.json'}"])
     assert bad.exit_code != 0 and "an A/A patches nothing" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, args + ["--aa", "--each-op"])
