@@ -304,6 +304,32 @@ def test_in_context_neighbours_are_linear_layers_around_the_op(consumer_k):
     assert CONTEXT_K == 4096
 
 
+def test_in_context_neighbours_of_an_integer_op_use_bf16_activations_of_its_rows():
+    """moe_align reads int32 expert ids and writes int32 sorted ids: a GEMM can do neither (torch refuses:
+    "normal_kernel_cuda not implemented for 'Int'", so every in-context row went unmeasured). The producer then
+    writes, and the consumer reads, a bf16 activation of the op's rows; the op's own tensors stay untouched."""
+    from types import SimpleNamespace
+
+    from astra_sglang.harness.timer import Neighbours
+
+    abi = [SimpleNamespace(name="topk_ids", ctype="ptr", role="in"),
+           SimpleNamespace(name="sorted_ids", ctype="ptr", role="out")]
+    spec = SimpleNamespace(abi=abi)
+    ids = torch.randint(0, 64, (5, 8), dtype=torch.int32)
+    s = {"topk_ids": ids.clone(), "sorted_ids": torch.zeros(300, dtype=torch.int32)}
+    nb = Neighbours(spec, s, k=32, consumer_k=48)
+    assert nb.src_scratch.shape == (5, 8) and nb.src_scratch.dtype == torch.bfloat16
+    assert nb.dst_scratch.shape == (5, 32) and nb.y.shape == (5, 48)
+    nb.produce(s, 0)
+    assert torch.allclose(nb.src_scratch.float(), (nb.a[0] @ nb.b.T).float(), atol=1e-2)
+    nb.consume(s)
+    assert torch.equal(s["topk_ids"], ids) and not s["sorted_ids"].any()
+    # a float op keeps the data dependency: no scratch
+    f = {"topk_ids": torch.randn(5, 8), "sorted_ids": torch.zeros(5, 4)}
+    nb = Neighbours(spec, f, k=32)
+    assert nb.src_scratch is None and nb.dst_scratch is None
+
+
 def test_timed_graph_recheck_judges_a_spread_of_a_long_rotation():
     """Up to CHECK_SETS sets are all judged; a longer rotation (tiny ops: up to 16384 sets, ~25 s a row for
     moe_align when every set was judged) gives CHECK_SETS of them, evenly spread, the first and the last included."""

@@ -309,7 +309,8 @@ class BenchReport:
             width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
             foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM"
                         f"{width} reading its outputs (F.linear, cuBLAS via torch, as SGLang's linear layers), one CUDA "
-                        "graph; marginal µs = with op - neighbours alone")
+                        "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
+                        "the GEMMs write and read bf16 activations of its rows instead")
         if self.production.startswith("installed"):
             b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
             foot.append(f"production: {self.production}"

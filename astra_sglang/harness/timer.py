@@ -334,7 +334,12 @@ class Neighbours:
     `F.linear` with [out, in] weights as SGLang's linear layers call cuBLAS (the same TN kernels): what
     sits around a memory-bound op in a decode step (o_proj -> fused_add_rmsnorm -> qkv_proj or gate_up,
     gate_up -> silu -> down). `consumer_k`: the consumer's output width (a model's next GEMM, e.g.
-    2 x intermediate / TP after the post-attention norm; default the hidden size CONTEXT_K)."""
+    2 x intermediate / TP after the post-attention norm; default the hidden size CONTEXT_K).
+
+    A GEMM cannot write integers (moe_align's expert ids) nor read them as activations: where the op's first
+    input (output) is not floating point, the producer writes (the consumer reads) a bf16 activation of the op's
+    rows instead. The GEMMs then keep the stream order, the launch gaps and the L2 traffic of a model's graph
+    (router GEMM -> align -> expert GEMM) but not the data dependency."""
 
     def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
                  consumer_k: Optional[int] = None):
@@ -345,29 +350,38 @@ class Neighbours:
         self.src_name, self.dst_name = ins[0], outs[0]
         src, dst = tensors[self.src_name], tensors[self.dst_name]
         rows = src.shape[0]
+        act = src.dtype if src.dtype.is_floating_point else (
+            dst.dtype if dst.dtype.is_floating_point else torch.bfloat16)
         self.width_in = src.numel() // rows
-        self.width_out = dst.numel() // dst.shape[0]
+        self.src_scratch = None if src.dtype.is_floating_point else torch.empty(
+            rows, self.width_in, device=src.device, dtype=act)
         g = torch.Generator(device=src.device).manual_seed(seed)
+        if dst.dtype.is_floating_point:
+            self.dst_scratch, self.width_out = None, dst.numel() // dst.shape[0]
+        else:   # an activation of the op's rows, as the expert GEMM reads the hidden states after align
+            self.dst_scratch, self.width_out = torch.randn(rows, k, generator=g, device=src.device, dtype=act), k
+        out_dtype = dst.dtype if self.dst_scratch is None else act
         # two activations, alternated: consecutive calls get different inputs, so an op that reads its input
         # before the producer's write has landed (PDL prefetch before the wait) reads the previous values
         kc = int(consumer_k or k)
-        self.a = [torch.randn(rows, k, generator=g, device=src.device, dtype=src.dtype) for _ in range(2)]
-        self.b = (torch.randn(self.width_in, k, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(src.dtype)
+        self.a = [torch.randn(rows, k, generator=g, device=src.device, dtype=act) for _ in range(2)]
+        self.b = (torch.randn(self.width_in, k, generator=g, device=src.device, dtype=torch.float32) / k ** 0.5).to(act)
         self.c = (torch.randn(kc, self.width_out, generator=g, device=src.device, dtype=torch.float32)
-                  / self.width_out ** 0.5).to(dst.dtype)
-        self.y = torch.empty(dst.shape[0], kc, device=dst.device, dtype=dst.dtype)
+                  / self.width_out ** 0.5).to(out_dtype)
+        y_rows = dst.shape[0] if self.dst_scratch is None else rows
+        self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
 
     def produce(self, tensors: Dict[str, Any], i: int = 0) -> None:
         import torch
 
-        t = tensors[self.src_name]
+        t = tensors[self.src_name] if self.src_scratch is None else self.src_scratch
         torch.nn.functional.linear(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
 
-        t = tensors[self.dst_name]
+        t = tensors[self.dst_name] if self.dst_scratch is None else self.dst_scratch
         torch.nn.functional.linear(t.view(t.shape[0], self.width_out), self.c, out=self.y)
 
 
