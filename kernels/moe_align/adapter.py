@@ -43,18 +43,24 @@ def _align_normalize(c):
 # DEFAULT_OFF = "reason" takes it out again.
 DEFAULT_OFF = ""
 
-# The one-block kernel measured 1.17-1.89x SGLang's pair chained up to 1024 ids (Qwen3-30B-A3B 1-128 tokens,
-# top-8) and 0.82x at 2048 (256 tokens, block 32: 6.85 against 5.59 us; H200 2026-11-27,
-# results/2026-11-27-h200/served-noise/moe_align). Above 1024 ids (decode past 128 tokens at top-8, every
-# prefill) nothing of it is measured faster, so SGLang's kernel keeps those calls.
+# In context (H200 2026-11-27, results/2026-11-27-h200/served-calibrated/moe_align) the one-block kernel is
+# 1.04-2.97x SGLang's pair up to 1024 ids on 129 or fewer buckets (Qwen3-30B-A3B, gpt-oss, Mixtral shapes), but
+# 0.89x at 2048 ids (256 tokens at top-8) and, with DeepSeek-V3's 257 buckets, 0.94x at 1024 ids (1.05x at 512).
+# SGLang's kernel keeps those calls: above MAX_IDS ids (decode past 128 tokens at top-8, every prefill), and above
+# MAX_IDS_WIDE ids where there are more than WIDE buckets.
 MAX_IDS = 1024
+WIDE, MAX_IDS_WIDE = 256, 512
 
 
 def _keeps(dims):
-    ids = dims[0] * dims[1]
+    ids, buckets = dims[0] * dims[1], dims[2]
     if ids > MAX_IDS:
-        return f"{ids} ids > {MAX_IDS}: SGLang's kernel (astra's one-block kernel measured 0.82x at 2048 ids)"
+        return f"{ids} ids > {MAX_IDS}: SGLang's kernel (astra's one-block kernel measured 0.89x at 2048 ids)"
+    if buckets > WIDE and ids > MAX_IDS_WIDE:
+        return (f"{ids} ids > {MAX_IDS_WIDE} on {buckets} buckets: SGLang's kernel (astra's measured 0.94x at 1024 "
+                f"ids on 257)")
     return None
+
 
 ADAPTER = OpAdapter(
     op="moe_align",
