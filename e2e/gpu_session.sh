@@ -3,6 +3,8 @@
 #   install   wheelhouse in $WHEELS -> $SITE (e2e/device_install.sh)
 #   smoke     plain sglang.launch_server, small config, one token-id request (e2e/smoke.py)
 #   ab        astra-sglang e2e on $AB_MODEL (an e2e/configs name, default llama3-8b): baseline vs patched
+#             (the serving proof of results/2026-11-27-h200 §7: AB_MODEL=qwen3-8b AB_ARGS="--ops all --calibrate
+#             --workload bs1:8:128:128:1 --workload c4:16:128:128:4 --rounds 5 --max-total-tokens 16384")
 #   validate  astra-sglang validate (SGLang's layers with and without the patch)
 # Results go to $RES (default $OUT or ./e2e-gpu-out). Each phase has its own time limit.
 set -uo pipefail
@@ -25,6 +27,8 @@ for ph in ${phases//,/ }; do
     echo "=== $(ts) phase $ph"
     case $ph in
     install)
+        # a warm machine of back-to-back device calls keeps /tmp: install once
+        if [ -d "$SITE/sglang" ]; then bash e2e/device_install.sh astra "$SITE"; continue; fi
         timeout 240 bash e2e/device_install.sh install "$WHEELS" "$SITE" || { echo "install failed"; exit 1; }
         (cd "$LOGS" && python3 -c "import torch, sglang, sgl_kernel; print('torch', torch.__version__, 'sglang', sglang.__version__, torch.cuda.get_device_name())") 2>&1 | tail -3
         nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -36,7 +40,7 @@ for ph in ${phases//,/ }; do
     ab)
         astra ${AB_TIMEOUT:-560} e2e --model-path "$REPO/e2e/configs/${AB_MODEL:-llama3-8b}" --out "$LOGS/ab" $AB_ARGS 2>&1 \
             | tee "$LOGS/ab.log" || status=1
-        for f in results.json report.md ab.png; do [ -f "$LOGS/ab/$f" ] && cp "$LOGS/ab/$f" "$RES/"; done
+        for f in results.json report.md ab.png summary.json summary-aa.json aa.png; do [ -f "$LOGS/ab/$f" ] && cp "$LOGS/ab/$f" "$RES/"; done
         ;;
     validate)
         astra ${VALIDATE_TIMEOUT:-240} validate $VALIDATE_ARGS 2>&1 | tee "$LOGS/validate.log" || status=1
