@@ -240,16 +240,26 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "of them (a fused op against the ops it replaces). No profile prediction then.")
 @click.option("--tp", default=1, show_default=True, help="Tensor parallel size (GPUs 0..TP-1): servers get --tp-size; "
               "--step workers spawn one process per rank, as SGLang's one-batch benchmark does.")
+@click.option("--collect", "collect_items", multiple=True, metavar="[LABEL=]DIR",
+              help="Only tabulate and plot earlier server A/Bs (their --out dirs, repeatable), each judged against "
+              "its own A/A (summary-aa.json of --calibrate) or --aa-floor's: OUT/collect.md, .png, .json. No GPU.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
             tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
-            base_ops, tp, worker_module, server_profile_wl, each_op):
+            base_ops, tp, worker_module, server_profile_wl, each_op, collect_items):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import parse_workload
     from .model_configs import resolve_model_path, shipped_configs
 
+    if collect_items:
+        if step or analyze_path or model_path:
+            raise AstraError("--collect only reads earlier runs: drop --step, --analyze and --model-path")
+        from .collect import collect
+
+        click.echo(collect(collect_items, out_dir, aa_floor=aa_floor))
+        return
     stand_in = step and worker_module != "astra_sglang.e2e.step_worker"  # tests drive --step with a stand-in worker
     if tp < 1:
         raise AstraError("--tp must be >= 1")
