@@ -21,6 +21,7 @@ skip the dispatcher and run `execute` directly.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -188,6 +189,10 @@ class OpState:
                         if n in spec.dtypes and n in backend.dtypes}
         # the dims after the token count that name a self-check class (adapter.token_derived left out)
         self._class_dims = tuple(i for i, n in enumerate(spec.dim_names) if i and n not in adapter.token_derived)
+        cd = self._class_dims   # an itemgetter: shape_class runs on every eager call in --self-check first
+        self._class_of = ((lambda dims: ()) if not cd else
+                          (lambda dims, g=operator.itemgetter(cd[0]): (g(dims),)) if len(cd) == 1 else
+                          operator.itemgetter(*cd))
         _ensure_custom_op(self)
 
     @property
@@ -272,17 +277,17 @@ class OpState:
 
     def shape_class(self, dims: Tuple[int, ...], dt: str) -> Tuple[Any, ...]:
         """What one self-check vouches for: the dtype, the token count's power-of-two bucket, the other dims."""
-        t = dims[0]
-        return (dt, 1 << max(0, (t - 1).bit_length())) + tuple(dims[i] for i in self._class_dims)
+        return (dt, 1 << max(0, (dims[0] - 1).bit_length()), *self._class_of(dims))
 
     def execute(self, views: Dict[str, Any], dims: Tuple[int, ...], dt: str,
                 original: Optional[Callable[[Dict[str, Any]], Any]]) -> None:
         import torch
 
-        cls = self.shape_class(dims, dt)
+        mode = self.mode
+        cls = self.shape_class(dims, dt) if mode != "off" else None
         dev = views[self.adapter.data].device
         capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        need_check = original is not None and (self.mode == "always" or (self.mode == "first" and cls not in self.checked))
+        need_check = original is not None and (mode == "always" or (mode == "first" and cls not in self.checked))
         if need_check and capturing:
             # no host sync inside a capture: the original is captured for this class
             self.fallback(f"shape class {cls} not yet self-checked when a CUDA graph was captured")

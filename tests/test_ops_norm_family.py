@@ -10,7 +10,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -377,3 +376,51 @@ def test_the_shared_jit_activation_factory_stays_silus(wheel_sources):
         disc = discover_for_specs([get_op(o) for o in order], roots={"sglang": root})
         owners = {s.op for s in disc.sites if s.kind == "jit_factory" and s.target == "elementwise/activation.cuh"}
         assert owners == {"silu_and_mul"}, (order, owners)
+
+
+def test_row_normalizers_name_the_first_problem_and_keep_2d_calls_unviewed():
+    """weighted_rows / gated_rows run on every patched eager call (compared without shape copies since
+    2026-11-27): each bad call names its first problem, a 2-D call passes its own tensors through, and
+    rmsnorm's alloc gives a contiguous out even for a strided input."""
+    import torch
+
+    from astra_sglang.patch.adapters import contiguous_like, gated_rows, weighted_rows
+
+    norm = weighted_rows(("input", "residual"))
+    x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    views, dims = norm({"input": x, "residual": r, "weight": w})
+    assert dims == (4, 64) and views["input"] is x and views["residual"] is r and views["weight"] is w
+    assert norm({"input": x, "residual": torch.randn(4, 63), "weight": w}) == \
+        "residual shape (4, 63) != input shape (4, 64)"
+    assert norm({"input": x, "residual": r, "weight": torch.randn(2, 32)}) == "weight shape (2, 32) != (64,)"
+    assert norm({"input": x, "residual": torch.randn(64, 4).t(), "weight": w}) == \
+        "residual is not contiguous (strides (1, 4))"
+    assert norm({"input": x, "residual": r, "weight": torch.randn(64, 2)[:, 0]}) == \
+        "weight is not contiguous (strides (2,))"
+    assert norm({"input": torch.tensor(1.0), "residual": r, "weight": w}) == "input is 0-d"
+    views, dims = norm({"input": torch.randn(2, 3, 64), "residual": torch.randn(2, 3, 64), "weight": w})
+    assert dims == (6, 64) and views["residual"].shape == (6, 64)
+
+    g, o = torch.randn(3, 128), torch.empty(3, 64)
+    views, dims = gated_rows({"input": g, "out": o})
+    assert dims == (3, 64) and views["out"] is o
+    assert gated_rows({"input": g, "out": torch.empty(3, 63)}) == "out shape (3, 63) != (3, 64)"
+    assert gated_rows({"input": g, "out": torch.empty(64, 3).t()}) == "out is not contiguous (strides (1, 3))"
+    strided = torch.randn(64, 4).t()
+    out = contiguous_like("input")({"input": strided})
+    assert out.shape == strided.shape and out.is_contiguous() and out.dtype == strided.dtype
+
+
+def test_self_check_class_of_zero_one_and_many_class_dims(tmp_path):
+    """shape_class: the dtype, the token count's power-of-two bucket and the dims after it (an itemgetter)."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState, TorchBackend
+    from astra_sglang.registry import get_op, op_part
+
+    for op, dims, want in (("rmsnorm", (5, 4096), ("bf16", 8, 4096)),
+                           ("fused_add_rmsnorm", (1, 2048), ("bf16", 1, 2048))):
+        st = OpState(get_op(op), op_part(op, "adapter").ADAPTER, TorchBackend("t", lambda v, d, s: None),
+                     CounterFile(tmp_path / op, [op]))
+        assert st.shape_class(dims, "bf16") == want
+    st._class_of = lambda d: ()   # no class dims: the bucket alone
+    assert st.shape_class((9, 1), "fp16") == ("fp16", 16)

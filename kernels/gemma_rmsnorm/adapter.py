@@ -3,7 +3,7 @@ flashinfer.norm.gemma_rmsnorm) map onto this op's kernel ABI. patch/adapters.py 
 what each field means. The weight is the stored Gemma weight (w - 1); the kernel adds the 1."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import OpAdapter, weighted_rows
+from astra_sglang.patch.adapters import OpAdapter, contiguous_like, weighted_rows
 
 
 ADAPTER = OpAdapter(
@@ -12,7 +12,7 @@ ADAPTER = OpAdapter(
     same_dtype=("input", "weight", "out"),
     rowwise=("input", "out"),
     ignorable=frozenset({"enable_pdl"}),
-    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape))},
+    alloc={"out": contiguous_like("input")},
     normalize=weighted_rows(("input", "out")),
     returns=lambda c: c["out"],
 )

@@ -5,7 +5,7 @@ Not routed: sglang.kernels.ops.layernorm.norm.rmsnorm (the JIT rmsnorm.cuh, used
 own hidden-size list) and the HF-parity rmsnorm_hf (cast before the weight multiply: a different rounding)."""
 from __future__ import annotations
 
-from astra_sglang.patch.adapters import OpAdapter, weighted_rows
+from astra_sglang.patch.adapters import OpAdapter, contiguous_like, weighted_rows
 
 
 ADAPTER = OpAdapter(
@@ -14,7 +14,7 @@ ADAPTER = OpAdapter(
     same_dtype=("input", "weight", "out"),
     rowwise=("input", "out"),
     ignorable=frozenset({"enable_pdl"}),
-    alloc={"out": lambda c: c["input"].new_empty(tuple(c["input"].shape))},
+    alloc={"out": contiguous_like("input")},
     normalize=weighted_rows(("input", "out")),
     returns=lambda c: c["out"],
 )
