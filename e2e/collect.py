@@ -170,4 +170,3 @@ def collect(items: Sequence[str], out_dir: Path, aa_floor: Optional[Path] = None
     md = markdown(rs, png)
     (out_dir / "collect.md").write_text(md)
     return md
-

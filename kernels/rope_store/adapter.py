@@ -52,7 +52,9 @@ def _rope_store_normalize(c):
 
 
 # `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
-DEFAULT_OFF = ("no gain in context: decode corpus geomean 0.997x on the H200, 10 of 16 rows below 1.00x (min 0.89x; results/2026-11-23-h200/kernels/decode_corpus/). Qwen3 and Llama run qknorm_rope_store / dense_rope_store instead")
+DEFAULT_OFF = ("no gain in context: decode corpus geomean 0.997x on the H200, 10 of 16 rows below 1.00x (min 0.89x; "
+               "results/2026-11-23-h200/kernels/decode_corpus/). Qwen3 and Llama run qknorm_rope_store / "
+               "dense_rope_store instead")
 
 ADAPTER = OpAdapter(
     op="rope_store",
