@@ -8,6 +8,8 @@
 #   VARIANT_merge_state=flashinfer bash kernels/gpu_run.sh (another production variant for one op)
 #   DTYPES=bf16 DEADLINE=480 bash kernels/gpu_run.sh       (dtypes to bench where the op has them; skip what
 #                                                           would start late)
+#   EXTRACT=1 bash kernels/gpu_run.sh                      (extract a missing workspace from the SGLang installed
+#                                                           here first, e.g. PYTHONPATH=/tmp/e2e-site)
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces
@@ -45,7 +47,13 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }; t() { echo "[$(el)s] $*"
 ws_of() { local v=VARIANT_$1; v=${!v:-${VARIANT[$1]}}; echo "$WS/$v/$1"; }
 status=0
 for op in $ops; do
-  [ -f "$(ws_of $op)/manifest.json" ] || { echo "no workspace $(ws_of $op) (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>)"; status=1; }
+  ws=$(ws_of $op)
+  if [ ! -f "$ws/manifest.json" ] && [ -n "${EXTRACT:-}" ]; then   # from the SGLang installed on this machine
+    t "extract $op (${ws%/*})"
+    $AS extract $op --variant "$(basename "$(dirname "$ws")")" --arch sm_90 --out "${ws%/*}" --no-build \
+      > "$R/extract-$op.log" 2>&1 || tail -3 "$R/extract-$op.log"
+  fi
+  [ -f "$ws/manifest.json" ] || { echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1; }
 done
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
 # the DTYPES the op takes; none of them (moe_align is int32) -> empty: bench takes the op's own defaults
