@@ -494,6 +494,26 @@ def rounds_for(cm: Optional[dict], target: float = 0.02) -> str:
             f"{need} rounds would bring it to ±{target * 100:.0f}% (`--rounds`), if the variation stays the same.")
 
 
+def arm_spread(runs: Sequence[dict], metric: str = "output_throughput", ratio: float = 2.0,
+               least: float = 0.03) -> str:
+    """A sentence when one arm's measured rounds vary much more than the other's (coefficient of variation at least
+    `ratio` times the other's, and above `least`): that arm is unstable on this setup, and its Δ moves with it. The
+    MoE model at batch 1 read 506-668 tok/s in arm B over 12 rounds while arm A held 468-548 (H200, 2026-11-27):
+    a faster GPU step can leave a server host-bound, where host jitter shows."""
+    cv = {}
+    for arm in ARMS:
+        vals = [r[metric] for r in runs if r.get("arm") == arm and r.get("round", 0) >= 0 and metric in r]
+        if len(vals) < 3 or not np.mean(vals):
+            return ""
+        cv[arm] = float(np.std(vals, ddof=1) / np.mean(vals))
+    hi, lo = ("B", "A") if cv["B"] >= cv["A"] else ("A", "B")
+    if cv[hi] < least or cv[hi] < ratio * max(cv[lo], 1e-12):
+        return ""
+    return (f"Arm {hi}'s rounds vary {cv[hi] / max(cv[lo], 1e-12):.1f}× as much as arm {lo}'s ({METRICS[metric][0]} "
+            f"CV {cv[hi] * 100:.1f}% against {cv[lo] * 100:.1f}%): arm {hi} is unstable on this setup, and the Δ "
+            f"moves with it. A host-bound server shows host jitter (`--server-profile` tells).")
+
+
 def noise_floor(lo: float, hi: float) -> Tuple[float, bool]:
     """(floor, biased) an A/A interval [lo, hi] sets for a Δ: its half-width; where it excludes 0 (the arms differ by
     a steady offset), its far edge instead. The step A/B (step_stats) and the served one judge alike."""
@@ -561,6 +581,9 @@ def report_markdown(summary: dict, meta: Optional[dict] = None, conf: float = 0.
         more = rounds_for(d["comparisons"].get("output_throughput"))
         if more:
             lines.append(more + "\n")
+        shaky = arm_spread(d.get("runs", []))
+        if shaky:
+            lines.append(shaky + "\n")
         lines.append("Parity (greedy, temperature 0):\n")
         for p in d["parity"].values():
             lines.append(f"- {p['summary']}")

@@ -515,3 +515,22 @@ def test_report_says_how_many_rounds_a_wide_interval_needs():
     assert "±6.0% over 4 rounds" in st.rounds_for(wide) and "About 36 rounds" in st.rounds_for(wide)
     assert st.rounds_for({"n_rounds": 4, "rel_lo": -0.01, "rel_hi": 0.015, "rel_change": 0.0}) == ""
     assert st.rounds_for({"n_rounds": 1, "rel_lo": float("nan"), "rel_hi": float("nan")}) == ""
+
+
+def test_report_flags_an_arm_whose_rounds_vary_much_more_than_the_others():
+    """The MoE model at batch 1 (H200, 2026-11-27): arm B 506-668 tok/s over 12 rounds, arm A 468-548. The report
+    says so; arms that vary alike (or too little to matter) get no sentence."""
+    b = [530, 647, 660, 584, 598, 514, 565, 570, 668, 625, 629, 654]
+    a = [536, 489, 529, 516, 514, 537, 548, 545, 544, 545, 497, 544]
+    runs = [{"arm": "A", "round": i, "output_throughput": v} for i, v in enumerate(a)] + \
+           [{"arm": "B", "round": i, "output_throughput": v} for i, v in enumerate(b)] + \
+           [{"arm": "B", "round": -1, "output_throughput": 10.0}]          # the warm-up round is not measured
+    msg = st.arm_spread(runs)
+    assert msg.startswith("Arm B's rounds vary 2.2×") and "CV 8.6% against 3.8%" in msg
+    same = [{**r, "output_throughput": r["output_throughput"] * (1.0 if r["arm"] == "A" else 1.1)}
+            for r in runs if r["arm"] == "A"] + [{**r, "arm": "B"} for r in runs if r["arm"] == "A"]
+    assert st.arm_spread(same) == ""
+    tiny = [{"arm": arm, "round": i, "output_throughput": 100 + (i % 2) * (2 if arm == "B" else 0.5)}
+            for arm in "AB" for i in range(6)]
+    assert st.arm_spread(tiny) == ""                                          # B's CV is ~1%: below 3%
+    assert st.arm_spread(runs[:2]) == ""                                      # too few rounds
