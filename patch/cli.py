@@ -73,7 +73,8 @@ def _jit_methods(ops: List[str]) -> Dict[str, List[str]]:
 @click.option("--serve", is_flag=True, help="Start an SGLang server (python -m sglang.launch_server ARGS) with the patch.")
 @click.option("--dry-run", is_flag=True, help="Report what would be patched where (discovery over the installed SGLang); start nothing.")
 @click.option("--ops", "ops_text", default="all", show_default=True,
-              help="Comma-separated ops, 'all', or 'none' (the same server unpatched, for A/B).")
+              help="Comma-separated ops, 'all' (the defaults), 'all,OP' / 'all,-OP' (one more / one less), or 'none' "
+                   "(the same server unpatched, for A/B).")
 @click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
               help="Serve OP with this kernel instead of kernels/OP/kernel.cu (repeatable).")
 @click.option("--self-check", type=click.Choice(cfg.SELF_CHECK_MODES), default="first", show_default=True,

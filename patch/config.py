@@ -68,9 +68,9 @@ def default_ops(known: List[str]) -> List[str]:
 
 
 def parse_ops(text: Optional[str], known: List[str], default: Optional[List[str]] = None) -> List[str]:
-    """'a,b' / 'all' / 'all,c' / 'none' -> list of op names (validated against `known`). 'all' is `default`
-    (the ops patched unless named: see patch.default_ops) when given, else every known op; 'all,c' adds c,
-    an op that is off by default, to them."""
+    """'a,b' / 'all' / 'all,c' / 'all,-d' / 'none' -> list of op names (validated against `known`). 'all' is
+    `default` (the ops patched unless named: see patch.default_ops) when given, else every known op; 'all,c' adds
+    c, an op that is off by default, to them; '-d' takes d out (a step A/B of everything but one op)."""
     if text is None:
         return []
     t = text.strip()
@@ -78,13 +78,14 @@ def parse_ops(text: Optional[str], known: List[str], default: Optional[List[str]
         return []
     ops = [p.strip() for p in t.split(",") if p.strip()]
     everything = [o for o in ops if o.lower() == "all"]
-    ops = [o for o in ops if o.lower() != "all"]
-    bad = [o for o in ops if o not in known]
+    drop = {o[1:].strip() for o in ops if o.startswith("-")}
+    ops = [o for o in ops if o.lower() != "all" and not o.startswith("-")]
+    bad = [o for o in ops + sorted(drop) if o not in known]
     if bad:
         raise AstraError(f"unknown op(s) {', '.join(bad)}; known ops: {', '.join(known)}")
     if everything:
         ops = list(known if default is None else default) + ops
-    return list(dict.fromkeys(ops))
+    return [o for o in dict.fromkeys(ops) if o not in drop]
 
 
 def parse_pairs(text: Optional[str], what: str) -> Dict[str, Path]:

@@ -30,6 +30,11 @@ def test_all_leaves_out_ops_whose_adapter_says_why_but_naming_them_patches_them(
     # the defaults plus an op that is off by default
     assert parse_ops("all,kv_store", known, default_ops(known)) == everything + ["kv_store"]
     assert parse_ops("all, fused_add_rmsnorm", known, default_ops(known)) == everything
+    # '-op' takes one out: a step A/B of every default op but one (moe_combine's 1-token calls, 2026-11-27)
+    assert parse_ops("all,-moe_combine", known, default_ops(known)) == [o for o in everything if o != "moe_combine"]
+    assert parse_ops("all,kv_store,-kv_store", known, default_ops(known)) == everything
+    with pytest.raises(AstraError, match="unknown op"):
+        parse_ops("all,-nope", known, default_ops(known))
     with pytest.raises(AstraError, match="unknown op"):
         parse_ops("all,nope", known, default_ops(known))
 
