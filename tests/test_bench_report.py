@@ -145,6 +145,18 @@ def test_table_renders_every_row_and_the_summary():
     assert "cand" not in t2.splitlines()[0] and "geomean" not in t2
 
 
+def test_table_says_when_in_context_timing_did_not_run():
+    """moe_align's first decode corpus ran no in-context timing (torch cannot GEMM int32): every row fell back to its
+    chained time with only a per-row note. The footer now says so."""
+    rep = _report()
+    assert "IN CONTEXT NOT MEASURED" not in rep.table()
+    rep.notes = [f"{r.shape} {r.dtype}: in-context timing not measured (\"normal_kernel_cuda\" not implemented for "
+                 f"'Int')" for r in rep.rows[:1]] + ["16x4096 fp16: something else"]
+    foot = rep.table().splitlines()
+    line = next(x for x in foot if x.startswith("IN CONTEXT NOT MEASURED"))
+    assert "on 1 of 2 rows" in line and "normal_kernel_cuda" in line
+
+
 def test_json_round_trip(tmp_path):
     rep = _report()
     p = rep.to_json(tmp_path / "r.json")

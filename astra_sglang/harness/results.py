@@ -320,6 +320,11 @@ class BenchReport:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")
         foot.append(f"max spread {100 * self.max_spread:.1f}%")
+        # said in the footer, not only in -v notes: moe_align's whole first corpus fell back to chained this way
+        unmeasured = [n for n in self.notes if "in-context timing not measured" in n]
+        if unmeasured:
+            foot.append(f"IN CONTEXT NOT MEASURED on {len(unmeasured)} of {len(self.rows)} rows (their speedup is the "
+                        f"chained one), first: {unmeasured[0]}")
         for r in self.rows:
             if r.failed:
                 foot.append(f"REFUSED {r.shape} {r.dtype}: {r.failed}")
