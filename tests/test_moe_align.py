@@ -382,7 +382,7 @@ def test_layer_and_adapter_modules_import_without_sglang():
 
 
 def test_adapter_leaves_what_it_measured_slower_to_sglang():
-    """In context (H200 2026-11-27): 1.04-2.97x up to 1024 ids on <= 129 buckets, 0.89x at 2048 ids, and on
+    """In context (H200 2026-11-27): 1.07-2.97x up to 1024 ids on <= 129 buckets, 0.89x at 2048 ids, and on
     DeepSeek-V3's 257 buckets 1.05x at 512 ids but 0.94x at 1024."""
     ad = op_part("moe_align", "adapter").ADAPTER
     assert ad.kept_by_sglang((128, 8, 129, 16, 2960)) is None
