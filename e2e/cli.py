@@ -137,7 +137,7 @@ def served_floor(path: Path) -> dict:
 
 def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000,
             aa_floor: Optional[Path] = None) -> str:
-    from .stats import Run, plot, report_markdown, summarize
+    from .stats import Run, aa_runs, floor_markdown, plot, report_markdown, summarize
 
     try:
         data = json.loads(Path(results_path).read_text())
@@ -158,8 +158,6 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
     if png:
         md += f"\n![A/B per run]({Path(png).name})\n"
     if calibrated:
-        from .stats import aa_runs, floor_markdown
-
         aa = summarize(aa_runs(all_runs), n_boot=n_boot)
         (out / "summary-aa.json").write_text(json.dumps(aa, indent=1))
         plot(aa, str(out / "aa.png"))
@@ -169,8 +167,6 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
                + "\nThe A/A itself, read as an A/B (B = A2):\n\n"
                + report_markdown(aa, None).replace("B = patched", "B = A2, unpatched"))
     if floor is not None and not calibrated:
-        from .stats import floor_markdown
-
         md += (f"\n## Against an earlier A/A ({aa_floor})\n\nEach A/B Δ judged against the floor that A/A sets "
                "(run it on the same setup: same machine kind, model and workload):\n\n"
                + floor_markdown(summary, floor))

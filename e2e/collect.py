@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from astra_sglang.errors import AstraError
 
-from .stats import METRICS, _pct, noise_floor, resolved
+from .stats import METRICS, _pct, ab_parity, judged, noise_floor
 
 # the columns, each judged against the A/A of the same workload and metric
 COLUMNS = ("output_throughput", "tpot_mean")
@@ -57,13 +57,10 @@ def judge(metric: str, ab: Optional[Tuple[float, float, float]],
     """(floor, verdict) of one A/B Δ against its A/A, as the run's own report judges it."""
     if ab is None:
         return None, "—"
-    floor = noise_floor(aa[1], aa[2])[0] if aa is not None else None
-    if not resolved(ab[0], ab[1], ab[2], floor):
-        return floor, "not resolved" if aa is not None else "no A/A: not judged"
     if aa is None:
         return None, "no A/A: not judged"
-    better = (ab[0] > 0) == METRICS[metric][2]
-    return floor, "resolved: B " + ("better" if better else "worse")
+    floor = noise_floor(aa[1], aa[2])[0]
+    return floor, judged(metric, *ab, floor)
 
 
 def rows(runs: Sequence[Tuple[str, Path]], shared_aa: Optional[dict] = None) -> List[dict]:
@@ -83,8 +80,7 @@ def rows(runs: Sequence[Tuple[str, Path]], shared_aa: Optional[dict] = None) -> 
                 row[m] = {"ab": i_ab, "aa": i_aa, "floor": floor, "verdict": verdict,
                           "a": (wd["comparisons"].get(m) or {}).get("a_mean"),
                           "b": (wd["comparisons"].get(m) or {}).get("b_mean")}
-            same = [p for p in wd.get("parity", {}).values() if p.get("label", "").startswith("A vs B")]
-            row["parity"] = same[0].get("summary", "") if same else ""
+            row["parity"] = ab_parity(wd)
             out.append(row)
     return out
 

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .stats import _pct
+from .stats import _pct, ab_parity
 
 # (metric, request-level?): throughput has only the per-round paired interval; the latency metrics are read at the
 # request level (every request's, or every token's, value pooled), which resolves smaller effects
@@ -51,9 +51,7 @@ def rows(done: Dict[str, Path]) -> List[dict]:
             continue
         data = json.loads(summ.read_text())
         for w, d in data.get("workloads", {}).items():
-            same = [p for p in d.get("parity", {}).values() if p.get("label", "").startswith("A vs B")]
-            out.append({"op": op, "workload": w, "comparisons": d.get("comparisons", {}),
-                        "parity": same[0].get("summary", "") if same else ""})
+            out.append({"op": op, "workload": w, "comparisons": d.get("comparisons", {}), "parity": ab_parity(d)})
     return out
 
 

@@ -526,6 +526,20 @@ def resolved(delta: float, lo: float, hi: float, floor: Optional[float]) -> bool
     return (lo > 0 or hi < 0) and (floor is None or abs(delta) > floor)
 
 
+def judged(metric: str, delta: float, lo: float, hi: float, floor: Optional[float]) -> str:
+    """The verdict of a served Δ against an A/A's floor: "resolved: B better" / "resolved: B worse" / "not resolved"
+    (better as the metric counts it: higher throughput, lower latency)."""
+    if not resolved(delta, lo, hi, floor):
+        return "not resolved"
+    return "resolved: B " + ("better" if (delta > 0) == METRICS[metric][2] else "worse")
+
+
+def ab_parity(workload: dict) -> str:
+    """A summarized workload's same-round A vs B greedy-token parity line ('' when it has none)."""
+    same = [p for p in workload.get("parity", {}).values() if p.get("label", "").startswith("A vs B")]
+    return same[0].get("summary", "") if same else ""
+
+
 FLOOR_METRICS = ("output_throughput", "tpot_mean", "itl_median", "ttft_mean")
 
 
@@ -540,11 +554,7 @@ def floor_markdown(ab: dict, aa: dict, metrics: Sequence[str] = FLOOR_METRICS) -
             if not c or not f or any(math.isnan(v) for v in (c["rel_lo"], c["rel_hi"], f["rel_lo"], f["rel_hi"])):
                 continue
             floor, biased = noise_floor(f["rel_lo"], f["rel_hi"])
-            if resolved(c["rel_change"], c["rel_lo"], c["rel_hi"], floor):
-                better = (c["rel_change"] > 0) == METRICS[m][2]
-                verdict = "resolved: B " + ("better" if better else "worse")
-            else:
-                verdict = "not resolved"
+            verdict = judged(m, c["rel_change"], c["rel_lo"], c["rel_hi"], floor)
             lines.append(f"| {w} | {METRICS[m][0]} | {_pct(c['rel_change'])} [{_pct(c['rel_lo'])}, "
                          f"{_pct(c['rel_hi'])}] | {_pct(f['rel_change'])} [{_pct(f['rel_lo'])}, {_pct(f['rel_hi'])}]"
                          f"{' (offset)' if biased else ''} | {floor * 100:.2f}% | {verdict} |")

@@ -140,10 +140,9 @@ def gated_rows(c: Dict[str, Any]):
     d = x.shape[-1] // 2
     if out.shape != x.shape[:-1] + (d,):
         return f"out shape {tuple(out.shape)} != {tuple(x.shape[:-1]) + (d,)}"
-    if not x.is_contiguous():
-        return f"input is not contiguous (strides {tuple(x.stride())})"
-    if not out.is_contiguous():
-        return f"out is not contiguous (strides {tuple(out.stride())})"
+    bad = contiguity_problem(c, ("input", "out"))
+    if bad:
+        return bad
     if nd == 2:
         return {"input": x, "out": out}, (x.shape[0], d)
     t = x.numel() // (2 * d) if d else 0
@@ -200,6 +199,7 @@ def weighted_rows(rows: Tuple[str, ...]):
     (flashinfer's 3-D per-head form is the same math per row). On every patched eager call: torch.Size
     compares as a tuple, so shapes are compared without copies, and the common 2-D call builds one dict."""
     others = tuple(n for n in rows if n != "input")
+    contiguous = tuple(rows) + ("weight",)
 
     def normalize(c: Dict[str, Any]):
         x, w = c["input"], c["weight"]
@@ -213,11 +213,9 @@ def weighted_rows(rows: Tuple[str, ...]):
                 return f"{n} shape {tuple(c[n].shape)} != input shape {tuple(shape)}"
         if w.shape != (h,):
             return f"weight shape {tuple(w.shape)} != ({h},)"
-        for n in rows:
-            if not c[n].is_contiguous():
-                return f"{n} is not contiguous (strides {tuple(c[n].stride())})"
-        if not w.is_contiguous():
-            return f"weight is not contiguous (strides {tuple(w.stride())})"
+        bad = contiguity_problem(c, contiguous)
+        if bad:
+            return bad
         if nd == 2:
             views = {n: c[n] for n in rows}
             views["weight"] = w

@@ -188,8 +188,8 @@ class OpState:
         self._dtypes = {getattr(torch, t): n for t, n in TORCH_DTYPES.items()
                         if n in spec.dtypes and n in backend.dtypes}
         # the dims after the token count that name a self-check class (adapter.token_derived left out)
-        self._class_dims = tuple(i for i, n in enumerate(spec.dim_names) if i and n not in adapter.token_derived)
-        cd = self._class_dims   # an itemgetter: shape_class runs on every eager call in --self-check first
+        # (an itemgetter: shape_class runs on every eager call in --self-check first)
+        cd = tuple(i for i, n in enumerate(spec.dim_names) if i and n not in adapter.token_derived)
         self._class_of = ((lambda dims: ()) if not cd else
                           (lambda dims, g=operator.itemgetter(cd[0]): (g(dims),)) if len(cd) == 1 else
                           operator.itemgetter(*cd))

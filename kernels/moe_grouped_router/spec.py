@@ -152,12 +152,13 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
         g = int(dims[3])
         x = torch.randint(0, 4, (t, e), generator=gen, device=device).to(torch.float32)
         b = (torch.randint(1, 4, (g,), generator=gen, device=device).to(torch.float32) / 8.0).repeat_interleave(e // g)
-    else:   # random keys: redraw the rows a sigmoid's last bits could reorder (near_tie_rows)
+    else:   # random keys: redraw the rows a sigmoid's last bits could reorder (near_tie_rows); only those change
+        rows = near_tie_rows(x.to(torch_dtype(dtype)), b, dims).nonzero().flatten()
         for _ in range(REDRAWS):
-            rows = near_tie_rows(x.to(torch_dtype(dtype)), b, dims).nonzero().flatten()
             if rows.numel() == 0:
                 break
             x[rows] = _logits((rows.numel(), e), gen, device, dist)
+            rows = rows[near_tie_rows(x[rows].to(torch_dtype(dtype)), b, dims)]
     return {
         "scores": x.to(torch_dtype(dtype)),
         "bias": b,
