@@ -13,7 +13,9 @@ import pytest
 # Pinned to what sglang 0.5.23 requires (its METADATA): flashinfer_python==0.7.2, apache-tvm-ffi==0.1.11.
 WHEELS = {"sglang": "sglang==0.5.23", "flashinfer": "flashinfer-python==0.7.2", "tvm": "apache-tvm-ffi==0.1.11"}
 # Fetched only by the tests that ask for them (not part of wheel_sources).
-EXTRA_WHEELS = {"sglang_0_5_17": "sglang==0.5.17"}
+EXTRA_WHEELS = {"sglang_0_5_17": "sglang==0.5.17",
+                # what sglang 0.5.17 requires (its METADATA): the FlashInfer its servers run
+                "flashinfer_0_6_15": "flashinfer-python==0.6.15.post1"}
 CACHE = Path(os.environ.get("ASTRA_TEST_CACHE", Path.home() / ".cache" / "astra-sglang-tests"))
 
 
@@ -82,6 +84,17 @@ def sglang_0_5_17_source():
         if os.environ.get("CI"):
             raise
         pytest.skip(f"cannot fetch the sglang 0.5.17 wheel: {e}")
+
+
+@pytest.fixture(scope="session")
+def flashinfer_0_6_15_source():
+    """The unpacked flashinfer-python 0.6.15.post1 wheel (what sglang 0.5.17 pins)."""
+    try:
+        return _fetch("flashinfer_0_6_15")
+    except Exception as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"cannot fetch the flashinfer-python 0.6.15.post1 wheel: {e}")
 
 
 @pytest.fixture(params=["0.5.17", "0.5.23"])

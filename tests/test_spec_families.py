@@ -50,7 +50,7 @@ def test_activation_ops_are_the_family_with_their_act(op):
     assert spec.abi == activation.ABI and spec.dim_names == activation.DIM_NAMES
     assert spec.make_inputs is activation.make_inputs and spec.bytes_moved is activation.bytes_moved
     jit = spec.variant("jit")
-    assert jit.source_facts[:3] == activation.JIT_FACTS and jit.source_facts[-1] == activation.FALLBACK_BOUNDS_FACT
+    assert jit.source_facts[:3] == activation.JIT_FACTS and jit.source_facts[-1] == activation.FALLBACK_FACT
     assert spec.default_variant({}) == "jit"
     # the corpus draws only from models whose MLP runs this activation, at their per-rank widths
     for s in spec.corpus:

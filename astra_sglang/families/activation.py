@@ -29,9 +29,14 @@ JIT_FACTS = (
     (JIT_HEADER, r"num_blocks = div_ceil\(static_cast<uint32_t>\(num_total_items\), kBlockSize\)",
      "grid = div_ceil(tokens * hidden / kVecSize, kBlockSize)"),
 )
-FALLBACK_BOUNDS_FACT = (
-    FLASHINFER_HEADER, r"__global__ __launch_bounds__\((?P<ACT_LAUNCH_BOUNDS>\d+)\) void act_and_mul_kernel\(",
-    "the unaligned-hidden fallback's block may not exceed act_and_mul_kernel's launch bounds",
+# The unaligned-hidden fallback, in either form FlashInfer has shipped: 0.7 templates act_and_mul_kernel on the
+# vector width and bounds it (__launch_bounds__(256)); 0.6 (sgl-kernel of SGLang 0.5.17) always loads 16 bytes.
+# ACT_VEC_PARAM is ", uint32_t vec_size" or "": the launcher takes the matching branch.
+FALLBACK_FACT = (
+    FLASHINFER_HEADER,
+    r"template <typename T, float \(\*Activation\)\(const float&\)(?P<ACT_VEC_PARAM>(?:, uint32_t vec_size)?)>\s*"
+    r"__global__ (?:__launch_bounds__\((?P<ACT_LAUNCH_BOUNDS>\d+)\) )?void act_and_mul_kernel\(",
+    "act_and_mul_kernel<T, Activation[, vec_size]>, the unaligned-hidden fallback",
 )
 
 
@@ -117,7 +122,7 @@ def jit_variant(description: str, provenance: str, facts: Sequence[Tuple[str, st
         flag_profile="sglang_jit",
         # activation.py: activation_module(fast_math=True) -> get_activation_cuda_cflags()
         extra_flags=("--use_fast_math",),
-        source_facts=JIT_FACTS + tuple(facts) + (FALLBACK_BOUNDS_FACT,),
+        source_facts=JIT_FACTS + tuple(facts) + (FALLBACK_FACT,),
         dtypes=DTYPES,
     )
 
