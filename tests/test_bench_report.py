@@ -259,3 +259,25 @@ def test_bench_report_json_is_replaced_whole(tmp_path):
     rep.to_json(out)
     assert json.loads(out.read_text())["ok"] is True and len(json.loads(out.read_text())["rows"]) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+def test_partial_report_keeps_the_rechecks_so_far_and_says_a_failed_one():
+    """A bench cut by its deadline wrote its rows but not its re-checks (moe_grouped_router, 2026-11-27): the
+    worker now reports each re-check after timing, and the partial JSON carries them."""
+    from astra_sglang.harness.bench import fold_event
+    from astra_sglang.harness.results import BenchReport, BenchRow
+
+    rep, said = BenchReport(op="moe_grouped_router"), []
+    row = BenchRow(shape="1x256x9x8x4x1", dtype="bf16", prod_us=14.7, prod_spread=0.01).__dict__
+    assert fold_event(rep, {"event": "row", "row": row}, 3, said.append)
+    assert rep.reason.startswith("partial: 1 of 3 rows") and not rep.ok and rep.recheck == {}
+    ok = {"ok": True, "reason": "", "cases": 1, "failures": []}
+    assert fold_event(rep, {"event": "recheck", "recheck": ok, "failures": []}, 3, said.append)
+    assert rep.recheck == ok and said == []
+    bad = {"ok": False, "reason": "r1: out differs", "cases": 2, "failures": ["r1: out differs"]}
+    assert fold_event(rep, {"event": "recheck", "recheck": bad, "failures": ["r1: out differs"]}, 3, said.append)
+    assert rep.recheck["ok"] is False and said == ["re-check FAILED: r1: out differs"]
+    assert len(rep.rows) == 1 and rep.to_dict()["recheck"]["cases"] == 2
+    # stages, heartbeats and a refused row (row=None) change nothing
+    for ev in ({"event": "stage", "msg": "x"}, {"event": "heartbeat"}, {"event": "row", "row": None}):
+        assert not fold_event(rep, ev, 3, said.append)

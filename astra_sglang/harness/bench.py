@@ -221,6 +221,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 if f:
                     recheck["failures"] += f
                     recheck.update(ok=False, reason=recheck["reason"] or f[0])
+                # the parent's partial JSON keeps the re-checks so far: a run cut by its deadline still says
+                emit("recheck", recheck=recheck, failures=f)
             del sets, prod_sets, pristine, gset, first
             torch.cuda.empty_cache()
     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
@@ -439,6 +441,23 @@ def _driver_version() -> str:
 # caller side
 
 
+def fold_event(rep: BenchReport, ev: Dict[str, Any], total_rows: int, say: Callable[[str], None]) -> bool:
+    """Fold one worker event into the report so far: a timed row, or the re-checks after timing so far (a failed
+    one is said at once). True when the report changed, so a run cut short keeps what it had measured and checked."""
+    kind = ev.get("event")
+    if kind == "recheck":
+        rep.recheck = dict(ev.get("recheck") or {})
+        for f in ev.get("failures") or []:
+            say(f"re-check FAILED: {f}")
+    elif kind == "row" and ev.get("row"):
+        rep.rows.append(BenchRow(**ev["row"]))
+    else:
+        return False
+    rep.ok, rep.reason = False, (f"partial: {len(rep.rows)} of {total_rows} rows timed so far "
+                                 "(the run had not finished when this was written)")
+    return True
+
+
 def bench(
     op: str,
     workspace: Any,
@@ -552,13 +571,9 @@ def bench(
     }
     rep.context_consumer_width = width if context else 0
     def row_done(ev: Dict[str, Any]) -> None:
-        if on_row is None or ev.get("event") != "row" or not ev.get("row"):
-            return
-        rep.rows.append(BenchRow(**ev["row"]))
-        rep.ok, rep.reason = False, (f"partial: {len(rep.rows)} of {len(shape_list) * len(dts)} rows timed so far "
-                                     "(the run had not finished when this was written)")
-        rep.seconds = time.monotonic() - t0
-        on_row(rep)
+        if fold_event(rep, ev, len(shape_list) * len(dts), say) and on_row is not None:
+            rep.seconds = time.monotonic() - t0
+            on_row(rep)
 
     wr = run_worker(job, timeout=timeout, total_timeout=total_timeout, progress=say, on_event=row_done)
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
@@ -570,7 +585,7 @@ def bench(
             setattr(rep, k, p[k])
     rep.notes = [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]
     rep.notes += list(p.get("notes", []))
-    rep.recheck = dict(p.get("recheck", {}))
+    rep.recheck = dict(p.get("recheck") or rep.recheck)   # a worker cut short keeps the re-checks it reported
     rep.seconds = time.monotonic() - t0
     if wr.status in ("ok", "failed") and p:
         rep.ok, rep.reason = bool(p.get("ok")), p.get("reason", "")
