@@ -20,7 +20,7 @@ On the node:  bash e2e/device_install.sh install WHEELDIR SITEDIR
 (pip install --no-index --no-deps --target), then PYTHONPATH=SITEDIR.
 
 Usage:
-  python e2e/build_wheelhouse.py --out .whl/wheelhouse [--chunk-mib 58] [--lock e2e/wheelhouse/lock.txt]
+  python e2e/build_wheelhouse.py --out .whl/wheelhouse [--chunk-mib MIB|auto] [--lock e2e/wheelhouse/lock.txt]
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -182,6 +183,25 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+CARRY_MIB = 64      # what one device call carries: the working tree plus the paths it names
+MIN_PART_MIB = 4
+
+
+def carry_room_mib(repo: Path) -> float:
+    """MiB a device call has left for one part beside the checkout at `repo`: 64 MiB less its tracked and
+    untracked-not-ignored files, counted as disk usage (the device counts blocks: 48.3 MiB of bytes, 50 MiB on disk,
+    plus a 15 MiB part did not fit on 2026-11-27), less 1 MiB."""
+    names = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.split(b"\0")
+    used = 0
+    for n in {n for n in names if n}:
+        try:
+            used += (repo / os.fsdecode(n)).lstat().st_blocks * 512
+        except FileNotFoundError:   # deleted but still in the index
+            continue
+    return CARRY_MIB - used / 2**20 - 1
+
+
 def make_chunks(wheels: list[Path], out: Path, chunk_bytes: int) -> list[Path]:
     """Pack wheels into out/partNN/ folders of at most chunk_bytes; split wheels that exceed it."""
     if out.exists():
@@ -239,8 +259,23 @@ def main(argv=None) -> int:
     ap.add_argument("--lock", type=Path, help="pin versions from a lock file written by an earlier run")
     ap.add_argument("--write-lock", type=Path, help="write name==version  sha256 for the set")
     ap.add_argument("--no-trim", action="store_true", help="keep sglang-kernel whole")
-    ap.add_argument("--chunk-mib", type=float, default=0, help="also write OUT/carry/partNN of at most this size")
+    ap.add_argument("--chunk-mib", default="0",
+                    help="also write OUT/carry/partNN of at most this many MiB; 'auto': what a device call has left "
+                    "beside this checkout (64 MiB less its working tree, less 1 MiB)")
     args = ap.parse_args(argv)
+    if args.chunk_mib == "auto":
+        args.chunk_mib = carry_room_mib(Path.cwd())
+        if args.chunk_mib < MIN_PART_MIB:
+            print(f"error: this checkout leaves {args.chunk_mib:.1f} MiB of the {CARRY_MIB} MiB a device call carries; "
+                  f"parts under {MIN_PART_MIB} MiB are not worth staging", file=sys.stderr)
+            return 2
+        print(f"--chunk-mib auto: {args.chunk_mib:.1f} MiB parts", flush=True)
+    else:
+        try:
+            args.chunk_mib = float(args.chunk_mib)
+        except ValueError:
+            print(f"error: --chunk-mib takes a number of MiB or 'auto', not {args.chunk_mib!r}", file=sys.stderr)
+            return 2
 
     log = lambda m: print(m, flush=True)  # noqa: E731
     image = {norm(n) for n in read_list(args.image)}

@@ -34,3 +34,23 @@ def test_make_chunks_fits_splits_and_rejoins(tmp_path):
     assert hashlib.sha256(joined).hexdigest() == man["big-1.0-py3-none-any.whl"]["sha256"]
     small = {f.name for p in parts for f in p.glob("*.whl")}
     assert small == {"a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl", "c-1.0-py3-none-any.whl"}
+
+
+def test_auto_part_size_is_what_the_checkout_leaves(tmp_path, capsys):
+    """--chunk-mib auto: 64 MiB less the working tree the device carries (tracked and untracked-not-ignored files,
+    on disk, not ignored ones), less 1 MiB; a bad value is one error line and exit 2."""
+    import subprocess
+
+    wh = _wheelhouse()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("big-ignored\n")
+    (repo / "tracked").write_bytes(b"x" * (3 * 2**20))
+    subprocess.run(["git", "-C", str(repo), "add", "tracked", ".gitignore"], check=True)
+    (repo / "untracked").write_bytes(b"y" * 2**20)
+    (repo / "big-ignored").write_bytes(b"z" * (20 * 2**20))
+    room = wh.carry_room_mib(repo)
+    assert 64 - 4 - 1 - 0.1 < room <= 64 - 4 - 1   # 4 MiB carried (a few blocks over), the ignored 20 MiB not
+    assert wh.main(["--out", str(tmp_path / "o"), "--chunk-mib", "lots"]) == 2
+    assert capsys.readouterr().err.startswith("error: --chunk-mib takes a number of MiB or 'auto'")
