@@ -1,7 +1,8 @@
-"""dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense (Llama) attention, where SGLang
+"""dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense (Llama, Gemma-2) attention, where SGLang
 runs its rope kernel and then the attention backend's KV store. On CPU: the spec is rope_store's computation under
-its own name and production; the corpus is Llama-3's and every row fits the store's launcher; the harness runs the
-edge shapes on CPU; the adapter binds LlamaAttention.forward and discovery finds it in real SGLang; the production
+its own name and production; the corpus is Llama-3's and Gemma-2's and every row fits the store's launcher; the
+harness runs the edge shapes on CPU; the adapter binds both attentions' forward and discovery finds them in real
+SGLang, whose two bodies are the same sequence; the production
 launcher (SGLang's two JIT kernels back to back) extracts from sglang 0.5.17 and 0.5.23 and builds with nvcc.
 
 No kernel runs here (no GPU in CI)."""
@@ -27,7 +28,8 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
     assert [(a.name, a.role, a.ctype) for a in spec.abi] == [(a.name, a.role, a.ctype) for a in rs.abi]
     assert spec.c_signature() == rs.c_signature().replace("astra_rope_store(", "astra_dense_rope_store(")
     assert spec.reference is rs.reference and spec.make_inputs is rs.make_inputs
-    assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",)
+    assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",
+                             "sglang.srt.models.gemma2:Gemma2Attention.forward")
     assert spec.fused_member_sets() == (("rope", "kv_store"),)
     assert spec.kernel_symbols == (r"astra_drs::",)
     v = spec.variant("jit")
@@ -37,9 +39,11 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
     assert "FUSED" in spec.summary and "sum" in spec.summary
 
 
-def test_corpus_is_llama_3_and_every_shape_fits_the_store():
+def test_corpus_is_llama_3_and_gemma_2_and_every_shape_fits_the_store():
     spec = get_op(OP)
-    assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b"}
+    assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b", "gemma-2-2b", "gemma-2-9b",
+                                                                "gemma-2-27b"}
+    assert (1, 16, 8, 256, 8192, 8192, 8192) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256
     assert {s.dims[0] for s in spec.corpus} >= {1, 16, 64, 256, 1024, 16384}
     assert (1, 32, 8, 128, 6144, 6144, 6144) in {s.dims for s in spec.corpus}  # llama-3-8b, one decode token
     v = spec.variant("jit")
@@ -69,7 +73,7 @@ def test_shipped_kernel_passes_the_static_checks_and_declares_the_abi():
     assert "griddepcontrol.wait" in text
 
 
-def test_the_adapter_fits_the_spec_and_binds_llama_attention_forward():
+def test_the_adapter_fits_the_spec_and_binds_llama_attention_forward():  # Gemma2Attention.forward: the same
     from astra_sglang.patch.adapters import Binder, adapter_mismatch, get_adapter
 
     def forward(self, positions, hidden_states, forward_batch):  # SGLang's LlamaAttention.forward
@@ -82,14 +86,47 @@ def test_the_adapter_fits_the_spec_and_binds_llama_attention_forward():
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_discovery_finds_llama_attention_forward_in_real_sglang(version, request):
+def test_discovery_finds_llama_and_gemma2_attention_forward_in_real_sglang(version, request):
     from astra_sglang.patch.discover import discover_for_specs
 
     root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
                 else request.getfixturevalue("wheel_sources")["sglang"])
     disc = discover_for_specs([get_op(OP)], roots={"sglang": root / "sglang"})
-    assert ("definition", "sglang.srt.models.llama", "LlamaAttention.forward") in [
-        (s.kind, s.module, s.local_name) for s in disc.for_op(OP)]
+    found = [(s.kind, s.module, s.local_name) for s in disc.for_op(OP)]
+    assert ("definition", "sglang.srt.models.llama", "LlamaAttention.forward") in found
+    assert ("definition", "sglang.srt.models.gemma2", "Gemma2Attention.forward") in found
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_gemma2_attention_forward_is_llama_s_sequence_over_the_attributes_the_adapter_reads(version, request):
+    """The adapter replaces Gemma2Attention.forward with Llama's fused sequence: both bodies must be qkv GEMM, split,
+    rope, attention, o_proj, and Gemma-2 must not be a hybrid-SWA model (its pool is then the plain MHA pool the
+    fused store writes; the sliding window is the attention's)."""
+    import ast
+
+    root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
+                else request.getfixturevalue("wheel_sources")["sglang"]) / "sglang"
+
+    def forward_body(rel, cls):
+        tree = ast.parse((root / rel).read_text())
+        c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        f = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+        return [ast.unparse(n) for n in f.body]
+
+    gemma = forward_body("srt/models/gemma2.py", "Gemma2Attention")
+    assert gemma == ["qkv, _ = self.qkv_proj(hidden_states)",
+                     "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
+                     "q, k = self.rotary_emb(positions, q, k)",
+                     "attn_output = self.attn(q, k, v, forward_batch)",
+                     "output, _ = self.o_proj(attn_output)",
+                     "return output"]
+    init = (root / "srt/models/gemma2.py").read_text()
+    for attr in ("self.num_heads =", "self.num_kv_heads =", "self.head_dim =", "self.q_size =", "self.kv_size =",
+                 "self.rotary_emb = get_rope(", "self.attn = RadixAttention("):
+        assert attr in init, attr
+    cfg = (root / "srt/configs/model_config.py").read_text()
+    swa = cfg[cfg.index("def is_hybrid_swa_model"):]
+    assert "Gemma2ForCausalLM" not in swa[:swa.index("\ndef ", 10)]
 
 
 @pytest.mark.wheels

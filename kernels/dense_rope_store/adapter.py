@@ -1,10 +1,11 @@
-"""The patch adapter of a fused op: SGLang's LlamaAttention.forward (0.5.17, 0.5.23), whose body on CUDA is the qkv
-GEMM, the JIT rope in place (RotaryEmbedding.forward_cuda -> apply_rope_with_cos_sin_cache_inplace, no store), then
-the attention, whose backend stores the KV first (MHATokenToKVPool.set_kv_buffer -> store_cache), and o_proj. The
-method is replaced where SGLang would fuse a KV store (enable_fused_set_kv_buffer: a bf16 MHA pool, no SWA, no
-context parallelism, the checks qknorm_rope_store's dense site makes): it runs the GEMM, this op's kernel and the
-attention with save_kv_cache=False, as SGLang's own Qwen3-MoE path does. patch/adapters.py holds the machinery and
-says what each field means."""
+"""The patch adapter of a fused op: SGLang's LlamaAttention.forward and Gemma2Attention.forward (0.5.17, 0.5.23: the
+same body, and the attributes this adapter reads). On CUDA that body is the qkv GEMM, the JIT rope in place
+(RotaryEmbedding.forward_cuda -> apply_rope_with_cos_sin_cache_inplace, no store), then the attention, whose backend
+stores the KV first (MHATokenToKVPool.set_kv_buffer -> store_cache), and o_proj. The method is replaced where SGLang
+would fuse a KV store (enable_fused_set_kv_buffer: a bf16 MHA pool, no SWA pool, no context parallelism, the checks
+qknorm_rope_store's dense site makes; Gemma-2's sliding window is the attention's, over a plain pool): it runs the
+GEMM, this op's kernel and the attention with save_kv_cache=False, as SGLang's own Qwen3-MoE path does.
+patch/adapters.py holds the machinery and says what each field means."""
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -16,9 +17,9 @@ from astra_sglang.patch.adapters import OpAdapter
 
 
 def _expand(a: Dict[str, Any]):
-    """LlamaAttention.forward(self, positions, hidden_states, forward_batch) -> canonical arguments, or why SGLang
-    keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves what the
-    kernel does not take (patch/apply.py not_covered)."""
+    """{Llama,Gemma2}Attention.forward(self, positions, hidden_states, forward_batch) -> canonical arguments, or why
+    SGLang keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves what
+    the kernel does not take (patch/apply.py not_covered)."""
     import torch
 
     attn, positions, hs, fb = a["self"], a["positions"], a["hidden_states"], a["forward_batch"]

@@ -6,8 +6,9 @@ launches on one stream, exactly as SGLang makes them; a speedup of this op is ov
 
 The computation is rope_store's (SGLang's own fused rope + KV store, which it runs only in MoE attention such as
 Qwen3-MoE's); its contract, inputs, reference and bytes are taken from there. The patch replaces
-`LlamaAttention.forward`: the qkv GEMM, this op's kernel, the attention with save_kv_cache=False (as SGLang's
-Qwen3-MoE path calls it), o_proj.
+`LlamaAttention.forward` and `Gemma2Attention.forward` (the same body: qkv GEMM, split, rope, attention, o_proj;
+Gemma-2's sliding window lives in the attention and its KV pool is a plain one): the qkv GEMM, this op's kernel,
+the attention with save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
 """
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from astra_sglang.spec import SourceFile, Variant
 
 HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 
-# Models whose attention is LlamaAttention (rope, then the attention's KV store), and the TP degrees.
+# Models whose attention is LlamaAttention or Gemma2Attention (rope, then the attention's KV store), and the TP
+# degrees. Gemma-2's rows (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26.
 DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("llama-3-8b", (1, 2)),
     ("llama-3-70b", (4, 8)),
+    ("gemma-2-2b", (1,)),
+    ("gemma-2-9b", (1,)),
+    ("gemma-2-27b", (1, 2)),
 )
 
 _dims = _rope_store_spec._dims
@@ -61,8 +66,8 @@ JIT = Variant(
 
 SPEC = qkv.spec(
     name="dense_rope_store",
-    summary="FUSED rope + KV store of dense (Llama) attention in one launch (replaces SGLang's rope kernel, then the "
-    "attention backend's KV store; speedups are over the sum of the two kernels)",
+    summary="FUSED rope + KV store of dense (Llama, Gemma-2) attention in one launch (replaces SGLang's rope kernel, "
+    "then the attention backend's KV store; speedups are over the sum of the two kernels)",
     dim_names=_rope_store_spec.DIM_NAMES,
     pointers=(("q", "inout"), ("k", "inout"), ("v", "in"), ("k_cache", "inout"), ("v_cache", "inout"),
               ("cos_sin_cache", "in"), ("positions", "in"), ("out_loc", "in")),
@@ -75,7 +80,8 @@ SPEC = qkv.spec(
     scalars=qkv.neox_scalars(_rope_store_spec._GPTJ),
     bytes_moved=_rope_store_spec.bytes_moved,
     distributions=("normal", "large"),
-    replaces=("sglang.srt.models.llama:LlamaAttention.forward",),
+    replaces=("sglang.srt.models.llama:LlamaAttention.forward",
+              "sglang.srt.models.gemma2:Gemma2Attention.forward"),
     # only ours: SGLang's two kernels are attributed to the rope and kv_store ops
     kernel_symbols=(r"astra_drs::",),
     fuses=("rope", "kv_store"),
