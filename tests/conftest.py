@@ -75,26 +75,26 @@ def wheel_sources():
         pytest.skip(f"cannot fetch the sglang/flashinfer wheels: {e}")
 
 
-@pytest.fixture(scope="session")
-def sglang_0_5_17_source():
-    """The unpacked sglang 0.5.17 wheel (the version the GPU test machine runs)."""
+def _extra(key: str) -> Path:
+    """One of EXTRA_WHEELS, unpacked; no registry reachable: an error on CI, else a skip (never a vacuous pass)."""
     try:
-        return _fetch("sglang_0_5_17")
+        return _fetch(key)
     except Exception as e:
         if os.environ.get("CI"):
             raise
-        pytest.skip(f"cannot fetch the sglang 0.5.17 wheel: {e}")
+        pytest.skip(f"cannot fetch {EXTRA_WHEELS[key]}: {e}")
+
+
+@pytest.fixture(scope="session")
+def sglang_0_5_17_source():
+    """The unpacked sglang 0.5.17 wheel (the version the GPU test machine runs)."""
+    return _extra("sglang_0_5_17")
 
 
 @pytest.fixture(scope="session")
 def flashinfer_0_6_15_source():
     """The unpacked flashinfer-python 0.6.15.post1 wheel (what sglang 0.5.17 pins)."""
-    try:
-        return _fetch("flashinfer_0_6_15")
-    except Exception as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"cannot fetch the flashinfer-python 0.6.15.post1 wheel: {e}")
+    return _extra("flashinfer_0_6_15")
 
 
 @pytest.fixture(params=["0.5.17", "0.5.23"])
