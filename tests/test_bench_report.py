@@ -281,3 +281,16 @@ def test_partial_report_keeps_the_rechecks_so_far_and_says_a_failed_one():
     # stages, heartbeats and a refused row (row=None) change nothing
     for ev in ({"event": "stage", "msg": "x"}, {"event": "heartbeat"}, {"event": "row", "row": None}):
         assert not fold_event(rep, ev, 3, said.append)
+
+
+def test_footer_counts_rows_faster_within_noise_and_slower():
+    """Issue 14's "every row >= 1.00x" read off the footer: a row below 1.00x within its replays' noise is not a
+    measured loss (2026-11-27: every norm row below 1.00x was), a row slower beyond it is named."""
+    rep = _report()
+    a, b = rep.rows   # a: faster, b: within noise
+    assert rep.verdict_line().startswith("rows: 1 faster, 1 within noise, 0 slower; min ")
+    slow = BenchRow.make("1x256", "bf16", [1.00, 1.01, 1.00], [1.40, 1.41, 1.40], 10, 3000.0)
+    assert slow.speedup < 1 and not slow.noise
+    rep.rows.append(slow)
+    line = next(x for x in rep.table().splitlines() if x.startswith("rows: "))
+    assert "1 slower (1x256 bf16 0." in line and line.endswith("(1x256 bf16)")

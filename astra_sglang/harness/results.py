@@ -241,6 +241,18 @@ class BenchReport:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     # --- rendering -----------------------------------------------------------------------
+    def verdict_line(self) -> str:
+        """How many rows are faster, within noise (|difference| < the replays' spread) or measurably slower, naming the
+        slower ones, and the minimum: "every row >= 1.00x" is judged on this, since a row at 0.95x within its noise is
+        no measured loss."""
+        sp = [r for r in self.rows if r.speedup]
+        slower = [r for r in sp if r.speedup < 1 and not r.noise]
+        low = min(sp, key=lambda r: r.speedup)
+        named = ", ".join(f"{r.shape} {r.dtype} {r.speedup:.3f}x" for r in slower[:4]) + (", ..." * (len(slower) > 4))
+        return (f"rows: {sum(1 for r in sp if not r.noise and r.speedup >= 1)} faster, {sum(1 for r in sp if r.noise)} "
+                f"within noise, {len(slower)} slower" + (f" ({named})" if slower else "")
+                + f"; min {low.speedup:.3f}x ({low.shape} {low.dtype})")
+
     def table(self) -> str:
         has_c = any(r.cand_us is not None for r in self.rows)
         has_ctx = any(r.context_base_us is not None for r in self.rows)
@@ -305,6 +317,8 @@ class BenchReport:
             gx = geomean(r.context_speedup for r in self.rows if r.context_speedup)
             if has_ctx and gc and gx:
                 foot.append(f"geomean chained {gc:.3f}x, in-context {gx:.3f}x")
+            if g:
+                foot.append(self.verdict_line())
         if has_ctx:
             width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
             foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM"
