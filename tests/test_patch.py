@@ -178,9 +178,15 @@ def test_dry_run_report(sglang_root):
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "sglang 0.5.23" in out
-    assert "sglang.srt.layers.activation:62" in out and "_sgl_silu_and_mul <- sgl_kernel:silu_and_mul" in out
     assert "sglang.srt.layers.layernorm" in out
-    assert "activation_module() [elementwise/activation.cuh]" in out and "routes run_activation" in out
+    assert "_sgl_silu_and_mul" not in out  # silu_and_mul is off by default (its adapter's DEFAULT_OFF)
+    # an op that is off by default is named to patch it; its sites are reported then
+    ps = subprocess.run(cmd[:5] + ["--ops", "all,silu_and_mul"] + cmd[5:], capture_output=True, text=True, env=env,
+                        timeout=300)
+    assert ps.returncode == 0, ps.stderr
+    assert "sglang.srt.layers.activation:62" in ps.stdout
+    assert "_sgl_silu_and_mul <- sgl_kernel:silu_and_mul" in ps.stdout
+    assert "activation_module() [elementwise/activation.cuh]" in ps.stdout and "routes run_activation" in ps.stdout
     from astra_sglang.patch import patchable_ops
     from astra_sglang.patch.config import default_ops
 
