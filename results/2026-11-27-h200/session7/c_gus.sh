@@ -1,7 +1,7 @@
 #!/bin/bash
 # 2026-11-27 (H200, seventh session): gate_up_silu (SiLU-and-mul in the gate_up GEMV's epilogue) on the GPU.
 #   bash c_gus.sh corpus   install, check + decode corpus (bf16), the 8-row variant's bench, validate, Qwen3-8B step
-#   bash c_gus.sh steps    Qwen3-8B step with the late PDL trigger variant, Llama-3-8B step (default kernel)
+#   bash c_gus.sh steps    Llama-3-8B step (default kernel), then Qwen3-8B's with the late PDL trigger variant
 # Step A/B: arm A `--ops all` (every default op), arm B `--ops all,gate_up_silu`. From the repository root on the GPU
 # machine after staging the wheelhouse (e2e/README.md).
 set -uo pipefail
@@ -34,11 +34,9 @@ if [ "${1:-corpus}" = corpus ]; then
   echo "validate rc=$? at $(el)s"; tail -3 $OUT/gus-validate/validate.log
   step gus-qwen3 qwen3-8b 260
 else
+  step gus-llama3 llama3-8b 260
   sed -i 's/^#define ASTRA_GUS_LATE_TRIGGER 0 /#define ASTRA_GUS_LATE_TRIGGER 1 /' kernels/gate_up_silu/kernel.cu
   grep -c "^#define ASTRA_GUS_LATE_TRIGGER 1 " kernels/gate_up_silu/kernel.cu
   bash e2e/device_install.sh astra >/dev/null
   step gus-late-qwen3 qwen3-8b 260
-  git checkout kernels/gate_up_silu/kernel.cu 2>/dev/null || sed -i 's/^#define ASTRA_GUS_LATE_TRIGGER 1 /#define ASTRA_GUS_LATE_TRIGGER 0 /' kernels/gate_up_silu/kernel.cu
-  bash e2e/device_install.sh astra >/dev/null
-  step gus-llama3 llama3-8b 260
 fi
