@@ -405,15 +405,15 @@ def test_the_shape_rule_is_validate_s_n_a_and_the_precheck_s_token_limit():
     assert pre((None, torch.randn(2, 64)), {}) is None and pre((None,), {}) is None
 
 
-def test_off_by_default_until_a_gpu_measures_it_and_named_it_is_patched():
+def test_on_by_default_and_binds_both_forwards():
     from astra_sglang.patch import patchable_ops
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
     from astra_sglang.patch.config import default_ops, parse_ops
 
-    assert AD.DEFAULT_OFF.startswith("not yet measured on a GPU")
+    assert AD.DEFAULT_OFF == ""
     known = patchable_ops()
-    assert OP in known and OP not in parse_ops("all", known, default_ops(known))
-    assert parse_ops("all,gate_up_silu", known, default_ops(known))[-1] == OP
+    assert OP in known and OP in parse_ops("all", known, default_ops(known))
+    assert OP not in parse_ops("all,-gate_up_silu", known, default_ops(known))
     assert adapter_mismatch(SPEC, A) is None and A.returned == ()
 
     def forward(self, x, forward_batch=None):  # both MLPs' signature
@@ -422,24 +422,14 @@ def test_off_by_default_until_a_gpu_measures_it_and_named_it_is_patched():
     assert Binder(forward, A, SPEC).ok
 
 
-def test_astra_sglang_ops_lists_it_off_by_default(capsys):
+def test_astra_sglang_ops_lists_it(capsys):
     code, out, _ = run_cli(["ops", "--json"], capsys)
     assert code == 0
     row = {r["op"]: r for r in json.loads(out)}[OP]
     assert row["kernel"] and row["patch"] and row["validate"] and row["missing"] == []
-    assert row["extract"] == ["installed"] and row["default_off"].startswith("not yet measured")
+    assert row["extract"] == ["installed"] and row["default_off"] == ""
     code, out, _ = run_cli(["ops"], capsys)
-    assert code == 0 and OP in out and "not yet measured on a GPU" in out
-
-
-def test_the_first_design_is_gone():
-    from astra_sglang.registry import op_names
-
-    assert "silu_down_proj" not in op_names()
-    root = Path(__file__).resolve().parents[1]
-    assert not (root / "kernels" / "silu_down_proj").exists()
-    assert "silu_down_proj" not in (root / "README.md").read_text()
-
+    assert code == 0 and OP in out
 
 def test_layer_imports_without_sglang():
     assert callable(op_part(OP, "layer").run_layer)
