@@ -37,9 +37,10 @@ MAX_IN_FEATURES = _LINEAR_MAX_IN_FEATURES
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
-def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
+def declined(tokens: int, in_features: int, out_features: int, act: str = "silu_and_mul") -> Optional[str]:
     """Why x [tokens, in_features] through a [2 * out_features, in_features] gate_up weight stays with SGLang by
-    design, or None: the one rule expand and validate (n/a, not a failure) share."""
+    design, or None: the one rule expand and validate (n/a, not a failure) share. act: SGLang's activation kernel
+    the op fuses (gate_up_gelu_tanh: gelu_tanh_and_mul, the same width rule)."""
     if tokens > MAX_TOKENS:
         return f"{tokens} tokens > {MAX_TOKENS}: SGLang's GEMM and activation"
     if in_features % 8:
@@ -47,28 +48,35 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
     if in_features > MAX_IN_FEATURES:
         return f"in_features {in_features} > {MAX_IN_FEATURES}: not measured (linear's GEMV ties cuBLAS there)"
     if out_features % 8:
-        return (f"intermediate width {out_features} is not a multiple of 8: SGLang's silu_and_mul takes another "
+        return (f"intermediate width {out_features} is not a multiple of 8: SGLang's {act} takes another "
                 f"kernel (sgl_kernel) there")
     return None
 
 
-def _mlp_kind(mlp) -> Optional[str]:
-    """'qwen2' or 'llama': whose forward this is, which decides the down_proj call; None for neither."""
-    for kind, mod, cls in (("qwen2", "sglang.srt.models.qwen2", "Qwen2MLP"),
-                           ("llama", "sglang.srt.models.llama", "LlamaMLP")):
+# (kind, module, class) of the MLPs whose forward this op replaces. The kind decides the down_proj call (Qwen2MLP
+# passes forward_batch) and the RL on-policy cast (Qwen2MLP's); gate_up_gelu_tanh names the Gemma MLPs.
+MLPS = (("llama", "sglang.srt.models.llama", "LlamaMLP"), ("qwen2", "sglang.srt.models.qwen2", "Qwen2MLP"))
+
+
+def _mlp_kind(mlp, mlps=MLPS) -> Optional[str]:
+    """The kind of the first of `mlps` that mlp is an instance of (whose forward this is), or None."""
+    for kind, mod, cls in mlps:
         c = getattr(sys.modules.get(mod), cls, None)
         if isinstance(c, type) and isinstance(mlp, c):
             return kind
     return None
 
 
-def _act_problem(act) -> Optional[str]:
-    """None where act_fn(gate_up) would run SGLang's silu_and_mul kernel (SiluAndMul.forward_cuda), else why not."""
+def _act_problem(act, cls: str = "SiluAndMul", approximate: Optional[str] = None) -> Optional[str]:
+    """None where act_fn(gate_up) would run SGLang's activation kernel (`cls`.forward_cuda: SiluAndMul's silu_and_mul;
+    GeluAndMul's gelu_tanh_and_mul where its `approximate` is the one given), else why not."""
     mod = sys.modules.get("sglang.srt.layers.activation")
-    if mod is None or type(act) is not getattr(mod, "SiluAndMul", None):
-        return f"act_fn is {type(act).__name__}, not SGLang's SiluAndMul"
+    if mod is None or type(act) is not getattr(mod, cls, None):
+        return f"act_fn is {type(act).__name__}, not SGLang's {cls}"
+    if approximate is not None and getattr(act, "approximate", None) != approximate:
+        return f"{cls}'s approximate is {getattr(act, 'approximate', None)!r}, not {approximate!r}"
     if getattr(act, "is_torch_compile", False):
-        return "SiluAndMul runs its native path under torch.compile"
+        return f"{cls} runs its native path under torch.compile"
     forced = getattr(sys.modules.get("sglang.kernels.fused_op"), "get_fused_op_backend", None)  # 0.5.23
     if forced is not None and forced() is not None:
         return "a fused-op backend is forced (SGLANG_FORCE_FUSED_OP_BACKEND)"
@@ -78,9 +86,9 @@ def _act_problem(act) -> Optional[str]:
         try:
             method = act._forward_method = act._resolve_forward_method()
         except Exception as e:  # noqa: BLE001 - an unresolvable dispatch: leave the call to SGLang
-            return f"SiluAndMul's forward does not resolve here ({type(e).__name__})"
+            return f"{cls}'s forward does not resolve here ({type(e).__name__})"
     if method != act.forward_cuda:
-        return f"SiluAndMul runs {getattr(method, '__name__', method)!s}, not forward_cuda"
+        return f"{cls} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
     return None
 
 
@@ -133,44 +141,52 @@ def _sglang_fusion(mlp) -> Optional[str]:
     return None
 
 
-def _expand(a: Dict[str, Any]):
-    """{Llama,Qwen2}MLP.forward(self, x, forward_batch=None) -> canonical arguments (plus the down_proj call that
-    `returns` makes), or why SGLang keeps it. Every reason to decline comes before any work."""
-    import torch
+def mlp_expand(mlps=MLPS, act_cls: str = "SiluAndMul", act: str = "silu_and_mul",
+               approximate: Optional[str] = None):
+    """The expand of a fused gate_up + activation op over `mlps` whose act_fn is SGLang's `act_cls` (running kernel
+    `act`; `approximate`: GeluAndMul's); gate_up_gelu_tanh's too."""
+    names = " / ".join(cls for _, _, cls in mlps)
 
-    mlp, x = a["self"], a["x"]
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.device.type not in DEVICES:
-        return "x is not a 2-D CUDA tensor"
-    t = x.shape[0]
-    if t > MAX_TOKENS:  # first: every prefill call passes here
-        return f"{t} tokens > {MAX_TOKENS}: SGLang's GEMM and activation"
-    if t == 0:
-        return "no tokens"
-    kind = _mlp_kind(mlp)
-    if kind is None:
-        return f"{type(mlp).__name__} is not SGLang's LlamaMLP / Qwen2MLP"
-    gate_up_proj, down = getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)
-    if not callable(down):
-        return "the MLP has no down_proj to call"
-    why = _sglang_fusion(mlp) or _act_problem(getattr(mlp, "act_fn", None))
-    if why:
-        return why
-    if kind == "qwen2" and _rl_on_policy():
-        return "RL on-policy target (the method casts x to bf16)"
-    w = getattr(gate_up_proj, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device != x.device:
-        return "gate_up_proj's weight is not a 2-D tensor on x's device"
-    if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
-        return f"x {x.dtype} / gate_up_proj weight {w.dtype}: not one fp16 / bf16 dtype"
-    if w.shape[1] != x.shape[1] or w.shape[0] % 2:
-        return f"gate_up_proj's weight {tuple(w.shape)} is not [2I, {x.shape[1]}] for x {tuple(x.shape)}"
-    why = declined(t, w.shape[1], w.shape[0] // 2) or _gate_up_problem(gate_up_proj, x)
-    if why:
-        return why
-    return {"x": x, "weight": w,
-            "out": torch.empty((t, w.shape[0] // 2), device=x.device, dtype=x.dtype),
-            # what `returns` does with the activation: the replaced forward's own down_proj call
-            "down": down, "down_kw": {"forward_batch": a.get("forward_batch")} if kind == "qwen2" else {}}
+    def expand(a: Dict[str, Any]):
+        """MLP.forward(self, x[, forward_batch]) -> canonical arguments (plus the down_proj call that `returns`
+        makes), or why SGLang keeps it. Every reason to decline comes before any work."""
+        import torch
+
+        mlp, x = a["self"], a["x"]
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.device.type not in DEVICES:
+            return "x is not a 2-D CUDA tensor"
+        t = x.shape[0]
+        if t > MAX_TOKENS:  # first: every prefill call passes here
+            return f"{t} tokens > {MAX_TOKENS}: SGLang's GEMM and activation"
+        if t == 0:
+            return "no tokens"
+        kind = _mlp_kind(mlp, mlps)
+        if kind is None:
+            return f"{type(mlp).__name__} is not SGLang's {names}"
+        gate_up_proj, down = getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)
+        if not callable(down):
+            return "the MLP has no down_proj to call"
+        why = _sglang_fusion(mlp) or _act_problem(getattr(mlp, "act_fn", None), act_cls, approximate)
+        if why:
+            return why
+        if kind == "qwen2" and _rl_on_policy():
+            return "RL on-policy target (the method casts x to bf16)"
+        w = getattr(gate_up_proj, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device != x.device:
+            return "gate_up_proj's weight is not a 2-D tensor on x's device"
+        if x.dtype != w.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+            return f"x {x.dtype} / gate_up_proj weight {w.dtype}: not one fp16 / bf16 dtype"
+        if w.shape[1] != x.shape[1] or w.shape[0] % 2:
+            return f"gate_up_proj's weight {tuple(w.shape)} is not [2I, {x.shape[1]}] for x {tuple(x.shape)}"
+        why = declined(t, w.shape[1], w.shape[0] // 2, act) or _gate_up_problem(gate_up_proj, x)
+        if why:
+            return why
+        return {"x": x, "weight": w,
+                "out": torch.empty((t, w.shape[0] // 2), device=x.device, dtype=x.dtype),
+                # what `returns` does with the activation: the replaced forward's own down_proj call
+                "down": down, "down_kw": {"forward_batch": a.get("forward_batch")} if kind == "qwen2" else {}}
+
+    return expand
 
 
 def _normalize(c):
@@ -187,16 +203,21 @@ def _normalize(c):
     return {"x": x, "weight": w, "out": out}, (t, h, k)
 
 
-def _sequence(c: Dict[str, Any]) -> None:
-    """SGLang's two steps on canonical tensors: gate_up_proj's F.linear (cuBLAS), then its silu_and_mul (what
-    SiluAndMul.forward_cuda calls), into `out`."""
-    import importlib
+def two_steps(act: str = "silu_and_mul"):
+    """The `sequence` of a fused gate_up + activation op: SGLang's two steps on canonical tensors, gate_up_proj's
+    F.linear (cuBLAS), then its `act` (what SiluAndMul / GeluAndMul.forward_cuda call), into `out`."""
 
-    import torch
+    def sequence(c: Dict[str, Any]) -> None:
+        import importlib
 
-    fn = importlib.import_module("sglang.srt.layers.activation").silu_and_mul
-    silu_and_mul = getattr(fn, "__astra_original__", fn)  # SGLang's own, also where astra's silu_and_mul is patched
-    silu_and_mul(torch.nn.functional.linear(c["x"], c["weight"]), c["out"])
+        import torch
+
+        fn = getattr(importlib.import_module("sglang.srt.layers.activation"), act)
+        original = getattr(fn, "__astra_original__", fn)  # SGLang's own, also where astra's `act` op is patched
+        original(torch.nn.functional.linear(c["x"], c["weight"]), c["out"])
+
+    sequence.__doc__ = f"F.linear, then SGLang's {act}, into `out`."
+    return sequence
 
 
 def _returns(c: Dict[str, Any]):
@@ -205,22 +226,27 @@ def _returns(c: Dict[str, Any]):
     return y
 
 
+def mlp_adapter(op: str, expand, act: str = "silu_and_mul") -> OpAdapter:
+    """The adapter of a fused gate_up + `act` op whose `expand` is mlp_expand's (gate_up_gelu_tanh's too)."""
+    return OpAdapter(
+        op=op,
+        data="x",
+        same_dtype=("x", "weight", "out"),
+        rowwise=("x", "out"),
+        normalize=_normalize,
+        returns=_returns,
+        expand=expand,
+        sequence=two_steps(act),
+        precheck=token_precheck(1, MAX_TOKENS),  # forward(self, x[, forward_batch=None]): x at position 1
+        max_tokens=MAX_TOKENS,
+        keeps=lambda dims: declined(*dims, act=act),
+        # the activation kernel writes into the ABI's out itself (`sequence`): no returned tensor to copy
+    )
+
+
 # On in `--ops all` since its decode-step A/B over every other default op (H200, 2026-11-27,
 # results/2026-11-27-h200/session7/): Qwen3-8B -1.27% / -1.73%, Llama-3-8B -1.06% / -0.57% at batch 1 / 2, greedy
 # tokens identical. DEFAULT_OFF = "reason" would take it out of `--ops all` again.
 DEFAULT_OFF = ""
 
-ADAPTER = OpAdapter(
-    op="gate_up_silu",
-    data="x",
-    same_dtype=("x", "weight", "out"),
-    rowwise=("x", "out"),
-    normalize=_normalize,
-    returns=_returns,
-    expand=_expand,
-    sequence=_sequence,
-    precheck=token_precheck(1, MAX_TOKENS),  # forward(self, x, forward_batch=None)
-    max_tokens=MAX_TOKENS,
-    keeps=lambda dims: declined(*dims),
-    # silu_and_mul writes into the ABI's out itself (`sequence`): no returned tensor to copy
-)
+ADAPTER = mlp_adapter("gate_up_silu", mlp_expand())

@@ -29,23 +29,30 @@ def _gate_up_proj(weight, method):
     return gu
 
 
-def run_layer(inp, dims, scalars):
+def run_mlp(inp, mlp_cls, act):
+    """`mlp_cls`.forward (looked up at call time: patched or not) on an MLP made without its __init__, with act_fn
+    `act` (SGLang's own activation layer); gate_up_gelu_tanh's layer runs Gemma2MLP's through it too."""
     import torch
-    from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    mlp = mlp_cls.__new__(mlp_cls)
+    torch.nn.Module.__init__(mlp)
+    mlp.gate_up_proj = _gate_up_proj(inp["weight"], UnquantizedLinearMethod())
+    mlp.act_fn = act
+    mlp.down_proj = _Identity()
+    # 0.5.23's own fusions (LlamaMLP's), off as on Hopper
+    mlp.dual_gemm = SimpleNamespace(mode=None, can_run=lambda x, proj: False)
+    mlp.activation_quant = SimpleNamespace(enabled=False)
+    with torch.no_grad():
+        out = mlp_cls.forward(mlp, inp["x"])
+    inp["out"].copy_(out)
+    return {"out": inp["out"]}
+
+
+def run_layer(inp, dims, scalars):
+    from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.models.llama import LlamaMLP
 
     from astra_sglang.patch.layers import construct
 
-    mlp = LlamaMLP.__new__(LlamaMLP)
-    torch.nn.Module.__init__(mlp)
-    mlp.gate_up_proj = _gate_up_proj(inp["weight"], UnquantizedLinearMethod())
-    mlp.act_fn = construct(SiluAndMul)
-    mlp.down_proj = _Identity()
-    # 0.5.23's own fusions, off as on Hopper
-    mlp.dual_gemm = SimpleNamespace(mode=None, can_run=lambda x, proj: False)
-    mlp.activation_quant = SimpleNamespace(enabled=False)
-    with torch.no_grad():
-        out = LlamaMLP.forward(mlp, inp["x"])
-    inp["out"].copy_(out)
-    return {"out": inp["out"]}
+    return run_mlp(inp, LlamaMLP, construct(SiluAndMul))

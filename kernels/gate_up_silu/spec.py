@@ -26,8 +26,9 @@ multiple of 8 and kPairs 2 or 4, the kernel's partial last CTA never occurs; it 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
+from astra_sglang.families.activation import act_fn
 from astra_sglang.kernels.linear import spec as _linear_spec
 from astra_sglang.spec import DTYPE_BYTES, AbiArg, OpSpec, Shape, Tolerance, Variant, dedupe_shapes
 
@@ -44,18 +45,20 @@ MLP_MODELS: Tuple[Tuple[str, int, int, Tuple[int, ...]], ...] = (
 DECODE = (1, 2)
 
 
-def _corpus() -> Tuple[Shape, ...]:
+def corpus(models: Sequence[Tuple[str, int, int, Tuple[int, ...]]]) -> Tuple[Shape, ...]:
+    """(model, H, I, TP degrees) rows -> the decode shapes (1 and 2 tokens, the per-rank I / tp); gate_up_gelu_tanh's
+    too."""
     out = []
-    for model, hidden, inter, tps in MLP_MODELS:
+    for model, hidden, inter, tps in models:
         for tp in tps:
             for t in DECODE:
                 out.append(Shape((t, hidden, inter // tp), ("decode",), f"{model} tp{tp}"))
     return dedupe_shapes(out)
 
 
-# (tokens, H, I); every I a multiple of 8 (the module docstring says why)
+# (tokens, H, I); every I a multiple of 8 (the module docstring says why). gate_up_gelu_tanh's too
 EDGE = (
-    Shape((1, 8, 8), ("edge",), "one vector per row, the narrowest activation SGLang's silu_and_mul takes"),
+    Shape((1, 8, 8), ("edge",), "one vector per row, the narrowest activation SGLang's act-and-mul kernels take"),
     Shape((3, 1002, 40), ("edge",), "hidden not a multiple of 8 (the scalar path); 3 tokens"),
     Shape((1, 2056, 264), ("edge",), "hidden not a multiple of the 256-vector sweep (a partial last stride)"),
     Shape((2, 4104, 1000), ("edge",), "a partial last stride at 2 tokens; I / kPairs CTAs not a multiple of 8"),
@@ -104,21 +107,29 @@ def model_dtype(*tensors):
     return None
 
 
-def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
-    """fp64 g and u, each rounded to the model dtype (the GEMM's output), fp64 silu(g) * u rounded to it again (the
-    activation's output), back in fp64."""
-    import torch
+def reference_for(act: str):
+    """The fp64 reference of a fused gate_up + `act`-and-mul (act as ModelConfig.act names it: silu, gelu_tanh)."""
 
-    k = int(dims[2])
-    x, w = inp["x"], inp["weight"]
-    dt = model_dtype(x, w)
+    def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
+        import torch
 
-    def rnd(v):
-        return v.to(dt).to(torch.float64) if dt is not None else v
+        k = int(dims[2])
+        x, w = inp["x"], inp["weight"]
+        dt = model_dtype(x, w)
 
-    gu = x.to(torch.float64) @ w.to(torch.float64).t()
-    g, u = rnd(gu[:, :k]), rnd(gu[:, k:])
-    return {"out": rnd(torch.nn.functional.silu(g) * u)}
+        def rnd(v):
+            return v.to(dt).to(torch.float64) if dt is not None else v
+
+        gu = x.to(torch.float64) @ w.to(torch.float64).t()
+        g, u = rnd(gu[:, :k]), rnd(gu[:, k:])
+        return {"out": rnd(act_fn(act)(g) * u)}
+
+    reference.__doc__ = (f"fp64 g and u, each rounded to the model dtype (the GEMM's output), fp64 {act}(g) * u "
+                         "rounded to it again (the activation's output), back in fp64.")
+    return reference
+
+
+reference = reference_for("silu")
 
 
 def bytes_moved(dims, dtype: str) -> int:
@@ -134,78 +145,110 @@ _QWEN3 = "srt/models/qwen3.py"
 _ACT = "srt/layers/activation.py"
 _LINEAR = "srt/layers/linear.py"
 
-SPEC = OpSpec(
+ABI = (
+    AbiArg("x", "ptr", "in"),
+    AbiArg("weight", "ptr", "in"),      # [2 * out_features, in_features]: gate rows, then up rows
+    AbiArg("out", "ptr", "out"),        # [num_tokens, out_features]: the activation
+    AbiArg("num_tokens", "i64"),
+    AbiArg("in_features", "i64"),       # H: the MLP's hidden size
+    AbiArg("out_features", "i64"),      # I: the (per-rank) intermediate width
+    AbiArg("dtype", "i32"),
+)
+# What the adapter relies on in gate_up_proj's forward, whichever MLP calls it
+GATE_UP_FACTS = (
+    (_LINEAR, r"output_parallel = self\.quant_method\.apply\(self, input_, bias\)",
+     "ColumnParallelLinear.forward (gate_up_proj) calls quant_method.apply(self, x, bias)"),
+    _linear_spec.APPLY_ENDS_IN_F_LINEAR,
+)
+
+
+def installed_variant(*, description: str, provenance: str, facts, callable: str) -> Variant:
+    """The one variant of a fused gate_up + activation op: SGLang's MLP forward (`callable`) through the adapter,
+    whose `sequence` runs F.linear and SGLang's activation on the op's tensors (gate_up_gelu_tanh's too)."""
+    return Variant(
+        name="installed",
+        description=description,
+        provenance=provenance,
+        sources=(),
+        launcher="",
+        flag_profile="sglang_jit",
+        # the activation's math as SGLang's JIT activation builds it on sm_90 (fast math: silu's exp and division,
+        # gelu_tanh's tanhf as tanh.approx.f32), and the flush-to-zero that comes with it, so the rounded
+        # activation matches production's bits
+        extra_flags=("--use_fast_math",),
+        source_facts=(*facts, *GATE_UP_FACTS),
+        dtypes=("fp16", "bf16"),
+        requires_root="sglang_py",
+        callable=callable,
+    )
+
+
+def fused_mlp_spec(*, name: str, summary: str, act: str, variant: Variant, corpus: Tuple[Shape, ...],
+                   replaces: Tuple[str, ...], kernel_symbols: Tuple[str, ...]) -> OpSpec:
+    """A fused gate_up GEMV + act-and-mul op: this op's ABI, inputs, bytes, edge shapes and tolerance, the
+    reference of `act` (gate_up_gelu_tanh's too)."""
+    return OpSpec(
+        name=name,
+        summary=summary,
+        dim_names=("num_tokens", "in_features", "out_features"),
+        abi=ABI,
+        variants=(variant,),
+        default_variant=lambda roots: variant.name,
+        dtypes=("fp16", "bf16"),
+        corpus=corpus,
+        edge_shapes=EDGE,
+        tolerance=Tolerance(k=2.0),  # linear's
+        make_inputs=make_inputs,
+        reference=reference_for(act),
+        scalars=scalars,
+        bytes_moved=bytes_moved,
+        distributions=("normal", "outlier"),
+        replaces=replaces,
+        # only astra's kernel: SGLang's two are a cuBLAS GEMM and an activation kernel. No `fuses`: the profile
+        # cannot tell the gate_up projection's GEMM from linear's other projections by name, so it cannot count
+        # their sum for this op
+        kernel_symbols=kernel_symbols,
+    )
+
+
+SPEC = fused_mlp_spec(
     name="gate_up_silu",
     summary="FUSED gate_up_proj GEMV + SiLU-and-mul epilogue of a dense MLP at 1-2 decode tokens (replaces the gate_up "
             "projection's cuBLAS GEMM, then SGLang's silu_and_mul kernel; speedups are over the sum of the two)",
-    dim_names=("num_tokens", "in_features", "out_features"),
-    abi=(
-        AbiArg("x", "ptr", "in"),
-        AbiArg("weight", "ptr", "in"),      # [2 * out_features, in_features]: gate rows, then up rows
-        AbiArg("out", "ptr", "out"),        # [num_tokens, out_features]: the activation
-        AbiArg("num_tokens", "i64"),
-        AbiArg("in_features", "i64"),       # H: the MLP's hidden size
-        AbiArg("out_features", "i64"),      # I: the (per-rank) intermediate width
-        AbiArg("dtype", "i32"),
-    ),
-    variants=(
-        Variant(
-            name="installed",
-            description="SGLang's dense MLP up to down_proj: gate_up_proj's UnquantizedLinearMethod.apply -> F.linear "
-            "(cuBLAS), then SiluAndMul.forward_cuda (the JIT ActivationKernel)",
-            provenance="sglang/srt/models/llama.py LlamaMLP.forward / srt/models/qwen2.py Qwen2MLP.forward (Qwen3's "
-            "dense MLP) -> self.gate_up_proj(x) -> MergedColumnParallelLinear (ColumnParallelLinear.forward) -> "
-            "UnquantizedLinearMethod.apply -> F.linear (cuBLAS); then self.act_fn(gate_up) -> "
-            "SiluAndMul.forward_cuda -> srt/layers/activation.py silu_and_mul (JIT csrc/elementwise/activation.cuh)",
-            sources=(),
-            launcher="",
-            flag_profile="sglang_jit",
-            # the activation's exp and division as SGLang's JIT activation builds them on sm_90 (fast math), and
-            # the flush-to-zero that comes with them, so the rounded activation matches production's bits
-            extra_flags=("--use_fast_math",),
-            source_facts=(
-                (_LLAMA, r"class LlamaMLP\(nn\.Module\):",
-                 "LlamaMLP is the dense MLP of Llama models (the method patch replaces)"),
-                (_LLAMA, r"^    def forward\(\s*self,\s*x,\s*forward_batch=None,?\s*\):",
-                 "LlamaMLP.forward(self, x, forward_batch=None)"),
-                (_LLAMA, r"^ +gate_up, _ = self\.gate_up_proj\(x\)\n",
-                 "LlamaMLP.forward: gate_up_proj on the input (the GEMM this op does)"),
-                (_LLAMA, r"^ +x = self\.act_fn\(gate_up\)\n", "LlamaMLP.forward: act_fn on gate_up_proj's output"),
-                (_LLAMA, r"^        x, _ = self\.down_proj\(x\)\n        return x$",
-                 "LlamaMLP.forward ends in down_proj(x) on the activation (the replacement calls it the same way)"),
-                (_QWEN2, r"class Qwen2MLP\(nn\.Module\):", "Qwen2MLP is the dense MLP of Qwen2 / Qwen3 models"),
-                (_QWEN2, r"^        x, _ = self\.down_proj\(x, forward_batch=forward_batch\)\n        return x$",
-                 "Qwen2MLP.forward ends in down_proj(x, forward_batch=forward_batch) (the replacement calls it the "
-                 "same way)"),
-                (_QWEN3, r"^from sglang\.srt\.models\.qwen2 import Qwen2MLP as Qwen3MLP$",
-                 "dense Qwen3's MLP is Qwen2MLP"),
-                (_ACT, r"def forward_cuda\(self, x: torch\.Tensor\) -> torch\.Tensor:\s*d = x\.shape\[-1\] // 2\s*"
-                       r"output_shape = x\.shape\[:-1\] \+ \(d,\)\s*"
-                       r"out = torch\.empty\(output_shape, dtype=x\.dtype, device=x\.device\)\s*"
-                       r"silu_and_mul\(x, out\)\s*return out",
-                 "SiluAndMul.forward_cuda: silu_and_mul of the two halves into a new [..., d] tensor of the input's "
-                 "dtype"),
-                (_LINEAR, r"output_parallel = self\.quant_method\.apply\(self, input_, bias\)",
-                 "ColumnParallelLinear.forward (gate_up_proj) calls quant_method.apply(self, x, bias)"),
-                _linear_spec.APPLY_ENDS_IN_F_LINEAR,
-            ),
-            dtypes=("fp16", "bf16"),
-            requires_root="sglang_py",
-            callable="sglang.srt.models.llama:LlamaMLP.forward",
+    act="silu",
+    variant=installed_variant(
+        description="SGLang's dense MLP up to down_proj: gate_up_proj's UnquantizedLinearMethod.apply -> F.linear "
+        "(cuBLAS), then SiluAndMul.forward_cuda (the JIT ActivationKernel)",
+        provenance="sglang/srt/models/llama.py LlamaMLP.forward / srt/models/qwen2.py Qwen2MLP.forward (Qwen3's "
+        "dense MLP) -> self.gate_up_proj(x) -> MergedColumnParallelLinear (ColumnParallelLinear.forward) -> "
+        "UnquantizedLinearMethod.apply -> F.linear (cuBLAS); then self.act_fn(gate_up) -> "
+        "SiluAndMul.forward_cuda -> srt/layers/activation.py silu_and_mul (JIT csrc/elementwise/activation.cuh)",
+        facts=(
+            (_LLAMA, r"class LlamaMLP\(nn\.Module\):",
+             "LlamaMLP is the dense MLP of Llama models (the method patch replaces)"),
+            (_LLAMA, r"^    def forward\(\s*self,\s*x,\s*forward_batch=None,?\s*\):",
+             "LlamaMLP.forward(self, x, forward_batch=None)"),
+            (_LLAMA, r"^ +gate_up, _ = self\.gate_up_proj\(x\)\n",
+             "LlamaMLP.forward: gate_up_proj on the input (the GEMM this op does)"),
+            (_LLAMA, r"^ +x = self\.act_fn\(gate_up\)\n", "LlamaMLP.forward: act_fn on gate_up_proj's output"),
+            (_LLAMA, r"^        x, _ = self\.down_proj\(x\)\n        return x$",
+             "LlamaMLP.forward ends in down_proj(x) on the activation (the replacement calls it the same way)"),
+            (_QWEN2, r"class Qwen2MLP\(nn\.Module\):", "Qwen2MLP is the dense MLP of Qwen2 / Qwen3 models"),
+            (_QWEN2, r"^        x, _ = self\.down_proj\(x, forward_batch=forward_batch\)\n        return x$",
+             "Qwen2MLP.forward ends in down_proj(x, forward_batch=forward_batch) (the replacement calls it the "
+             "same way)"),
+            (_QWEN3, r"^from sglang\.srt\.models\.qwen2 import Qwen2MLP as Qwen3MLP$",
+             "dense Qwen3's MLP is Qwen2MLP"),
+            (_ACT, r"def forward_cuda\(self, x: torch\.Tensor\) -> torch\.Tensor:\s*d = x\.shape\[-1\] // 2\s*"
+                   r"output_shape = x\.shape\[:-1\] \+ \(d,\)\s*"
+                   r"out = torch\.empty\(output_shape, dtype=x\.dtype, device=x\.device\)\s*"
+                   r"silu_and_mul\(x, out\)\s*return out",
+             "SiluAndMul.forward_cuda: silu_and_mul of the two halves into a new [..., d] tensor of the input's "
+             "dtype"),
         ),
+        callable="sglang.srt.models.llama:LlamaMLP.forward",
     ),
-    default_variant=lambda roots: "installed",
-    dtypes=("fp16", "bf16"),
-    corpus=_corpus(),
-    edge_shapes=EDGE,
-    tolerance=Tolerance(k=2.0),  # linear's
-    make_inputs=make_inputs,
-    reference=reference,
-    scalars=scalars,
-    bytes_moved=bytes_moved,
-    distributions=("normal", "outlier"),
+    corpus=corpus(MLP_MODELS),
     replaces=("sglang.srt.models.llama:LlamaMLP.forward", "sglang.srt.models.qwen2:Qwen2MLP.forward"),
-    # only astra's kernel: SGLang's two are a cuBLAS GEMM and silu_and_mul's. No `fuses`: the profile cannot tell the
-    # gate_up projection's GEMM from linear's other projections by name, so it cannot count their sum for this op
     kernel_symbols=(r"astra_gus::",),
 )
