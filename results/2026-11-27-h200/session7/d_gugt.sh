@@ -22,7 +22,7 @@ echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $OUT/gugt-step/step-session.
 echo "validate rc=$? at $(el)s"; tail -2 $OUT/gugt-validate/validate.log
 left=$(( B - $(el) - 70 ))
 if [ $left -gt 30 ]; then
-  OPS="rmsnorm fused_add_rmsnorm gemma_rmsnorm gemma_fused_add_rmsnorm qknorm" DTYPES=fp16 DEADLINE=$left RES=$OUT/norms-fp16 \
+  OPS="rmsnorm fused_add_rmsnorm gemma_rmsnorm gemma_fused_add_rmsnorm qknorm" EXTRACT=1 DTYPES=fp16 DEADLINE=$left RES=$OUT/norms-fp16 \
     bash kernels/gpu_run.sh decode > $OUT/norms-fp16/run.log 2>&1
   echo "norms fp16 rc=$? at $(el)s"; cat $OUT/norms-fp16/summary.txt
 fi
