@@ -34,6 +34,9 @@ MAX_TOKENS = 2  # the FMA GEMV's range (kernels/linear: 1-2 tokens); 3+ tokens k
 # The GEMV loop is linear's, measured to beat cuBLAS in context only up to this row length (kernels/linear/RESULTS.md).
 # Every model in the corpus has H <= 8192, so it never binds there; wider rows are unmeasured.
 MAX_IN_FEATURES = _LINEAR_MAX_IN_FEATURES
+# The widest intermediate measured to win at 2 tokens (Gemma-3-27B's 21504: 1.10x in context); Gemma-2-27B's 36864
+# was 0.984x there (H200, 2026-11-27, results/2026-11-27-h200/session7/ §8), so wider rows keep SGLang's at 2 tokens.
+MAX_INTER_AT_2_TOKENS = 21504
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
@@ -50,6 +53,9 @@ def declined(tokens: int, in_features: int, out_features: int, act: str = "silu_
     if out_features % 8:
         return (f"intermediate width {out_features} is not a multiple of 8: SGLang's {act} takes another "
                 f"kernel (sgl_kernel) there")
+    if tokens > 1 and out_features > MAX_INTER_AT_2_TOKENS:
+        return (f"{tokens} tokens x intermediate {out_features} > {MAX_INTER_AT_2_TOKENS}: slower than SGLang's GEMM "
+                f"and activation in context")
     return None
 
 
