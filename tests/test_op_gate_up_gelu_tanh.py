@@ -26,7 +26,8 @@ torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
-from test_op_gate_up_silu import _class, _Down, _GateUp, _lora_like, _method, _sglang_root, _sp_on  # noqa: E402
+from test_op_gate_up_silu import (_class, _Down, _GateUp, _lora_like, _method, _sglang_root, _sp_on,  # noqa: E402
+                                  assert_listed_complete, assert_on_by_default_and_binds)
 
 OP = "gate_up_gelu_tanh"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -281,28 +282,14 @@ def test_the_shape_rule_and_the_precheck_are_gate_up_silu_s():
 
 
 def test_on_by_default_and_binds_both_forwards():
-    from astra_sglang.patch import patchable_ops
-    from astra_sglang.patch.adapters import Binder, adapter_mismatch
-    from astra_sglang.patch.config import default_ops, parse_ops
-
-    assert AD.DEFAULT_OFF == ""
-    known = patchable_ops()
-    assert OP in known and OP in parse_ops("all", known, default_ops(known))
-    assert OP not in parse_ops("all,-gate_up_gelu_tanh", known, default_ops(known))
-    assert adapter_mismatch(SPEC, A) is None and A.returned == ()
-
     def forward(self, x):  # both Gemma MLPs' signature
         raise AssertionError("not called")
 
-    assert Binder(forward, A, SPEC).ok
+    assert_on_by_default_and_binds(OP, forward)
 
 
 def test_astra_sglang_ops_lists_it(capsys):
-    code, out, _ = run_cli(["ops", "--json"], capsys)
-    assert code == 0
-    row = {r["op"]: r for r in json.loads(out)}[OP]
-    assert row["kernel"] and row["patch"] and row["validate"] and row["missing"] == []
-    assert row["extract"] == ["installed"] and row["default_off"] == ""
+    assert_listed_complete(OP, capsys)
 
 
 def test_layer_imports_without_sglang():

@@ -405,31 +405,43 @@ def test_the_shape_rule_is_validate_s_n_a_and_the_precheck_s_token_limit():
     assert pre((None, torch.randn(2, 64)), {}) is None and pre((None,), {}) is None
 
 
-def test_on_by_default_and_binds_both_forwards():
+def assert_on_by_default_and_binds(op, forward):
+    """op is in `--ops all`, `all,-op` takes it out, and its adapter binds `forward` (the replaced MLPs' signature);
+    gate_up_gelu_tanh's test asks the same."""
     from astra_sglang.patch import patchable_ops
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
     from astra_sglang.patch.config import default_ops, parse_ops
 
-    assert AD.DEFAULT_OFF == ""
+    spec, adapter = get_op(op), op_part(op, "adapter").ADAPTER
+    assert op_part(op, "adapter").DEFAULT_OFF == ""
     known = patchable_ops()
-    assert OP in known and OP in parse_ops("all", known, default_ops(known))
-    assert OP not in parse_ops("all,-gate_up_silu", known, default_ops(known))
-    assert adapter_mismatch(SPEC, A) is None and A.returned == ()
+    assert op in known and op in parse_ops("all", known, default_ops(known))
+    assert op not in parse_ops(f"all,-{op}", known, default_ops(known))
+    assert adapter_mismatch(spec, adapter) is None and adapter.returned == ()
+    assert Binder(forward, adapter, spec).ok
 
+
+def assert_listed_complete(op, capsys):
+    """`astra-sglang ops` lists op with every part, its installed variant, on by default."""
+    code, out, _ = run_cli(["ops", "--json"], capsys)
+    assert code == 0
+    row = {r["op"]: r for r in json.loads(out)}[op]
+    assert row["kernel"] and row["patch"] and row["validate"] and row["missing"] == []
+    assert row["extract"] == ["installed"] and row["default_off"] == ""
+
+
+def test_on_by_default_and_binds_both_forwards():
     def forward(self, x, forward_batch=None):  # both MLPs' signature
         raise AssertionError("not called")
 
-    assert Binder(forward, A, SPEC).ok
+    assert_on_by_default_and_binds(OP, forward)
 
 
 def test_astra_sglang_ops_lists_it(capsys):
-    code, out, _ = run_cli(["ops", "--json"], capsys)
-    assert code == 0
-    row = {r["op"]: r for r in json.loads(out)}[OP]
-    assert row["kernel"] and row["patch"] and row["validate"] and row["missing"] == []
-    assert row["extract"] == ["installed"] and row["default_off"] == ""
+    assert_listed_complete(OP, capsys)
     code, out, _ = run_cli(["ops"], capsys)
     assert code == 0 and OP in out
+
 
 def test_layer_imports_without_sglang():
     assert callable(op_part(OP, "layer").run_layer)
