@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +108,28 @@ def test_ceiling_cache_round_trip(tmp_path):
 
 def test_helper_kernels_obey_the_candidate_rules():
     assert errors(scan_source(HELPERS_CU)) == []
+
+
+@pytest.mark.nvcc
+def test_helper_kernels_build_for_hopper_and_export_every_launcher(tmp_path, monkeypatch):
+    """The helpers compile with the real nvcc for sm_90a (the touch kernel's griddepcontrol and PDL launch
+    included), and the library exports each launcher the timer binds."""
+    import ctypes
+    import shutil
+
+    if not shutil.which("nvcc") and not Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("needs nvcc")
+    from astra_sglang.harness.timer import build_helpers
+
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
+    try:
+        lib = ctypes.CDLL(str(build_helpers("sm_90a")), mode=ctypes.RTLD_LOCAL)
+    except OSError as e:  # no CUDA runtime to load on this machine: the build itself is what was tested
+        if "libcudart" not in str(e):
+            raise
+        return
+    for name in ("astra_copy", "astra_read", "astra_empty", "astra_touch"):
+        assert hasattr(lib, name), name
 
 
 # ------------------------------------------------------------------ report
@@ -294,3 +317,44 @@ def test_footer_counts_rows_faster_within_noise_and_slower():
     rep.rows.append(slow)
     line = next(x for x in rep.table().splitlines() if x.startswith("rows: "))
     assert "1 slower (1x256 bf16 0." in line and line.endswith("(1x256 bf16)")
+
+
+# ------------------------------------------------------------------ the in-context floor
+
+
+def _floored(shape, base, cand, floor, floor_spread=0.05):
+    r = BenchRow.make(shape, "bf16", [2.0] * 5, [1.5] * 5, 1 << 16, 4000.0)
+    r.set_context({"median": base, "spread": 0.05}, {"median": cand, "spread": 0.05}, 20.0, "in-context")
+    r.set_context_floor({"median": floor, "spread": floor_spread})
+    return r
+
+
+def test_headroom_is_production_over_the_floor_and_absent_without_a_bound():
+    assert _floored("1x4096", 2.0, 1.6, 1.25).headroom == pytest.approx(1.6)
+    assert _floored("1x4096", 2.0, 1.6, 0.04).headroom is None  # floor within its spread of zero: no bound
+    r = _floored("1x4096", 2.0, 1.6, 1.0)
+    r.context_floor_us = None
+    assert r.headroom is None
+
+
+def test_report_names_the_rows_no_standalone_kernel_can_bring_to_the_goal(tmp_path):
+    rows = [_floored("1x4096", 1.0, 0.95, 0.9), _floored("8x4096", 2.0, 1.6, 1.0), _floored("64x4096", 3.0, 2.9, 2.6)]
+    rep = BenchReport(op="silu_and_mul", rows=rows, ceiling_gbps=4000.0, replays=5)
+    assert rep.headroom_geomean == pytest.approx((1.0 / 0.9 * 2.0 * 3.0 / 2.6) ** (1 / 3))
+    line = rep.headroom_line()
+    assert "2 rows below 1.30x" in line and "1x4096 1.11x" in line and "64x4096 1.15x" in line
+    assert "8x4096" not in line
+    t = rep.table()
+    assert "floor µs" in t and "attainable" in t and "2.00x" in t
+    assert f"attainable in context {rep.headroom_geomean:.3f}x" in t  # on the geomean line gpu_run.sh keeps
+    d = json.loads(rep.to_json(tmp_path / "r.json").read_text())
+    assert d["rows"][1]["headroom"] == pytest.approx(2.0) and d["headroom_geomean"] == pytest.approx(rep.headroom_geomean)
+    back = BenchReport.from_json(tmp_path / "r.json")
+    assert back.rows[2].context_floor_us == pytest.approx(2.6) and back.headroom_geomean == pytest.approx(rep.headroom_geomean)
+    assert rep.plot(tmp_path / "p.png") is None or (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_report_without_a_floor_keeps_its_old_table():
+    rep = _report()
+    assert rep.headroom_geomean is None and rep.headroom_line() == ""
+    assert "floor µs" not in rep.table() and "attainable" not in rep.table()

@@ -14,6 +14,9 @@ Method (DESIGN.md, Timing):
 - in-place outputs (inout) are restored from a pristine copy before every replay, outside the
   timed region; production variants with their own convention (FlashInfer's base-2 lse) get
   converted copies of the inputs, made once, outside it too;
+- decode rows are also timed in context (a producer GEMM -> op -> consumer GEMM graph beside the GEMMs
+  alone), and so is the touch kernel (waits for the producer, reads one byte): its marginal time there is
+  the floor no kernel in that place beats, and production's time over it the most a candidate can gain;
 - L2-warm timing (one input set, repeated) is an option;
 - after timing, the candidate is re-checked on fresh inputs in the very buffers it was timed
   on (catches results cached by pointer or warm-up detection).
@@ -178,7 +181,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
-                                           restore if inout else None, job.get("consumer_width"))
+                                           restore if inout else None, job.get("consumer_width"), helpers)
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -230,10 +233,12 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
-                    replays: int, before, consumer_width: Optional[int] = None) -> str:
+                    replays: int, before, consumer_width: Optional[int] = None, helpers: Optional[Helpers] = None) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
-    beside the neighbours alone, interleaved; record marginal times and the basis on `row`. Returns a
-    note when it could not be measured ('' otherwise)."""
+    beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
+    touch kernel is timed in the same place too: the in-context floor no kernel there can beat, so production's
+    time over it is the most any candidate could gain (`BenchRow.headroom`). Returns a note when it could not be
+    measured ('' otherwise)."""
     import torch
 
     from .rules import timing_basis
@@ -264,9 +269,26 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
             graphs.append(graph_of(triple, n))
         except RuntimeError as e:
             return f"in-context timing not measured: {who} could not be captured/run: {str(e).splitlines()[0]}"
+    floor_note = ""
+    if helpers is not None:
+        scratch = torch.empty(16, dtype=torch.uint8, device="cuda")
+
+        def touched(i: int) -> None:
+            nb.produce(sets[0], i)
+            rc = helpers.touch(nb.produced(sets[0]), scratch)
+            if rc:
+                raise RuntimeError(f"touch kernel returned cudaError {rc}")
+            nb.consume(sets[0])
+
+        try:
+            graphs.append(graph_of(touched, n))
+        except RuntimeError as e:  # the floor is a bound, not the measurement: the row is timed without it
+            floor_note = f"in-context floor not measured: {str(e).splitlines()[0]}"
     ms = time_graphs(graphs, replays, before)
     per = [[m * 1e3 / n for m in series] for series in ms]
     marg = {who: marginal(p, per[0]) for (who, _), p in zip(impls, per[1:])}
+    if len(per) > len(impls) + 1:
+        row.set_context_floor(marginal(per[-1], per[0]))
     if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
         marg["production"] = {**marg["production"],
                               "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}
@@ -274,10 +296,11 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
                     timing_basis(dims, True))
     if "installed" in marg:
         row.context_installed_us = marg["installed"]["median"]
-    row.context_failed = verify_context_graphs(spec, graphs[1:], impls, sets, prod_sets, nb, dims, dtype, n)
+    row.context_failed = verify_context_graphs(spec, graphs[1:1 + len(impls)], impls, sets, prod_sets, nb, dims,
+                                               dtype, n)
     del graphs, nb
     torch.cuda.synchronize()
-    return ""
+    return floor_note
 
 
 def copy_all(dst: Sequence[Any], src: Sequence[Any]) -> None:

@@ -113,6 +113,9 @@ class BenchRow:
     context_spread_us: Optional[float] = None  # p90 - p10 of the marginal times (the larger of the two)
     context_speedup: Optional[float] = None  # context_base_us / context_cand_us
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
+    # the touch kernel's marginal time in the same place (timer.py): no kernel there can take less
+    context_floor_us: Optional[float] = None
+    context_floor_spread_us: Optional[float] = None
     timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
     failed: str = ""  # why this row's implementation was refused ("" = accepted)
     context_failed: str = ""  # the in-context graph's outputs did not match (a failure of its own)
@@ -166,6 +169,20 @@ class BenchRow:
             self.speedup = self.context_speedup
             self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
 
+    def set_context_floor(self, floor: Dict[str, Any]) -> None:
+        """Record the touch kernel's in-context marginal time (a stats.marginal dict)."""
+        self.context_floor_us = floor["median"]
+        self.context_floor_spread_us = floor["spread"]
+
+    @property
+    def headroom(self) -> Optional[float]:
+        """The most any kernel could gain over production in context: production's marginal time over the floor's.
+        None where either is missing, or where the floor is within its own spread of zero (no bound then)."""
+        base, floor = self.context_base_us, self.context_floor_us
+        if base is None or floor is None or floor <= max(self.context_floor_spread_us or 0.0, 1e-3):
+            return None
+        return base / floor
+
     def set_installed(self, samples: Sequence[float], mismatches: Dict[str, int]) -> None:
         self.installed_us, self.installed_spread = median(samples), spread(samples)
         self.installed_mismatches = dict(mismatches)
@@ -215,13 +232,32 @@ class BenchReport:
     def max_spread(self) -> float:
         return max((r.max_spread for r in self.rows), default=0.0)
 
+    @property
+    def headroom_geomean(self) -> Optional[float]:
+        """Geomean of the rows' headroom: the most a kernel in context could reach over the rows that have one."""
+        return geomean(r.headroom for r in self.rows if r.headroom)
+
+    def headroom_line(self, goal: float = 1.3) -> str:
+        """The in-context floor's verdict: the attainable geomean, and the rows where even a kernel that did nothing
+        would fall short of `goal` (then no standalone kernel meets it there: only removing the launch does)."""
+        rows = [r for r in self.rows if r.headroom]
+        if not rows:
+            return ""
+        short = [r for r in rows if r.headroom < goal]
+        named = ", ".join(f"{r.shape} {r.headroom:.2f}x" for r in sorted(short, key=lambda r: r.headroom)[:4])
+        return (f"attainable in context (production over the floor): geomean {self.headroom_geomean:.3f}x over "
+                f"{len(rows)} rows; {len(short)} rows below {goal:.2f}x" + (f" ({named}{', ...' * (len(short) > 4)})"
+                                                                             if short else ""))
+
     # --- serialization -------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
         d["geomean"] = self.geomean
         d["max_spread"] = self.max_spread
+        d["headroom_geomean"] = self.headroom_geomean
         for r, rd in zip(self.rows, d["rows"]):
             rd["pct_of_ceiling"] = r.pct_of_ceiling
+            rd["headroom"] = r.headroom
         return d
 
     def to_json(self, path: Union[str, Path]) -> Path:
@@ -259,8 +295,11 @@ class BenchReport:
         head = ["shape", "dtype", "prod µs", "±%"]
         if has_c:
             head += ["cand µs", "±%", "chained"]
+        has_f = any(r.context_floor_us is not None for r in self.rows)
         if has_ctx:
             head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
+            if has_f:
+                head += ["floor µs", "attainable"]
         if has_c:
             head += ["speedup", "basis", ""]
         has_i = any(r.installed_us is not None for r in self.rows)
@@ -282,6 +321,9 @@ class BenchReport:
                         f"{r.context_spread_us:.2f}" if r.context_spread_us is not None else "—"]
                 if has_c:
                     row += [f"{r.context_speedup:.3f}x" if r.context_speedup else "—"]
+                if has_f:
+                    row += [f"{r.context_floor_us:.2f}" if r.context_floor_us is not None else "—",
+                            f"{r.headroom:.2f}x" if r.headroom else "—"]
             if has_c:
                 if r.cand_us is None:
                     row += ["", "", r.note[:30]]
@@ -315,8 +357,11 @@ class BenchReport:
                         if g else "geomean speedup: —")
             gc = geomean(r.chained_speedup for r in self.rows if r.chained_speedup)
             gx = geomean(r.context_speedup for r in self.rows if r.context_speedup)
+            gh = self.headroom_geomean
             if has_ctx and gc and gx:
-                foot.append(f"geomean chained {gc:.3f}x, in-context {gx:.3f}x")
+                # one line, so gpu_run.sh's summary (the first geomean lines) carries the attainable bound too
+                foot.append(f"geomean chained {gc:.3f}x, in-context {gx:.3f}x"
+                            + (f", attainable in context {gh:.3f}x" if gh else ""))
             if g:
                 foot.append(self.verdict_line())
         if has_ctx:
@@ -325,6 +370,13 @@ class BenchReport:
                         f"{width} reading its outputs (F.linear, cuBLAS via torch, as SGLang's linear layers), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
+            if has_f:
+                foot.append("floor: the touch kernel in the same place (PDL-launched, waits for the producer, reads one "
+                            "byte): no kernel there takes less; attainable = ctx prod / floor, the most any kernel "
+                            "could gain")
+                hl = self.headroom_line()
+                if hl:
+                    foot.append(hl)
         if self.production.startswith("installed"):
             b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
             foot.append(f"production: {self.production}"
@@ -372,6 +424,10 @@ class BenchReport:
             colors = ["#999999" if r.noise else ("#2a9d8f" if (r.speedup or 0) >= 1 else "#e76f51") for r in rows]
             err = [(r.speedup or 0) * r.max_spread / 2 for r in rows]
             ax.bar(x, sp, color=colors, yerr=err, capsize=2)
+            hx = [(i, r.headroom) for i, r in zip(x, rows) if r.headroom]
+            if hx:  # the in-context floor: no kernel in that place can reach above its mark
+                ax.scatter([i for i, _ in hx], [h for _, h in hx], marker="_", s=160, color="black",
+                           label="attainable (ctx prod / floor)")
             ax.axhline(1.0, color="black", lw=0.8)
             g = self.geomean
             if g:

@@ -1,6 +1,7 @@
 """The timer: CUDA graphs of back-to-back calls over rotating input sets, replayed interleaved and
-timed with CUDA events; the copy ceiling (an SM copy kernel) and the graph launch floor (an empty
-kernel), measured with the same machinery. Planning functions are pure (no torch)."""
+timed with CUDA events; the copy ceiling (an SM copy kernel), the graph launch floor (an empty
+kernel) and the in-context floor (a kernel that only waits for its producer and reads one byte of its output),
+measured with the same machinery. Planning functions are pure (no torch)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -32,8 +33,8 @@ CEILING_BYTES = 1 << 30  # bytes per copy when measuring the ceiling
 
 HELPERS_CU = r"""
 // astra-sglang bench helpers: an SM copy kernel (the bandwidth ceiling), an SM read kernel (the ceiling of a pure
-// read stream, e.g. a decode GEMV's weights) and an empty kernel (the graph launch floor). Built once per GPU arch
-// into the cache.
+// read stream, e.g. a decode GEMV's weights), an empty kernel (the graph launch floor) and a touch kernel (the
+// in-context floor). Built once per GPU arch into the cache.
 #include <cuda_runtime.h>
 #include <cstdint>
 
@@ -70,6 +71,17 @@ __global__ void __launch_bounds__(256) astra_read_kernel(const int4* __restrict_
 
 __global__ void astra_empty_kernel() {}
 
+// The least any kernel placed after a producer can do: PDL-launched (so it may start as early as a candidate that
+// uses PDL), it releases its dependents and waits for the producer, then reads one byte of the producer's output
+// and stores it to a scratch byte. Its marginal time between the neighbours bounds every kernel's from below.
+__global__ void astra_touch_kernel(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  if (threadIdx.x == 0) dst[0] = src[0];
+}
+
 extern "C" cudaError_t astra_copy(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
   const int64_t n = bytes / 16;
   if (n <= 0) return cudaSuccess;
@@ -92,8 +104,22 @@ extern "C" cudaError_t astra_empty(cudaStream_t stream) {
   astra_empty_kernel<<<1, 32, 0, stream>>>();
   return cudaGetLastError();
 }
+
+extern "C" cudaError_t astra_touch(const void* src, void* dst, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, astra_touch_kernel, static_cast<const unsigned char*>(src),
+                            static_cast<unsigned char*>(dst));
+}
 """
-HELPERS_VERSION = "2"
+HELPERS_VERSION = "3"
 
 
 # ------------------------------------------------------------------------------------------
@@ -179,6 +205,8 @@ class Helpers:
         self.lib.astra_read.restype = ctypes.c_int
         self.lib.astra_empty.argtypes = [ctypes.c_void_p]
         self.lib.astra_empty.restype = ctypes.c_int
+        self.lib.astra_touch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.astra_touch.restype = ctypes.c_int
 
     @staticmethod
     def _stream():
@@ -202,6 +230,12 @@ class Helpers:
         import ctypes
 
         return self.lib.astra_empty(ctypes.c_void_p(self._stream()))
+
+    def touch(self, src, dst) -> int:
+        import ctypes
+
+        return self.lib.astra_touch(ctypes.c_void_p(src.data_ptr()), ctypes.c_void_p(dst.data_ptr()),
+                                    ctypes.c_void_p(self._stream()))
 
 
 def graph_of(fn: Callable[[int], None], n: int):
@@ -372,10 +406,14 @@ class Neighbours:
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
 
+    def produced(self, tensors: Dict[str, Any]):
+        """The tensor the producer GEMM writes: the op's first input (or its bf16 stand-in)."""
+        return tensors[self.src_name] if self.src_scratch is None else self.src_scratch
+
     def produce(self, tensors: Dict[str, Any], i: int = 0) -> None:
         import torch
 
-        t = tensors[self.src_name] if self.src_scratch is None else self.src_scratch
+        t = self.produced(tensors)
         torch.nn.functional.linear(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
 
     def consume(self, tensors: Dict[str, Any]) -> None:
