@@ -9,9 +9,12 @@
 #                                                           and step workers import astra from SITE, so an
 #                                                           edit made after `install` is not what they run
 #                                                           until this
+#   bash e2e/device_install.sh ensure [WHEELDIR] [SITE]    what a device script starts with: `install` unless
+#                                                           SITE already holds SGLang (a warm machine), then
+#                                                           `astra`; install's log goes to SITE.log
 # Defaults: WHEELDIR=/tmp/e2e-wheels SITE=/tmp/e2e-site. Afterwards: export PYTHONPATH=SITE.
 set -euo pipefail
-cmd=${1:?stage, install or astra}
+cmd=${1:?stage, install, astra or ensure}
 PY=${PYTHON:-python3}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 install_astra() {  # astra-sglang itself (registers the sglang plugin entry point), from the repo we run in
@@ -24,6 +27,15 @@ if [ "$cmd" = astra ]; then
     install_astra "$site"
     exit 0
 fi
+if [ "$cmd" = ensure ]; then
+    src=${2:-/tmp/e2e-wheels}; site=${3:-/tmp/e2e-site}
+    if [ ! -d "$site/sglang" ]; then
+        timeout 240 bash "$0" install "$src" "$site" > "$site.log" 2>&1 \
+            || { tail -20 "$site.log"; echo "error: installing the wheelhouse into $site failed (log: $site.log)" >&2; exit 1; }
+    fi
+    install_astra "$site"
+    exit 0
+fi
 if [ "$cmd" = stage ]; then
     part=${2:?PARTDIR}; dst=${3:-/tmp/e2e-wheels}
     mkdir -p "$dst"
@@ -31,7 +43,7 @@ if [ "$cmd" = stage ]; then
     echo "staged $(ls "$part" | wc -l) files from $part into $dst ($(du -sh "$dst" | cut -f1) there now)"
     exit 0
 fi
-[ "$cmd" = install ] || { echo "error: unknown command $cmd (stage, install or astra)" >&2; exit 2; }
+[ "$cmd" = install ] || { echo "error: unknown command $cmd (stage, install, astra or ensure)" >&2; exit 2; }
 src=${2:-/tmp/e2e-wheels}; site=${3:-/tmp/e2e-site}
 cd "$src"
 "$PY" - <<'EOF'

@@ -35,3 +35,21 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert "run 'install' first" in r.stderr
     r = _run("bogus")
     assert r.returncode == 2 and r.stderr.startswith("error: unknown command bogus")
+
+
+def test_ensure_on_a_warm_site_reinstalls_astra_alone(tmp_path):
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)  # SGLang already installed there: no wheelhouse needed
+    r = _run("ensure", str(tmp_path / "no-wheels"), str(site))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "astra-sglang installed into" in r.stdout
+    assert (site / "astra_sglang" / "kernels" / "moe_gate" / "kernel.cu").is_file()
+    assert not (tmp_path / "site.log").exists()
+
+
+def test_ensure_without_a_staged_wheelhouse_fails_in_one_error_line(tmp_path):
+    site = tmp_path / "site"
+    r = _run("ensure", str(tmp_path / "no-wheels"), str(site))
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: installing the wheelhouse")
+    assert (tmp_path / "site.log").is_file() and not (site / "astra_sglang").exists()
