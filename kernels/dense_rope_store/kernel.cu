@@ -26,6 +26,16 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// How the two products of a rotated element meet (dev: which contraction matches production's build, bit for bit).
+// x' = x c - y s: 0 as written (the compiler contracts), 1 fma(x, c, -(y s)), 2 fma(-y, s, x c), 3 no fma.
+#ifndef ASTRA_ROPE_X
+#define ASTRA_ROPE_X 0
+#endif
+// y' = x s + y c: 0 as written, 1 fma(x, s, y c), 2 fma(y, c, x s), 3 no fma.
+#ifndef ASTRA_ROPE_Y
+#define ASTRA_ROPE_Y 0
+#endif
+
 namespace astra_drs {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
@@ -58,6 +68,29 @@ template <int BYTES> struct Raw;
 template <> struct Raw<16> { using type = uint4; };
 template <> struct Raw<8> { using type = uint2; };
 template <> struct Raw<4> { using type = unsigned int; };
+
+__device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
+#if ASTRA_ROPE_X == 1
+  return fmaf(x, c, -__fmul_rn(y, s));
+#elif ASTRA_ROPE_X == 2
+  return fmaf(-y, s, __fmul_rn(x, c));
+#elif ASTRA_ROPE_X == 3
+  return __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+#else
+  return x * c - y * s;
+#endif
+}
+__device__ __forceinline__ float rot_y(float x, float y, float c, float s) {
+#if ASTRA_ROPE_Y == 1
+  return fmaf(x, s, __fmul_rn(y, c));
+#elif ASTRA_ROPE_Y == 2
+  return fmaf(y, c, __fmul_rn(x, s));
+#elif ASTRA_ROPE_Y == 3
+  return __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+#else
+  return x * s + y * c;
+#endif
+}
 
 template <typename T, int N>
 struct alignas(N * sizeof(T)) Vec {
@@ -133,8 +166,8 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
     for (int j = 0; j < V; j += 2) {
       const float2 a = to_f2(*reinterpret_cast<const T2*>(&x.v[j]));
       const float2 b = to_f2(*reinterpret_cast<const T2*>(&y.v[j]));
-      *reinterpret_cast<T2*>(&x.v[j]) = from_f2<T2>(a.x * c.v[j] - b.x * s.v[j], a.y * c.v[j + 1] - b.y * s.v[j + 1]);
-      *reinterpret_cast<T2*>(&y.v[j]) = from_f2<T2>(a.x * s.v[j] + b.x * c.v[j], a.y * s.v[j + 1] + b.y * c.v[j + 1]);
+      *reinterpret_cast<T2*>(&x.v[j]) = from_f2<T2>(rot_x(a.x, b.x, c.v[j], s.v[j]), rot_x(a.y, b.y, c.v[j + 1], s.v[j + 1]));
+      *reinterpret_cast<T2*>(&y.v[j]) = from_f2<T2>(rot_y(a.x, b.x, c.v[j], s.v[j]), rot_y(a.y, b.y, c.v[j + 1], s.v[j + 1]));
     }
     store<T, V>(base + off, x);
     store<T, V>(base + off + half, y);
@@ -151,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const float2 a = to_f2(*reinterpret_cast<const T2*>(&x.v[2 * j]));
-      *reinterpret_cast<T2*>(&x.v[2 * j]) = from_f2<T2>(a.x * c.v[j] - a.y * s.v[j], a.x * s.v[j] + a.y * c.v[j]);
+      *reinterpret_cast<T2*>(&x.v[2 * j]) = from_f2<T2>(rot_x(a.x, a.y, c.v[j], s.v[j]), rot_y(a.x, a.y, c.v[j], s.v[j]));
     }
     store<T, V>(base + off, x);
     if (!is_q) store<T, V>(kc + slot * row_elems + static_cast<int64_t>(hh) * d + off, x);
