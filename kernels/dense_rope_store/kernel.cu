@@ -20,20 +20,25 @@
 //  * A v row is a copy; a k row is rotated once and stored twice (in place and into the cache).
 //  * The head's vectors load in the same batch as the position and the slot; only cos/sin wait for the position.
 //  * PDL on sm_90+: every read behind griddepcontrol.wait; dependents released right after it.
-//  * fp32 math as production, one rounding; the cached k is bit-identical to the in-place k.
+//  * fp32 math as production, with production's fma contraction (ASTRA_ROPE_X/Y): bit-identical to SGLang's rope;
+//    the cached k is bit-identical to the in-place k.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-// How the two products of a rotated element meet (dev: which contraction matches production's build, bit for bit).
+// How the two products of a rotated element meet: where nvcc contracts `x * c - y * s` into an fma depends on the code
+// around it, and production's build contracted otherwise than this kernel's did (199 of 224 check comparisons
+// bit-identical; Gemma-2-9B's greedy tokens diverged in 10 of 40 requests). Spelled out, each form was checked
+// against SGLang 0.5.17's JIT rope on an H200 (results/2026-11-27-h200/session8, call D): X=1 Y=2 is bit-identical
+// in 224 of 224 comparisons (1/1: 201, 2/2: 200, 2/1: 191, 3/3: 189).
 // x' = x c - y s: 0 as written (the compiler contracts), 1 fma(x, c, -(y s)), 2 fma(-y, s, x c), 3 no fma.
 #ifndef ASTRA_ROPE_X
-#define ASTRA_ROPE_X 0
+#define ASTRA_ROPE_X 1
 #endif
 // y' = x s + y c: 0 as written, 1 fma(x, s, y c), 2 fma(y, c, x s), 3 no fma.
 #ifndef ASTRA_ROPE_Y
-#define ASTRA_ROPE_Y 0
+#define ASTRA_ROPE_Y 2
 #endif
 
 namespace astra_drs {
