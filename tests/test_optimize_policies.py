@@ -146,6 +146,14 @@ def test_in_context_times_are_the_basis_when_bench_has_them():
     assert "in-context production / candidate µs" in tt and "| 2.89 / 2.80 | 1.032x (in-context) |" in tt
     assert "| — | 1.009x (chained) (noise) |" in tt
     assert "in-context" not in timing_table([chained])  # a bench without in-context rows: the old table
+    assert "attainable" not in tt  # no floor measured: no column
+    floored = _t((1, 4096), 2.0, 1.7, 5.0, context_base_us=2.01, context_cand_us=1.60, context_spread_us=0.05,
+                 timing_basis="in-context", context_floor_us=0.41)
+    assert floored.attainable == pytest.approx(2.01 / 0.41) and Timing.from_json(floored.to_json()) == floored
+    assert _t((1, 4096), 2.0, 1.7, 5.0, context_floor_us=0.41).attainable is None  # a chained row has no bound
+    ft = timing_table([floored, ctx])
+    assert "| speedup | attainable |" in ft and "| 1.256x (in-context) | 4.90x |" in ft and "| — |" in ft
+    assert "no candidate can be faster than that" in ft
     only_chained = workload_table(regimes([_t((16, 4096), 1.65, 1.2, 5.8)], {"launch_floor_us": 0.5}))
     assert "In-context times were not measured by this bench: the chained times are the basis." in only_chained
     for regime in ("latency-bound", "bandwidth-bound", "in between", "CuTe"):
@@ -161,7 +169,11 @@ def test_gpu_rows_map_context_fields_and_refusals():
     assert timing_of(old).basis == "chained" and timing_of(old).context_base_us is None
     new = SimpleNamespace(**base, context_base_us=2.9, context_cand_us=2.1, context_spread_us=0.04,
                           context_speedup=1.38, timing_basis="in-context", refused="")
-    assert timing_of(new).speedup == pytest.approx(2.9 / 2.1)
+    assert timing_of(new).speedup == pytest.approx(2.9 / 2.1) and timing_of(new).attainable is None
+    floored = SimpleNamespace(**vars(new), context_floor_us=0.5, context_floor_spread_us=0.1, headroom=5.8)
+    assert timing_of(floored).attainable == pytest.approx(2.9 / 0.5)
+    unbounded = SimpleNamespace(**vars(new), context_floor_us=0.05, headroom=None)  # floor within its spread of 0
+    assert timing_of(unbounded).attainable is None
     bad = SimpleNamespace(**{**base, "shape": "64x8192"}, refused="3.1 TB/s above the 2.9 TB/s copy ceiling")
     assert refusals([old, new, bad]) == ["64x8192 fp16: 3.1 TB/s above the 2.9 TB/s copy ceiling"]
     assert refusals([{"shape": "1x8", "dtype": "bf16", "refused": "under the launch floor"}]) == [

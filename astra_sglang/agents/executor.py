@@ -80,6 +80,8 @@ class Timing:
     context_cand_us: Optional[float] = None
     context_spread_us: Optional[float] = None  # absolute spread of the in-context times
     timing_basis: str = "chained"
+    # bench's in-context floor: a touch kernel in the op's place (no kernel there takes less)
+    context_floor_us: Optional[float] = None
 
     @property
     def basis(self) -> str:
@@ -92,6 +94,13 @@ class Timing:
         if self.basis == "in-context":
             return self.context_base_us / self.context_cand_us
         return self.baseline_us / self.candidate_us if self.candidate_us > 0 else float("nan")
+
+    @property
+    def attainable(self) -> Optional[float]:
+        """The most any candidate could gain in context on this row: production's time over the floor's."""
+        if self.basis != "in-context" or not self.context_floor_us or self.context_floor_us <= 0:
+            return None
+        return self.context_base_us / self.context_floor_us
 
     @property
     def noise(self) -> bool:
@@ -123,6 +132,7 @@ class Timing:
             context_cand_us=d.get("context_cand_us"),
             context_spread_us=d.get("context_spread_us"),
             timing_basis=d.get("timing_basis") or "chained",
+            context_floor_us=d.get("context_floor_us"),
         )
 
 

@@ -39,7 +39,8 @@ def timing_of(r: Any) -> Timing:
                   pct_ceiling=r.cand_pct_of_ceiling, baseline_pct_ceiling=r.prod_pct_of_ceiling,
                   context_base_us=_field(r, "context_base_us"), context_cand_us=_field(r, "context_cand_us"),
                   context_spread_us=_field(r, "context_spread_us"),
-                  timing_basis=_field(r, "timing_basis") or "chained")
+                  timing_basis=_field(r, "timing_basis") or "chained",
+                  context_floor_us=_field(r, "context_floor_us") if _field(r, "headroom") else None)
 
 
 def refusals(rows: Sequence[Any]) -> List[str]:
