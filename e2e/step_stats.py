@@ -346,12 +346,19 @@ def report_markdown(summary: dict, meta: Optional[dict] = None) -> str:
         procs = f"{d['procs'][0]}+{d['procs'][1]} × {d['n']}" if d["method"] == "procs" else f"1+1 × {d['n']}"
         host = c["decode_ms"] if prim != "decode_ms" else None
         p = c["prefill_ms"]
+        # one eager, host-bound prefill per round: with one process per arm its Δ is the two processes' difference
+        ptext = (f"({_pct(p['delta'])})¹" if p.get("method") == "rounds" else f"{_pct(p['delta'])} {_pp(p['half'])}")
         out.append(f"| {c['base']} → {c['other']} | {c['batch_size']} | {procs} | {d['base']:.4f} | {d['other']:.4f} | "
                    f"{_pct(d['delta'])} [{_pct(d['lo'])}, {_pct(d['hi'])}] | {_pp(d['half'])} | {ftxt} | "
                    f"{c['verdict']} | {pr} | "
                    f"{_pct(host['delta']) + ' ' + _pp(host['half']) if host else '—'} | "
-                   f"{_pct(p['delta'])} {_pp(p['half'])} | {ptxt} |")
+                   f"{ptext} | {ptxt} |")
     out.append("")
+    if any(c["prefill_ms"].get("method") == "rounds" for c in summary["comparisons"]):
+        out.append("¹ Δ prefill with one process per arm is not a measure of the patch: the prefill is one eager, "
+                   "host-bound call per round, so the two processes' placement decides it (the same patch, declined "
+                   "on prefill, read +24.7% and −20.1% in two such runs). `--procs 2` or more puts the process "
+                   "effect in its interval.\n")
     out.append("Spread of log(step time) (relative): between processes = sd of the process means within an arm; "
                "within = round to round inside one process; process effect = the persistent part, "
                "√(between² − within²/rounds). Expected A/A half-width with P processes per arm and R rounds "

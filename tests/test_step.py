@@ -207,6 +207,11 @@ def test_summary_report_prediction_and_short_table():
     assert "64/64" in md                 # 2 process pairs x 4 rounds x 8 requests
     t = ss.short_table([("llama aa", s)])
     assert "A→B" in t and "resolved: faster" in t and t.count("\n") == 1
+    assert "¹ Δ prefill" not in md  # 2 processes per arm: prefill's interval carries the process effect
+    one = ss.summarize(_sim(np.random.default_rng(3), 1, 4, effect=-0.02, bs=8), [("A", "B")])
+    md1 = ss.report_markdown(one)
+    assert one["comparisons"][0]["prefill_ms"]["method"] == "rounds"
+    assert ")¹ |" in md1 and "¹ Δ prefill with one process per arm is not a measure of the patch" in md1
 
 
 # ----------------------------------------------------------------------------- driver pieces
