@@ -139,7 +139,8 @@ class OpSpec:
     # make_inputs(dims, dtype_name, generator, dist) -> dict name -> tensor (all ABI pointers)
     make_inputs: Callable[..., Dict[str, Any]]
     # reference(inputs_fp64: dict, dims, params) -> dict of expected outputs (fp64), keyed by
-    # the names of "out"/"inout" ABI args.
+    # the names of "out"/"inout" ABI args. A reference that rounds an intermediate to the model's dtype (a fused
+    # op's GEMM output) declares a `model_dtype` keyword: the harness passes the dtype the inputs came in.
     reference: Callable[..., Dict[str, Any]]
     # scalar ABI args (eps, ...) for a shape: dict name -> value
     scalars: Callable[[Tuple[int, ...]], Dict[str, Any]]

@@ -118,7 +118,33 @@ def test_reference_rounds_g_u_and_the_activation_like_sglang(dtype, dist):
         assert 0.05 < float(ref.std()) < 3.0
     else:
         assert float(ref.abs().max()) > 10.0  # silu deep in its tails, still finite in fp16
+    # the harness's path says the dtype (its fp64 copies lose it), as spec.py's reference contract has it
+    from astra_sglang.harness.oracle import references
+
+    assert torch.equal(references(SPEC, inp, dims, {}, None)[0]["out"], ref)
     assert SPEC.bytes_moved((1, 4096, 12288), "bf16") == (4096 + 2 * 12288 * 4096 + 12288) * 2
+
+
+def test_an_fp16_input_of_bf16_representable_values_is_rounded_as_fp16_by_the_harness():
+    """The case value inference gets wrong: fp16 tensors whose every value is also a bf16 value. The harness passes
+    the dtype, so the reference rounds g, u and the output to fp16, as SGLang's fp16 GEMM and activation do."""
+    from astra_sglang.harness.inputs import takes_model_dtype
+    from astra_sglang.harness.oracle import references
+
+    dims = (1, 64, 8)
+    g = torch.Generator().manual_seed(1)
+    # multiples of 1/8 in [-2, 2]: exact in bf16 and in fp16; products and sums need fp16's 10 mantissa bits
+    x = (torch.randint(-16, 17, (1, 64), generator=g) / 8.0).to(torch.float16)
+    w = (torch.randint(-16, 17, (16, 64), generator=g) / 8.0).to(torch.float16)
+    inp = {"x": x, "weight": w, "out": torch.empty(1, 8, dtype=torch.float16)}
+    assert takes_model_dtype(SPEC)
+    got = references(SPEC, inp, dims, {}, None)[0]["out"]
+    gu64 = x.double() @ w.double().t()
+    gg, uu = gu64[:, :8].half().double(), gu64[:, 8:].half().double()
+    assert torch.equal(got, (torch.nn.functional.silu(gg) * uu).half().double())
+    assert all(torch.equal(t.to(torch.bfloat16).to(t.dtype), t) for t in (x, w))  # what inference alone sees
+    inferred = SPEC.reference({"x": x.double(), "weight": w.double()}, dims, {})["out"]
+    assert not torch.equal(inferred, got)  # rounded as bf16: the case the dtype argument fixes
 
 
 def test_harness_runs_every_edge_shape_on_cpu():

@@ -40,6 +40,16 @@ def from_prod_abi(spec: OpSpec, views: Dict[str, Any], attrs: Optional[Dict[str,
     return {n: views[n].clone() for n in names}
 
 
+def takes_model_dtype(spec: OpSpec) -> bool:
+    """Whether the op's reference declares the `model_dtype` keyword (spec.py's reference contract)."""
+    import inspect
+
+    try:
+        return "model_dtype" in inspect.signature(spec.reference).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def reference_kwargs(spec: OpSpec, attrs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """Workspace attrs the reference takes as keyword arguments (e.g. merge_state's `semantics`):
     the production variant is judged against its own semantics, candidates against the op's."""

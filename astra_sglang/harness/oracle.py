@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ..spec import OpSpec
 from .guards import GuardedSet
 from .impl import Impl, cuda_error_name
-from .inputs import from_prod_abi, make_case_inputs, reference_kwargs, to_prod_abi
+from .inputs import from_prod_abi, make_case_inputs, reference_kwargs, takes_model_dtype, to_prod_abi
 from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, canonical_outputs, count_poison, dtype_name,
                        nonfinite_mismatch, rel_err, tolerance)
 
@@ -114,7 +114,10 @@ def reference_walk(spec: OpSpec, inputs: Dict[str, Any], dims, scalars: Dict[str
     import torch
 
     inout = [a.name for a in spec.abi if a.ctype == "ptr" and a.role == "inout"]
-    cur = {a.name: inputs[a.name].to(torch.float64) for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")}
+    ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
+    cur = {n: inputs[n].to(torch.float64) for n in ins}
+    if ins and takes_model_dtype(spec):  # the fp64 copies lose it: say it (spec.py's reference contract)
+        kw = {**kw, "model_dtype": inputs[ins[0]].dtype}
     while True:
         r = spec.reference(cur, tuple(dims), scalars, **kw)
         yield r

@@ -88,10 +88,12 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
     return {"x": x.to(td), "weight": w.to(td), "out": torch.empty((t, k), device=device, dtype=td)}
 
 
-def model_dtype(*tensors):
-    """The dtype SGLang's GEMM and silu_and_mul write in: the inputs' own, or, where the harness hands the reference
-    fp64 copies, the one their values came from (every bf16 value survives a trip through bf16; a tensor of fp16
-    values, 10 mantissa bits, essentially never does: 1 in 8 of them per element). None: no rounding."""
+def infer_model_dtype(*tensors):
+    """The dtype SGLang's GEMM and silu_and_mul write in, where no one said it: the inputs' own, or, for fp64 copies,
+    the one their values came from (every bf16 value survives a trip through bf16; a tensor of fp16 values, 10
+    mantissa bits, essentially never does: 1 in 8 of them per element). None: no rounding. The harness passes the
+    dtype instead (`model_dtype`, spec.py's reference contract), so an fp16 input whose values all happen to be
+    bf16-representable is not rounded as bf16 there."""
     import torch
 
     dt = tensors[0].dtype
@@ -110,12 +112,13 @@ def model_dtype(*tensors):
 def reference_for(act: str):
     """The fp64 reference of a fused gate_up + `act`-and-mul (act as ModelConfig.act names it: silu, gelu_tanh)."""
 
-    def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
+    def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any], model_dtype=None) -> Dict[str, Any]:
         import torch
 
         k = int(dims[2])
         x, w = inp["x"], inp["weight"]
-        dt = model_dtype(x, w)
+        # the harness says the dtype (its fp64 copies lose it); a direct call with model tensors infers it
+        dt = model_dtype if model_dtype in (torch.float16, torch.bfloat16) else infer_model_dtype(x, w)
 
         def rnd(v):
             return v.to(dt).to(torch.float64) if dt is not None else v
