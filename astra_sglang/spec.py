@@ -171,6 +171,10 @@ class OpSpec:
     # outputs before any comparison, for ops whose production result is only defined up to an order
     # (moe_align: atomics order tokens within an expert). None: outputs are compared as written.
     canonical: Optional[Callable[[Dict[str, Any], Tuple[int, ...]], Dict[str, Any]]] = None
+    # The dtypes SGLang hands this op in serving, whatever the model's, where they differ from the model's own
+    # (DeepSeek-V3's router gets fp32 logits from dsv3_router_gemm in a bf16 model). bench, validate and
+    # kernels/gpu_run.sh default to them, and a bench of another dtype says it is not serving's. (): the model's.
+    serving_dtypes: Tuple[str, ...] = ()
     # dims that count something optional and may be 0 (moe_grouped_router's n_shared: no fused shared column);
     # every other dim is a size, > 0
     zero_dims: Tuple[str, ...] = ()

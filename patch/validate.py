@@ -198,7 +198,7 @@ def build_cases(ops: Sequence[str], dtypes: Optional[Sequence[str]], shapes: str
     cases: List[Case] = []
     for op in ops:
         spec = get_op(op)
-        dts = list(dtypes) if dtypes else default_dtypes(spec.dtypes)
+        dts = list(dtypes) if dtypes else default_dtypes(spec.dtypes, spec.serving_dtypes)
         bad = [d for d in dts if d not in spec.dtypes]
         if bad:
             raise AstraError(f"{op} has no dtype {', '.join(bad)} (it has {', '.join(spec.dtypes)})")

@@ -358,3 +358,33 @@ def test_a_report_without_a_floor_keeps_its_old_table():
     rep = _report()
     assert rep.headroom_geomean is None and rep.headroom_line() == ""
     assert "floor µs" not in rep.table() and "attainable" not in rep.table()
+
+
+def test_an_op_s_own_serving_dtypes_are_its_default_and_others_are_said():
+    """DeepSeek-V3's router gets fp32 logits in a bf16 model: bench, validate and gpu_run.sh default to fp32, and a
+    bench of bf16 says production there may run kernels serving never does (SGLang's cast before flashinfer)."""
+    import os
+    import subprocess
+    import sys
+
+    from astra_sglang.harness.cases import default_dtypes, not_served
+    from astra_sglang.registry import get_op
+
+    spec = get_op("moe_grouped_router")
+    assert spec.serving_dtypes == ("fp32",)
+    assert default_dtypes(spec.dtypes, spec.serving_dtypes) == ["fp32"]
+    assert default_dtypes(("fp32", "bf16", "fp16")) == ["fp16", "bf16"]  # an op without its own: the model's
+    assert not_served(spec, ["fp32", "bf16"]) == ["bf16"] and not_served(get_op("rmsnorm"), ["fp32"]) == []
+    rep = _report()
+    rep.notes = ["NOT SERVING'S DTYPE: SGLang hands moe_grouped_router fp32 in serving, not bf16: ...", "other"]
+    assert "NOT SERVING'S DTYPE" in rep.table() and "other" not in rep.table()
+    # gpu_run.sh's dtype choice, run as the script runs it (DTYPES is the model's)
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "kernels" / "gpu_run.sh").read_text()
+    snippet = text[text.index("dtypes_of() {"):].split("; }", 1)[0] + "; }"
+    env = {**os.environ, "DTYPES": "bf16", "PYTHONPATH": str(root)}
+    out = subprocess.run(["bash", "-c", snippet.replace("python3", sys.executable) +
+                          "\ndtypes_of moe_grouped_router; dtypes_of rmsnorm; dtypes_of moe_align"],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split() == ["fp32", "bf16"]  # moe_align: none of the model's dtypes: bench's own default

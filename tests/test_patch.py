@@ -932,11 +932,12 @@ def test_validate_default_dtypes_are_per_op():
     from astra_sglang.errors import AstraError
     from astra_sglang.patch.validate import build_cases
 
-    cases = build_cases(["silu_and_mul", "moe_align"], None, "decode")
+    cases = build_cases(["silu_and_mul", "moe_align", "moe_grouped_router"], None, "decode")
     by_op = {}
     for c in cases:
         by_op.setdefault(c.op, set()).add(c.dtype)
-    assert by_op == {"silu_and_mul": {"fp16", "bf16"}, "moe_align": {"int32"}}
+    # DeepSeek-V3's router gets fp32 logits in serving (its serving_dtypes), whatever the model's dtype
+    assert by_op == {"silu_and_mul": {"fp16", "bf16"}, "moe_align": {"int32"}, "moe_grouped_router": {"fp32"}}
     with pytest.raises(AstraError, match="moe_align has no dtype fp16"):
         build_cases(["moe_align"], ["fp16"], "decode")
 

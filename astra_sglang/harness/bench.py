@@ -33,7 +33,7 @@ from ..build.cache import cache_root
 from ..build.workspace import open_workspace
 from ..errors import AstraError
 from ..spec import Shape
-from .cases import (case_seed, default_bench_shapes, default_dtypes, production_skips, select_shapes,
+from .cases import (case_seed, default_bench_shapes, default_dtypes, not_served, production_skips, select_shapes,
                     workspace_dtypes)
 from .guards import GuardedSet
 from .impl import Impl
@@ -538,7 +538,7 @@ def bench(
     shape_list = select_shapes(spec, default_bench_shapes(spec) if shapes is None else shapes)
     have = workspace_dtypes(spec, ws.manifest)
     if dtypes is None:
-        dtypes = default_dtypes(have)
+        dtypes = default_dtypes(have, spec.serving_dtypes)
     dts = [d for d in dtypes if d in have]
     if not dts:
         raise AstraError(f"none of the dtypes {', '.join(dtypes)} is supported by this {op} workspace "
@@ -547,6 +547,10 @@ def bench(
     rep = BenchReport(op=op, variant=ws.variant, candidate=str(candidate) if candidate else None, l2=l2, replays=replays,
                       installed=installed, production=describe_production(ws),
                       date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), command=command)
+    off = not_served(spec, dts)
+    # timed as asked, but said: production may run other kernels for them (a cast) than in serving
+    served_note = ([f"NOT SERVING'S DTYPE: SGLang hands {op} {', '.join(spec.serving_dtypes)} in serving, not "
+                    f"{', '.join(off)}: production's time for them may include kernels serving never runs"] if off else [])
 
     def fail(reason: str) -> BenchReport:
         rep.ok, rep.reason = False, reason
@@ -606,7 +610,7 @@ def bench(
               "software"):
         if k in p:
             setattr(rep, k, p[k])
-    rep.notes = [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]
+    rep.notes = served_note + [f"{d}: not benchmarked (the workspace has no {d})" for d in dtypes if d not in have]
     rep.notes += list(p.get("notes", []))
     rep.recheck = dict(p.get("recheck") or rep.recheck)   # a worker cut short keeps the re-checks it reported
     rep.seconds = time.monotonic() - t0

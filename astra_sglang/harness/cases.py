@@ -40,10 +40,17 @@ def select_shapes(spec: OpSpec, selector: Union[str, Sequence[Shape]] = "check",
     return order_small_first(dedupe(out))
 
 
-def default_dtypes(available: Sequence[str]) -> List[str]:
-    """Without a dtype asked for: the serving dtypes fp16/bf16 among those available, else all of them (an
-    integer op such as moe_align has only its own)."""
-    return [d for d in ("fp16", "bf16") if d in available] or list(available)
+def default_dtypes(available: Sequence[str], serving: Sequence[str] = ()) -> List[str]:
+    """Without a dtype asked for: the op's own serving dtypes where it declares them (OpSpec.serving_dtypes),
+    else the model dtypes fp16/bf16 among those available, else all of them (an integer op such as moe_align has
+    only its own)."""
+    own = [d for d in serving if d in available]
+    return own or [d for d in ("fp16", "bf16") if d in available] or list(available)
+
+
+def not_served(spec: OpSpec, dtypes: Sequence[str]) -> List[str]:
+    """The dtypes among `dtypes` that SGLang never hands this op in serving (only where the op declares its own)."""
+    return [d for d in dtypes if spec.serving_dtypes and d not in spec.serving_dtypes]
 
 
 def default_bench_shapes(spec: OpSpec) -> str:

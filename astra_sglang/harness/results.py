@@ -386,6 +386,7 @@ class BenchReport:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")
         foot.append(f"max spread {100 * self.max_spread:.1f}%")
+        foot += [n for n in self.notes if n.startswith("NOT SERVING'S DTYPE")]
         # said in the footer, not only in -v notes: moe_align's whole first corpus fell back to chained this way
         unmeasured = [n for n in self.notes if "in-context timing not measured" in n]
         if unmeasured:

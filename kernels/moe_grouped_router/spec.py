@@ -406,6 +406,9 @@ SPEC = OpSpec(
     ),
     default_variant=lambda roots: "installed",
     dtypes=("fp32", "bf16", "fp16"),
+    # DeepSeek-V3's MoEGate hands the router fp32 logits on Hopper (dsv3_router_gemm / linear_bf16_fp32, out fp32);
+    # bf16 logits would add SGLang's .to(float32) cast before flashinfer's kernel, a launch serving never runs
+    serving_dtypes=("fp32",),
     corpus=_corpus(),
     edge_shapes=EDGE,
     tolerance=Tolerance(k=2.0, floor={"fp32": 1e-5, "fp16": 1e-5, "bf16": 1e-5, "int32": 0.0}),
