@@ -31,7 +31,8 @@ if [ "$cmd" = ensure ]; then
     src=${2:-/tmp/e2e-wheels}; site=${3:-/tmp/e2e-site}
     if [ ! -d "$site/sglang" ]; then
         timeout 240 bash "$0" install "$src" "$site" > "$site.log" 2>&1 \
-            || { tail -20 "$site.log"; echo "error: installing the wheelhouse into $site failed (log: $site.log)" >&2; exit 1; }
+            || { tail -20 "$site.log"
+                 echo "error: installing the wheelhouse into $site failed (log: $site.log)" >&2; exit 1; }
     fi
     install_astra "$site"
     exit 0

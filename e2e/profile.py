@@ -262,6 +262,7 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
             "shape_source": "profiler" if profiled else ("config" if hint else ""),
             "kernels": sorted(o["kernels"])[:4],
             "speedup": None, "speedup_label": "", "speedup_source": None, "predicted_gain": 0.0, "saved_us": 0.0,
+            "attainable": None, "attainable_saved_us": 0.0,
         }
         if o["covered"] and o["op"] == "linear" and linear_dims and not o["astra"]:
             # several projections a step: each kernel name's time at its own shapes' speedup (the lowest where it
@@ -286,6 +287,8 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
                 row.update(speedup=sp.value, speedup_label=sp.label(), speedup_source=sp.source, saved_us=saved,
                            predicted_gain=saved / (total / steps) if total else 0.0)
                 saved_total += saved
+                if sp.attainable:  # the in-context floor's bound: what any standalone kernel could save at most
+                    row.update(attainable=sp.attainable, attainable_saved_us=us * (1.0 - 1.0 / sp.attainable))
         rows.append(row)
     rows.sort(key=lambda r: -r["us_per_step"])
     fused = _fused_rows(rows, cfg, cap.tokens, tp, dtype, speedups, total / steps)
@@ -304,6 +307,10 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
         "small_op_share": sum(r["share"] for r in rows if r["category"] == "op"),
         "predicted_saved_us": saved_total,
         "predicted_gain": saved_total / step_us if step_us else 0.0,
+        # over the ops whose bench timed the in-context floor: what they save now, and the most any kernel could
+        "bounded_ops": [r["op"] for r in rows if r["attainable"]],
+        "bounded_saved_us": sum(r["saved_us"] for r in rows if r["attainable"]),
+        "attainable_saved_us": sum(r["attainable_saved_us"] for r in rows),
         "ops": rows,
         "fused": fused,
         "top_kernels": [{"kernel": t["kernel"], "op": t["op"], "us_per_step": t["excl"] / steps,
@@ -369,6 +376,12 @@ def capture_table(c: dict, max_rows: int = 18) -> str:
     head += (f"{cats}; small ops {_pct(c['small_op_share'])}, covered by astra {_pct(c['covered_share'])}; "
              f"predicted step gain from the shipped kernels {_pct(c['predicted_gain'])} "
              f"({c['predicted_saved_us']:.1f} µs)\n\n")
+    if c.get("bounded_ops"):  # where the prize is: the in-context floor bounds what a standalone kernel can save
+        step = c["kernel_us_per_step"]
+        head += (f"{', '.join(c['bounded_ops'])}: the shipped kernels save {c['bounded_saved_us']:.1f} µs "
+                 f"({_pct(c['bounded_saved_us'] / step if step else 0.0)}); any standalone kernel could save at most "
+                 f"{c['attainable_saved_us']:.1f} µs ({_pct(c['attainable_saved_us'] / step if step else 0.0)}), "
+                 "by the in-context floor their benches timed\n\n")
     lines = ["| op | µs/step | share | calls/step | µs/call | shapes | astra | speedup | predicted gain |",
              "|---|---:|---:|---:|---:|---|---|---|---:|"]
     rows = c["ops"]

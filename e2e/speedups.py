@@ -26,6 +26,8 @@ class Speedup:
     exact: bool
     source: str         # file
     date: str
+    # the bench row's in-context floor bound (its "headroom"): the most any kernel could gain there; None: unmeasured
+    attainable: Optional[float] = None
 
     def label(self) -> str:
         return f"{self.value:.2f}x" if self.exact else f"~{self.value:.2f}x ({self.shape})"
@@ -67,6 +69,12 @@ def serving_speedup(row: dict) -> float:
     return float(row["speedup"])
 
 
+def _attainable(row: dict) -> Optional[float]:
+    """A bench row's in-context bound (results.BenchRow.headroom), where the bench timed the floor."""
+    h = row.get("headroom")
+    return float(h) if isinstance(h, (int, float)) and h > 0 else None
+
+
 class SpeedupTable:
     def __init__(self, files: Sequence[Path]):
         # op -> [(date, file, rows, production variant)] newest first
@@ -103,7 +111,7 @@ class SpeedupTable:
         for date, src, rows in self._files(op, variant):
             for r in rows:
                 if r["shape"] == key and r.get("dtype", dtype) == dtype:
-                    return Speedup(float(r["speedup"]), key, True, src, date)
+                    return Speedup(float(r["speedup"]), key, True, src, date, _attainable(r))
         best = None
         for date, src, rows in self._files(op, variant):
             for r in rows:
@@ -117,7 +125,7 @@ class SpeedupTable:
                     continue
                 dist = abs(rd[0] - dims[0]) / max(dims[0], 1)
                 if best is None or dist < best[0]:
-                    best = (dist, Speedup(float(r["speedup"]), str(r["shape"]), False, src, date))
+                    best = (dist, Speedup(float(r["speedup"]), str(r["shape"]), False, src, date, _attainable(r)))
             if best:
                 break   # newest file that has this width
         return best[1] if best else None

@@ -348,9 +348,11 @@ def test_report_names_the_rows_no_standalone_kernel_can_bring_to_the_goal(tmp_pa
     assert "floor µs" in t and "attainable" in t and "2.00x" in t
     assert f"attainable in context {rep.headroom_geomean:.3f}x" in t  # on the geomean line gpu_run.sh keeps
     d = json.loads(rep.to_json(tmp_path / "r.json").read_text())
-    assert d["rows"][1]["headroom"] == pytest.approx(2.0) and d["headroom_geomean"] == pytest.approx(rep.headroom_geomean)
+    assert d["rows"][1]["headroom"] == pytest.approx(2.0)
+    assert d["headroom_geomean"] == pytest.approx(rep.headroom_geomean)
     back = BenchReport.from_json(tmp_path / "r.json")
-    assert back.rows[2].context_floor_us == pytest.approx(2.6) and back.headroom_geomean == pytest.approx(rep.headroom_geomean)
+    assert back.rows[2].context_floor_us == pytest.approx(2.6)
+    assert back.headroom_geomean == pytest.approx(rep.headroom_geomean)
     assert rep.plot(tmp_path / "p.png") is None or (tmp_path / "p.png").stat().st_size > 0
 
 

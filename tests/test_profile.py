@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from astra_sglang.e2e import attribution as at
-from astra_sglang.e2e.profile import Capture, analyze_capture, analyze_dir, shapes_corpus, write_outputs
+from astra_sglang.e2e.profile import Capture, analyze_capture, analyze_dir, capture_table, shapes_corpus, write_outputs
 from astra_sglang.e2e.speedups import SpeedupTable
 from astra_sglang.e2e.trace import KernelEvent, exclusive_times, parse_chrome_trace
 from astra_sglang.errors import AstraError
@@ -292,6 +292,26 @@ def test_analyze_capture_shares_calls_speedup_and_amdahl(tmp_path):
     assert rows["silu_and_mul"]["speedup_label"] == "unmeasured"
     assert rows["gemm"]["category"] == "gemm" and not rows["gemm"]["covered"]
     assert sum(r["share"] for r in c["ops"]) == pytest.approx(1.0)
+    assert farn["attainable"] is None and c["bounded_ops"] == [] and "could save at most" not in capture_table(c)
+
+
+def test_the_in_context_floor_bounds_what_any_kernel_could_save(tmp_path):
+    """A bench row that timed the floor (its "headroom") gives the op's most possible saving beside the predicted one."""
+    d = _capture_dir(tmp_path)
+    bench = tmp_path / "bench.json"
+    _bench(bench, "2026-11-27", [{"shape": "8x4096", "dtype": "bf16", "speedup": 1.25, "headroom": 4.0}])
+    t = SpeedupTable.from_dirs([bench])
+    assert t.lookup("fused_add_rmsnorm", (8, 4096)).attainable == 4.0
+    assert t.lookup("fused_add_rmsnorm", (16, 4096)).attainable == 4.0  # the nearest row carries it too
+    c = analyze_dir(d, t)["captures"][0]
+    farn = next(r for r in c["ops"] if r["op"] == "fused_add_rmsnorm")
+    assert farn["saved_us"] == pytest.approx(farn["us_per_step"] * 0.2)
+    assert farn["attainable"] == 4.0 and farn["attainable_saved_us"] == pytest.approx(farn["us_per_step"] * 0.75)
+    assert c["bounded_ops"] == ["fused_add_rmsnorm"]
+    assert c["attainable_saved_us"] == pytest.approx(farn["attainable_saved_us"])
+    head = capture_table(c)
+    assert (f"fused_add_rmsnorm: the shipped kernels save {farn['saved_us']:.1f} µs" in head
+            and f"could save at most {farn['attainable_saved_us']:.1f} µs" in head)
 
 
 def test_patched_capture_says_astra_ran_and_predicts_nothing(tmp_path):

@@ -32,8 +32,8 @@ def timing_table(timings: Sequence[Any]) -> str:
             f"{' (' + t.basis + ')' if ctx else ''}{' (noise)' if t.noise else ''} | "
             + ((f"{t.attainable:.2f}x | " if t.attainable else "— | ") if att else "") + f"{_pct(t.pct_ceiling)} |")
     if att:  # what the column means, for the agents that read this table
-        lines.append("\nattainable: production's in-context time over a kernel in the same place that only waits for its "
-                     "input and reads one byte; no candidate can be faster than that on the row")
+        lines.append("\nattainable: production's in-context time over a kernel in the same place that only waits "
+                     "for its input and reads one byte; no candidate can be faster than that on the row")
     return "\n".join(lines)
 
 

@@ -233,7 +233,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
-                    replays: int, before, consumer_width: Optional[int] = None, helpers: Optional[Helpers] = None) -> str:
+                    replays: int, before, consumer_width: Optional[int] = None,
+                    helpers: Optional[Helpers] = None) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
     touch kernel is timed in the same place too: the in-context floor no kernel there can beat, so production's
@@ -549,8 +550,8 @@ def bench(
                       date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), command=command)
     off = not_served(spec, dts)
     # timed as asked, but said: production may run other kernels for them (a cast) than in serving
-    served_note = ([f"NOT SERVING'S DTYPE: SGLang hands {op} {', '.join(spec.serving_dtypes)} in serving, not "
-                    f"{', '.join(off)}: production's time for them may include kernels serving never runs"] if off else [])
+    served_note = [f"NOT SERVING'S DTYPE: SGLang hands {op} {', '.join(spec.serving_dtypes)} in serving, not "
+                   f"{', '.join(off)}: production's time for them may include kernels serving never runs"] if off else []
 
     def fail(reason: str) -> BenchReport:
         rep.ok, rep.reason = False, reason
