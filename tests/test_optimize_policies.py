@@ -158,6 +158,7 @@ def test_in_context_times_are_the_basis_when_bench_has_them():
     assert "In-context times were not measured by this bench: the chained times are the basis." in only_chained
     for regime in ("latency-bound", "bandwidth-bound", "in between", "CuTe"):
         assert regime in STRATEGIES
+    assert "`attainable` column" in STRATEGIES and "removing its launch" in STRATEGIES  # the floor's lesson
 
 
 def test_gpu_rows_map_context_fields_and_refusals():
