@@ -216,29 +216,44 @@ def _plan_source(op):
     return m.group(1)
 
 
+def _one_max(op):
+    """The ASTRA_ONE_MAX a kernel defines before its row plan block (the fused norms: 1024), else None: the
+    block's own default. The shared block is compiled with it, so the plans tested are the ones shipped."""
+    src = (op_dir(op) / "kernel.cu").read_text()
+    head = src[:src.index("// ---- row plan")]
+    m = re.search(r"#define ASTRA_ONE_MAX (\d+)u?\b", head)
+    return int(m.group(1)) if m else None
+
+
+def _compile_plans(cxx, tmp, name, block, one_max=None):
+    prog = tmp / f"{name}.cpp"
+    prog.write_text(
+        "#include <cstdint>\n#include <cstdio>\n"
+        + (f"#define ASTRA_ONE_MAX {one_max}u\n" if one_max else "")
+        + "namespace {\n" + block + "}\n"
+        "int main() {\n  for (uint32_t nv = 1; nv <= 16384; ++nv) {\n    RowPlan p;\n"
+        "    if (!row_plan(nv, true, p)) { std::printf(\"%u none\\n\", nv); continue; }\n"
+        "    std::printf(\"%u %u %u %u %u %d\\n\", nv, p.R, p.n_fi, p.cl, p.slice, p.layout);\n  }\n}\n"
+    )
+    exe = tmp / name
+    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(prog)], check=True, capture_output=True)
+    plans = {}
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
+        f = line.split()
+        plans[int(f[0])] = None if f[1] == "none" else tuple(int(v) for v in f[1:])
+    return plans
+
+
 @pytest.fixture(scope="module")
 def kernel_plans(tmp_path_factory):
-    """{op: {nv: (R, n_fi, cl, slice, layout)}} for nv in 1..16384 (sm_90, clusters), from row_plan()."""
+    """{op: {nv: (R, n_fi, cl, slice, layout)}} for nv in 1..16384 (sm_90, clusters), from row_plan() as each
+    kernel builds it; and under "one_max=1024" the shared block with every row of <= 1024 vectors at kOne."""
     cxx = shutil.which("c++") or shutil.which("g++")
     if not cxx:
         pytest.skip("needs a host C++ compiler")
-    out = {}
     tmp = tmp_path_factory.mktemp("plan")
-    for op in OPS:
-        prog = tmp / f"{op}.cpp"
-        prog.write_text(
-            "#include <cstdint>\n#include <cstdio>\nnamespace {\n" + _plan_source(op) + "}\n"
-            "int main() {\n  for (uint32_t nv = 1; nv <= 16384; ++nv) {\n    RowPlan p;\n"
-            "    if (!row_plan(nv, true, p)) { std::printf(\"%u none\\n\", nv); continue; }\n"
-            "    std::printf(\"%u %u %u %u %u %d\\n\", nv, p.R, p.n_fi, p.cl, p.slice, p.layout);\n  }\n}\n"
-        )
-        exe = tmp / op
-        subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(prog)], check=True, capture_output=True)
-        plans = {}
-        for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
-            f = line.split()
-            plans[int(f[0])] = None if f[1] == "none" else tuple(int(v) for v in f[1:])
-        out[op] = plans
+    out = {op: _compile_plans(cxx, tmp, op, _plan_source(op), _one_max(op)) for op in OPS}
+    out["one_max=1024"] = _compile_plans(cxx, tmp, "one1024", _plan_source(OPS[0]), 1024)
     return out
 
 
@@ -330,11 +345,22 @@ def test_sum_order_is_flashinfers_on_every_corpus_width(op, dtype, d, kernel_pla
 def test_every_row_of_up_to_4096_vectors_follows_flashinfer(kernel_plans):
     """All row widths the order is kept for, beyond the corpora (one row each, 1..4096 vectors of 8):
     rows over 4096 vectors are the documented exception (cluster slices)."""
-    plans = kernel_plans["rmsnorm"]
-    for nv in list(range(1, 300)) + list(range(300, 4097, 7)) + [1024, 1025, 2048, 2049, 4096]:
-        x, _ = _inputs("rmsnorm", 1, nv * 8, "bf16", seed=nv)
-        ref = flashinfer_sum_sq(x, 8)
-        ours = astra_sum_sq(x, 8, plans[nv])
-        assert np.array_equal(ref.view(np.uint32), ours.view(np.uint32)), (nv, plans[nv])
-    assert all(plans[nv][1] == 0 for nv in range(4097, 16385, 1021))
-    assert plans[16384] is not None
+    for which in ("rmsnorm", "one_max=1024"):  # the block's default plan, and the fused norms' (kOne to 1024)
+        plans = kernel_plans[which]
+        for nv in list(range(1, 300)) + list(range(300, 4097, 7)) + [512, 513, 1023, 1024, 1025, 2048, 2049, 4096]:
+            x, _ = _inputs("rmsnorm", 1, nv * 8, "bf16", seed=nv)
+            ref = flashinfer_sum_sq(x, 8)
+            ours = astra_sum_sq(x, 8, plans[nv])
+            assert np.array_equal(ref.view(np.uint32), ours.view(np.uint32)), (which, nv, plans[nv])
+        assert all(plans[nv][1] == 0 for nv in range(4097, 16385, 1021))
+        assert plans[16384] is not None
+
+
+def test_the_fused_norms_take_one_vector_per_thread_up_to_1024_vectors(kernel_plans):
+    """Measured in context on the H200 (2026-11-27): kOne up to 1024 vectors made the fused norms faster (fused_add
+    1.203x -> 1.246x, gemma_fused_add 1.119x -> 1.220x) and the plain ones slower (rmsnorm 1.308x -> 1.245x,
+    gemma_rmsnorm 1.162x -> 1.125x), so only the fused kernels define it."""
+    for op in OPS:
+        layouts = {kernel_plans[op][nv][4] for nv in range(257, 1025)}
+        assert layouts == ({0} if "fused" in op else {1}), (op, layouts)
+        assert kernel_plans[op][1025][4] == 2  # kPacked past 1024 vectors, as before

@@ -43,6 +43,11 @@
 #ifndef ASTRA_W_LATE
 #define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction at every K (default: only K = 4)
 #endif
+#ifndef ASTRA_ONE_MAX
+// One vector per thread (the row plan's kOne) for rows of up to 1024 vectors, not 256: one butterfly per thread
+// instead of two; in context 1.203x -> 1.246x over the decode corpus (H200, 2026-11-27, kernels/NOTES.md).
+#define ASTRA_ONE_MAX 1024u
+#endif
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
 #endif
@@ -416,13 +421,17 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
 // norm.cuh runs n_fi = min(1024, nv) threads rounded up to a warp; its thread t sums the squares of
 // vectors t, t + n_fi, ... (fma, in order), a shfl_xor butterfly (16..1) sums each warp, and one more
 // butterfly sums the warp sums (zero padded to 32).  Our warps stand in for its warps, lane for lane:
-//   nv <= 256   kOne:     R = n_fi threads, one vector each;
+//   nv <= 256   kOne:     R = n_fi threads, one vector each (up to ASTRA_ONE_MAX <= 1024 vectors: the fused
+//                         norms define 1024, measured faster in context; rmsnorm and gemma_rmsnorm measured slower);
 //   nv <= 1024  kTwo:     R = n_fi / 2 (a warp multiple): thread x is its threads x and x + R;
 //   nv <= 2048  kPacked:  its warps of 2 rounds, then those of 1, 4 vectors per thread (R ~ nv / 4);
 //   nv <= 4096  kCluster: 2 CTAs of 512 threads (sm_90), one of its threads (3-4 rounds) each;
 //   wider:      kCluster over 4-8 CTAs of contiguous slices, n_fi = 0: not FlashInfer's order (one of
 //               its threads would hold more vectors than our registers do).
 // Without clusters, rows over 2048 vectors take the 1024-thread fallback: FlashInfer's layout.
+#ifndef ASTRA_ONE_MAX
+#define ASTRA_ONE_MAX 256u  // rows of up to this many vectors (<= 1024) take kOne
+#endif
 struct RowPlan {
   uint32_t R;      // threads per row (per CTA of a cluster)
   uint32_t n_fi;   // FlashInfer's threads: the stride between a thread's vectors (0: slices)
@@ -435,7 +444,7 @@ inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
 inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p) {
   const uint32_t n_fi = round_up32(nv < 1024u ? nv : 1024u);
   p = RowPlan{n_fi, n_fi, 1u, nv, 0};
-  if (nv <= 256u) return true;
+  if (nv <= ASTRA_ONE_MAX) return true;
   if (nv <= 1024u) {
     p.R = round_up32(n_fi / 2u);
     p.layout = 1;

@@ -22,8 +22,9 @@
 //    bytes), so a head row is one coalesced warp access; the sum of squares is a full-warp xor-shuffle.
 //    NeoX: element i pairs with i + D/2, which is lane ^ 16 for every head_dim (D/2 elements = 16 lanes), one
 //    __shfl_xor_sync per element. GPT-J: the pairs sit inside the lane's vector.
-//  * fp32 from the load to the store: the normed value is never rounded before the rotation (production rounds
-//    it to the storage dtype between its two kernels), one rounding at the end.
+//  * fp32 math, rounded as production rounds: the normed value to the storage dtype (production's two kernels
+//    store it between them; ASTRA_QKN_ROUND), then the rotation with production's fma contraction (ASTRA_ROPE_X/Y)
+//    and one rounding at the store.
 //  * 4 warps per block, as many blocks as work items need up to a full wave of resident blocks; a grid-stride
 //    loop over the rest (prefill).
 //  * Narrower accesses (4-byte pairs, scalar cos/sin) when a pointer or a stride does not allow the wide ones.
@@ -34,6 +35,23 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+// Production runs the q/k norm and the rope as two kernels: the normed value is rounded to the storage dtype between
+// them. ASTRA_QKN_ROUND 1 rounds it here too, so the output is bit-identical to SGLang's (greedy tokens match, as
+// Gemma-2's did not while one fused op rounded once); 0 keeps it in fp32 (one rounding, as before 2026-11-27).
+#ifndef ASTRA_QKN_ROUND
+#define ASTRA_QKN_ROUND 1
+#endif
+// How the rotation's two products meet, spelled out as in dense_rope_store (X=1 Y=2: bit-identical to SGLang's rope
+// on an H200, results/2026-11-27-h200/session8 call D). x' = x c - y s: 0 as written (the compiler contracts),
+// 1 fma(x, c, -(y s)), 2 fma(-y, s, x c), 3 no fma. y' = x s + y c: 0 as written, 1 fma(x, s, y c), 2 fma(y, c, x s),
+// 3 no fma.
+#ifndef ASTRA_ROPE_X
+#define ASTRA_ROPE_X 1
+#endif
+#ifndef ASTRA_ROPE_Y
+#define ASTRA_ROPE_Y 2
+#endif
 
 namespace astra_qkr {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
@@ -146,6 +164,37 @@ __device__ __forceinline__ void load_cs(const float* p, float (&f)[N]) {
 
 // D: head_dim, V = D / 32 elements per lane. Work item w: token w / heads, head w % heads, heads = hq + hk
 // (q heads, then k heads).
+__device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
+#if ASTRA_ROPE_X == 1
+  return fmaf(x, c, -__fmul_rn(y, s));
+#elif ASTRA_ROPE_X == 2
+  return fmaf(-y, s, __fmul_rn(x, c));
+#elif ASTRA_ROPE_X == 3
+  return __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+#else
+  return x * c - y * s;
+#endif
+}
+__device__ __forceinline__ float rot_y(float x, float y, float c, float s) {
+#if ASTRA_ROPE_Y == 1
+  return fmaf(x, s, __fmul_rn(y, c));
+#elif ASTRA_ROPE_Y == 2
+  return fmaf(y, c, __fmul_rn(x, s));
+#elif ASTRA_ROPE_Y == 3
+  return __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+#else
+  return x * s + y * c;
+#endif
+}
+// the value production's first kernel stores (ASTRA_QKN_ROUND)
+template <typename T> __device__ __forceinline__ float stored(float v);
+template <> __device__ __forceinline__ float stored<__half>(float v) {
+  return ASTRA_QKN_ROUND ? __half2float(__float2half_rn(v)) : v;
+}
+template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
+  return ASTRA_QKN_ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
 template <typename T, int D, bool kNeox, bool kWide>
 __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
     T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
@@ -195,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
     for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(kFull, ss, m);
     const float r = rsqrtf(ss / D + eps);
 #pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = x[j] * r * (is_q ? wq[j] : wk[j]);
+    for (int j = 0; j < V; ++j) x[j] = stored<T>(x[j] * r * (is_q ? wq[j] : wk[j]));
 
     // rotation, still in fp32
     float o[V];
@@ -204,14 +253,14 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float p = __shfl_xor_sync(kFull, x[j], 16);
-        o[j] = lo ? x[j] * c[j] - p * s[j] : p * s[j] + x[j] * c[j];
+        o[j] = lo ? rot_x(x[j], p, c[j], s[j]) : rot_y(p, x[j], c[j], s[j]);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < V / 2; ++j) {
         const float a = x[2 * j], b = x[2 * j + 1];
-        o[2 * j] = a * c[j] - b * s[j];
-        o[2 * j + 1] = a * s[j] + b * c[j];
+        o[2 * j] = rot_x(a, b, c[j], s[j]);
+        o[2 * j + 1] = rot_y(a, b, c[j], s[j]);
       }
     }
     store_h<T, V, kWide>(row + off, pack<T, V>(o));

@@ -18,11 +18,24 @@
 //  * A v row is a copy; a k row is rotated once and stored twice (in place and into the cache).
 //  * The head's vectors load in the same batch as the position and the slot; only cos/sin wait for the position.
 //  * PDL on sm_90+: every read behind griddepcontrol.wait; dependents released right after it.
-//  * fp32 math as production, one rounding; the cached k is bit-identical to the in-place k.
+//  * fp32 math as production, with production's fma contraction (ASTRA_ROPE_X/Y), one rounding; the cached k is
+//    bit-identical to the in-place k.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+// How the two products of a rotated element meet (as in dense_rope_store, whose forms were checked against SGLang
+// 0.5.17's JIT rope on an H200; results/2026-11-27-h200/session8 call D): where nvcc contracts `x * c - y * s` into
+// an fma depends on the code around it, so the form is spelled out. X=1 Y=2 is the one found bit-identical there.
+// x' = x c - y s: 0 as written (the compiler contracts), 1 fma(x, c, -(y s)), 2 fma(-y, s, x c), 3 no fma.
+#ifndef ASTRA_ROPE_X
+#define ASTRA_ROPE_X 1
+#endif
+// y' = x s + y c: 0 as written, 1 fma(x, s, y c), 2 fma(y, c, x s), 3 no fma.
+#ifndef ASTRA_ROPE_Y
+#define ASTRA_ROPE_Y 2
+#endif
 
 namespace astra_ropest {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
@@ -84,6 +97,29 @@ __device__ __forceinline__ void store(void* p, const Vec<T, N>& x) {
 }
 
 // V: elements per access. A head row is `lanes` threads: NeoX r/2/V (each a vector of x and of y), GPT-J r/V.
+__device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
+#if ASTRA_ROPE_X == 1
+  return fmaf(x, c, -__fmul_rn(y, s));
+#elif ASTRA_ROPE_X == 2
+  return fmaf(-y, s, __fmul_rn(x, c));
+#elif ASTRA_ROPE_X == 3
+  return __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+#else
+  return x * c - y * s;
+#endif
+}
+__device__ __forceinline__ float rot_y(float x, float y, float c, float s) {
+#if ASTRA_ROPE_Y == 1
+  return fmaf(x, s, __fmul_rn(y, c));
+#elif ASTRA_ROPE_Y == 2
+  return fmaf(y, c, __fmul_rn(x, s));
+#elif ASTRA_ROPE_Y == 3
+  return __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+#else
+  return x * s + y * c;
+#endif
+}
+
 template <typename T, int V, bool kNeox>
 __global__ void __launch_bounds__(kThreads) rope_store_kernel(
     T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
@@ -131,8 +167,8 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
     for (int j = 0; j < V; j += 2) {
       const float2 a = to_f2(*reinterpret_cast<const T2*>(&x.v[j]));
       const float2 b = to_f2(*reinterpret_cast<const T2*>(&y.v[j]));
-      *reinterpret_cast<T2*>(&x.v[j]) = from_f2<T2>(a.x * c.v[j] - b.x * s.v[j], a.y * c.v[j + 1] - b.y * s.v[j + 1]);
-      *reinterpret_cast<T2*>(&y.v[j]) = from_f2<T2>(a.x * s.v[j] + b.x * c.v[j], a.y * s.v[j + 1] + b.y * c.v[j + 1]);
+      *reinterpret_cast<T2*>(&x.v[j]) = from_f2<T2>(rot_x(a.x, b.x, c.v[j], s.v[j]), rot_x(a.y, b.y, c.v[j + 1], s.v[j + 1]));
+      *reinterpret_cast<T2*>(&y.v[j]) = from_f2<T2>(rot_y(a.x, b.x, c.v[j], s.v[j]), rot_y(a.y, b.y, c.v[j + 1], s.v[j + 1]));
     }
     store<T, V>(base + off, x);
     store<T, V>(base + off + half, y);
@@ -149,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const float2 a = to_f2(*reinterpret_cast<const T2*>(&x.v[2 * j]));
-      *reinterpret_cast<T2*>(&x.v[2 * j]) = from_f2<T2>(a.x * c.v[j] - a.y * s.v[j], a.x * s.v[j] + a.y * c.v[j]);
+      *reinterpret_cast<T2*>(&x.v[2 * j]) = from_f2<T2>(rot_x(a.x, a.y, c.v[j], s.v[j]), rot_y(a.x, a.y, c.v[j], s.v[j]));
     }
     store<T, V>(base + off, x);
     if (!is_q) store<T, V>(kc + slot * row_elems + static_cast<int64_t>(hh) * d + off, x);

@@ -1,0 +1,607 @@
+#define ASTRA_CL_SMALL 4
+#define ASTRA_CL_PUSH 1
+// astra-sglang optimized fused_add_rmsnorm (in place, FlashInfer/sgl-kernel semantics):
+//   x = input + residual (fp32);  residual = T(x);  input = T(x * rsqrt(mean(x^2) + eps) * weight)
+// The normalisation uses the fp32 sum x, not the rounded residual (as FlashInfer's FusedAddRMSNorm).
+//
+// Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
+// ABI:  extern "C" cudaError_t astra_fused_add_rmsnorm(void* input, void* residual, const void* weight,
+//           int64_t num_tokens, int64_t hidden, double eps, int dtype, cudaStream_t stream)
+// dtype: 0 fp32, 1 fp16, 2 bf16.  Launches on `stream` only; no allocation, no host sync; capturable.
+//
+// Design (measurements in kernels/NOTES.md):
+//  * Register-cached rows: each thread loads its K vectors of input, residual and weight in one batch
+//    (every load in flight before the first use), keeps x in registers, and writes residual and the
+//    output straight from them: input/residual are read once, no shared-memory copy of the row, no
+//    second pass, and the weight load is not serialised behind the reduction.
+//  * The sum of squares in FlashInfer's order, bit for bit (see row_plan): outputs equal SGLang's, so
+//    greedy tokens match.  Threads per row R (a multiple of 32) and rows per CTA chosen from the hidden
+//    size and the token count: warp-per-row (no __syncthreads) for narrow rows, several rows per CTA
+//    when there are many tokens, one barrier for the cross-warp sum otherwise.  Rows of more than 1024
+//    vectors use up to 4 vectors per thread and load the weight after the reduction (fewer live
+//    registers, more rows resident per SM).
+//  * Rows that fit neither (rows over 2048 vectors without clusters, e.g. pre-sm_90 GPUs): FlashInfer's
+//    layout, x in dynamic shared memory (d floats), one 1024-thread CTA per row.
+//  * Rows wider than one CTA's registers hold (> 2048 vectors, e.g. hidden > 16384 in fp16): a
+//    thread-block cluster splits each row over C CTAs; the partial sums of squares meet through
+//    distributed shared memory (sm_90). (Splitting narrower decode rows the same way measured slower:
+//    the cluster launch and barrier cost more than the extra SMs bring.)
+//  * Vector width W = widest (<= 16 bytes) dividing hidden and the pointers' alignment: any hidden size.
+//  * Programmatic dependent launch on sm_90+: all reads and writes behind griddepcontrol.wait; the
+//    dependents are released right after it, and problems <= 8 MB warm L2 with their rows (the
+//    weight from the first CTA only: every CTA prefetching it made an L2 hot spot) first.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#ifndef ASTRA_PDL
+// 0: plain launch; 1: PDL, trigger after the stores (production's placement); 2: PDL, L2 prefetch,
+// trigger right after griddepcontrol.wait; 3 (dev only): trigger before the wait.
+#define ASTRA_PDL 2
+#endif
+#ifndef ASTRA_TRIG_END
+#define ASTRA_TRIG_END 0  // dev: with ASTRA_PDL 2, keep the prefetch but release the dependents after the stores
+#endif
+#ifndef ASTRA_W_LATE
+#define ASTRA_W_LATE 0  // dev: 1 loads the weight after the reduction at every K (default: only K = 4)
+#endif
+#ifndef ASTRA_PF_MAX
+#define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
+#endif
+#ifndef ASTRA_CL_SMALL
+#define ASTRA_CL_SMALL 0  // dev: C > 1 splits rows of <= 2048 vectors over a cluster of C CTAs (FlashInfer's order kept)
+#endif
+#ifndef ASTRA_CL_TOK
+#define ASTRA_CL_TOK 0  // dev: ASTRA_CL_SMALL only up to this many tokens (0: while tokens * C fit the SMs)
+#endif
+#ifndef ASTRA_CL_PUSH
+#define ASTRA_CL_PUSH 0  // dev: 1 pushes each CTA's partial sum into every peer (one barrier, no remote load)
+#endif
+#ifndef ASTRA_ONE_MAX
+#define ASTRA_ONE_MAX 256u  // dev: rows of up to this many vectors take one vector per thread (kOne)
+#endif
+
+namespace astra_farn {
+// Internal linkage for everything below: the statics of inline/template functions (occupancy and
+// smem-attribute caches) would otherwise be GNU-unique symbols, shared by every build of this file
+// loaded into one process (a baseline and a candidate derived from it, or two variants), each then
+// trusting a cache filled for another library's kernels.
+namespace {
+
+// FlashInfer multiplies by (weight_bias + weight) with weight_bias = 0 in fp32: a -0 (or flushed
+// subnormal) weight becomes +0 there, so the sign of a zero output matches only with the same add.
+constexpr float kWeightBias = 0.f;
+
+// ---------------------------------------------------------------- device helpers
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// Read a float at the same shared-memory offset in CTA `rank` of this cluster.
+__device__ __forceinline__ float ld_dsmem(const float* smem_ptr, uint32_t rank) {
+  uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#if ASTRA_CL_PUSH
+// Write a float at the same shared-memory offset in CTA `rank` of this cluster.
+__device__ __forceinline__ void st_dsmem(float* smem_ptr, uint32_t rank, float v) {
+  uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+#endif
+#endif
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <int BYTES> struct Raw;
+template <> struct Raw<16> { using type = uint4; };
+template <> struct Raw<8> { using type = uint2; };
+template <> struct Raw<4> { using type = unsigned int; };
+template <> struct Raw<2> { using type = unsigned short; };
+
+template <typename T, int N>
+union Vec {
+  typename Raw<sizeof(T) * N>::type raw;
+  T v[N];
+};
+
+// input/residual are read and written by this kernel: plain coherent loads, not the read-only path.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> ld(const T* p) {
+  Vec<T, N> r;
+  r.raw = *reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p);
+  return r;
+}
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> ldg(const T* p) {
+  Vec<T, N> r;
+  r.raw = __ldg(reinterpret_cast<const typename Raw<sizeof(T) * N>::type*>(p));
+  return r;
+}
+template <typename T, int N>
+__device__ __forceinline__ void st(T* p, const Vec<T, N>& r) {
+  *reinterpret_cast<typename Raw<sizeof(T) * N>::type*>(p) = r.raw;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---------------------------------------------------------------- kernel
+// blockDim = (R, ROWS): R threads (a multiple of 32) per row, ROWS rows per CTA; CL: a cluster of CTAs
+// (ROWS == 1) shares one row.  Thread x holds K vectors (slots); each slot is one vector of one of
+// FlashInfer's threads (its warp vw, this lane: thread t = 32*vw + lane, vector t + i*n_fi of round i),
+// laid out by L (see row_plan).  A run of slots of one FlashInfer thread sums its squares in its order
+// (one fma chain); each chain's warp sum goes to red[vw], and the warp sums meet in its butterfly.
+// CL with n_fi == 0 (rows over 4096 vectors only): CTA rank r owns vectors [r*slice, (r+1)*slice),
+// thread x the vectors r*slice + x + k*R, one chain: not FlashInfer's order.
+enum Layout { kOne = 0, kTwo = 1, kPacked = 2, kCluster = 3 };
+template <int L> constexpr int kSlots = L == kOne ? 1 : L == kTwo ? 2 : 4;
+
+// Slot k of a thread of warp `warp`: FlashInfer's warp vw and round i, and whether the slot continues
+// slot k - 1's chain (the same FlashInfer thread).
+template <int L>
+__device__ __forceinline__ bool slot(int k, uint32_t warp, uint32_t wpr, uint32_t nv, uint32_t rank, uint32_t cl,
+                                     uint32_t& vw, uint32_t& i) {
+  vw = warp;
+  i = 0;
+  if constexpr (L == kTwo) {
+    vw = uint32_t(k) * wpr + warp;  // FlashInfer's warps w and w + R/32
+  } else if constexpr (L == kPacked) {
+    // FlashInfer's warps of two rounds first (nd of them, both rounds in one slot pair), then those of
+    // one round, four slots per warp: the thread count of a plain 4-vectors-per-thread split.
+    const uint32_t nd = (nv - 1024u + 31u) >> 5, p = 4u * warp + uint32_t(k);
+    if (p < 2u * nd) {
+      vw = p >> 1;
+      i = p & 1u;
+      return i != 0;
+    }
+    vw = p - nd;  // >= 32 past the row: masked
+  } else if constexpr (L == kCluster) {
+    vw = rank + cl * warp;  // a cluster deals FlashInfer's warps out round robin: its butterfly is each
+    i = uint32_t(k);        // CTA's butterfly over its warps, then one over the CTAs
+    return k > 0;
+  }
+  return false;
+}
+
+// Register caps keep the earlier layout's occupancy (the separate chains tempt ptxas into more):
+// kTwo 48, kPacked 72 (2 CTAs of up to 448 threads per SM), fp32 clusters 64 (2 CTAs of 512; fp16/bf16
+// spill there and keep 1).
+template <typename T, int W, int L>
+__global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
+    __maxnreg__(L == kTwo ? 48 : L == kPacked ? 72 : L == kCluster ? (sizeof(T) == 4 ? 64 : 128) : 64)
+    fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual, const T* __restrict__ weight,
+                             uint32_t tokens, uint32_t nv, uint32_t n_fi, uint32_t slice, float fd, float eps,
+                             int prefetch) {
+  constexpr int K = kSlots<L>;
+  constexpr bool CL = L == kCluster;
+  __shared__ float red[32];
+  __shared__ float red_cl[ASTRA_CL_PUSH ? 8 : 1];
+  const uint32_t R = blockDim.x;
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t warp = threadIdx.x >> 5;
+  uint32_t row, rank = 0, cl = 1;
+  if constexpr (CL) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    rank = cluster_ctarank();
+#endif
+    cl = gridDim.x / tokens;  // cluster size (grid = tokens * cl)
+    row = blockIdx.x / cl;
+#if ASTRA_CL_PUSH && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    cluster_arrive_relaxed();  // "started": the peers' shared memory exists before we write into it
+#endif
+  } else {
+    row = blockIdx.x * blockDim.y + threadIdx.y;
+  }
+  const bool row_ok = row < tokens;
+  const bool fi = !CL || n_fi != 0;  // FlashInfer's order (always, but for the widest cluster rows)
+  const uint32_t lim = fi ? nv : min(nv, rank * slice + slice);  // vectors of this CTA end here
+  // red[] holds FlashInfer's warp sums of this row (of this CTA's warps, in a cluster)
+  const uint32_t nred = CL ? (R >> 5) : (n_fi >> 5);
+  const size_t roff = size_t(row) * nv * W;
+
+  // Slot k's vector (FlashInfer's thread t = 32*vw + lane, round i), recomputed where used rather than
+  // held across the loads: fewer live registers.
+  auto vec = [&](int k) {
+    uint32_t vw, i;
+    slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
+    return size_t(fi ? 32u * vw + lane + i * n_fi : rank * slice + threadIdx.x + uint32_t(k) * R);
+  };
+  bool ok[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    uint32_t vw, i;
+    slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
+    ok[k] = row_ok && (fi ? 32u * vw + lane < n_fi : true) && vec(k) < lim;
+  }
+#if ASTRA_PDL >= 2
+  if (prefetch) {
+    // The weight is shared by every row: only the first row's CTA(s) prefetch it (one request per
+    // line; every CTA prefetching it measured 2x slower on many-row shapes: L2 hot spot).
+    const bool pf_w = threadIdx.y == 0 && blockIdx.x < (CL ? gridDim.x / tokens : 1u);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (ok[k]) {
+        prefetch_l2(input + roff + vec(k) * W);
+        prefetch_l2(residual + roff + vec(k) * W);
+        if (pf_w) prefetch_l2(weight + vec(k) * W);
+      }
+    }
+  }
+#endif
+#if ASTRA_PDL == 3
+  pdl_trigger();
+#endif
+#if ASTRA_PDL >= 1
+  pdl_wait();
+#endif
+#if ASTRA_PDL == 2 && !ASTRA_TRIG_END
+  pdl_trigger();
+#endif
+  // K = 4 (wide rows) loads the weight after the reduction: fewer live registers, more rows per SM.
+  constexpr bool kWLate = ASTRA_W_LATE || K >= 4;
+  Vec<T, W> a[K], b[K], w[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (ok[k]) {
+      a[k] = ld<T, W>(input + roff + vec(k) * W);
+      b[k] = ld<T, W>(residual + roff + vec(k) * W);
+      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + vec(k) * W);
+    }
+  }
+  float x[K][W];
+  float s = 0.f, ss = 0.f;
+  float* rr = red + threadIdx.y * nred;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    uint32_t vw, i, vw1, i1;
+    if (!slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i)) s = 0.f;  // a FlashInfer thread's sum_sq starts
+    if (ok[k]) {
+      Vec<T, W> r;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const float v = to_f(a[k].v[e]) + to_f(b[k].v[e]);
+        x[k][e] = v;
+        s += v * v;
+        r.v[e] = from_f<T>(v);
+      }
+      st<T, W>(residual + roff + vec(k) * W, r);
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) x[k][e] = 0.f;
+    }
+    if (k + 1 == K || !slot<L>((k + 1) % K, warp, R >> 5, nv, rank, cl, vw1, i1)) {
+      ss = warp_sum(s);  // ... and ends: its warp's butterfly, the warp sum to red[]
+      const uint32_t q = CL ? warp : vw;
+      if (lane == 0 && q < nred) rr[q] = ss;
+    }
+  }
+  if (CL || nred > 1) {
+    __syncthreads();
+    ss = warp_sum(lane < nred ? rr[lane] : 0.f);  // FlashInfer's cross-warp butterfly, zero padded
+  }
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if constexpr (CL) {
+#if ASTRA_CL_PUSH
+    cluster_wait();  // every peer has started (arrived at the top)
+    if (threadIdx.x < cl) st_dsmem(&red_cl[rank], threadIdx.x, ss);
+    cluster_arrive();
+    cluster_wait();
+    ss = warp_sum(lane < cl ? red_cl[lane] : 0.f);
+#else
+    if (threadIdx.x == 0) red_cl[0] = ss;
+    cluster_arrive();
+    cluster_wait();
+    ss = warp_sum(lane < cl ? ld_dsmem(&red_cl[0], lane) : 0.f);
+    cluster_arrive();  // our reads of the peers' red_cl are done; waited for before exit
+#endif
+  }
+#endif
+  if constexpr (kWLate) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (ok[k]) w[k] = ldg<T, W>(weight + vec(k) * W);
+  }
+  const float rcp = rsqrtf(ss / fd + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (ok[k]) {
+      Vec<T, W> o;
+#pragma unroll
+      for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(x[k][i] * rcp * (kWeightBias + to_f(w[k].v[i])));
+      st<T, W>(input + roff + vec(k) * W, o);
+    }
+  }
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !ASTRA_CL_PUSH
+  if constexpr (CL) cluster_wait();  // keep red_cl alive until every peer has read it
+#endif
+#if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
+  pdl_trigger();
+#endif
+}
+
+// Fallback for rows that neither one CTA's registers nor a cluster hold (rows over 2048 vectors without
+// clusters, or > 16384 vectors): FlashInfer's layout and sums, x kept in dynamic shared memory (d floats),
+// one 1024-thread CTA per row (thread t: vectors t, t + 1024, ...).
+template <typename T, int W>
+__global__ void __launch_bounds__(1024) fused_add_rmsnorm_smem_kernel(T* __restrict__ input, T* __restrict__ residual,
+                                                                      const T* __restrict__ weight, uint32_t nv,
+                                                                      float fd, float eps) {
+  extern __shared__ float xs[];
+  __shared__ float red[32];
+  const size_t roff = size_t(blockIdx.x) * nv * W;
+#if ASTRA_PDL >= 1
+  pdl_wait();
+#endif
+#if ASTRA_PDL >= 2 && !ASTRA_TRIG_END
+  pdl_trigger();
+#endif
+  float ss = 0.f;
+  for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    const Vec<T, W> a = ld<T, W>(input + roff + size_t(v) * W);
+    const Vec<T, W> b = ld<T, W>(residual + roff + size_t(v) * W);
+    Vec<T, W> r;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float x = to_f(a.v[i]) + to_f(b.v[i]);
+      ss += x * x;
+      r.v[i] = from_f<T>(x);
+      xs[v * W + i] = x;
+    }
+    st<T, W>(residual + roff + size_t(v) * W, r);
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  ss = warp_sum(red[threadIdx.x & 31u]);  // 32 warps: FlashInfer's cross-warp butterfly
+  const float rcp = rsqrtf(ss / fd + eps);
+  for (uint32_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    const Vec<T, W> w = ldg<T, W>(weight + size_t(v) * W);
+    Vec<T, W> o;
+#pragma unroll
+    for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(xs[v * W + i] * rcp * (kWeightBias + to_f(w.v[i])));
+    st<T, W>(input + roff + size_t(v) * W, o);
+  }
+#if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
+  pdl_trigger();
+#endif
+}
+
+// ---------------------------------------------------------------- host side
+struct DevInfo {
+  int sms = 0;
+  int major = 0;
+};
+
+inline DevInfo dev_info() {
+  static DevInfo cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return DevInfo{132, 9};
+  }
+  DevInfo& c = cache[dev];
+  if (c.sms == 0) {
+    int sms = 0, major = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    c.major = major;
+    c.sms = sms > 0 ? sms : 132;
+  }
+  return c;
+}
+
+template <typename... Args>
+inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32_t cluster, cudaStream_t stream,
+                          bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// ---- row plan (tests/test_norm_reduction_order.py compiles this part on the host; same in the 4 norms)
+// The sum of squares in FlashInfer's order, bit for bit: outputs equal SGLang's, so greedy tokens match.
+// norm.cuh runs n_fi = min(1024, nv) threads rounded up to a warp; its thread t sums the squares of
+// vectors t, t + n_fi, ... (fma, in order), a shfl_xor butterfly (16..1) sums each warp, and one more
+// butterfly sums the warp sums (zero padded to 32).  Our warps stand in for its warps, lane for lane:
+//   nv <= 256   kOne:     R = n_fi threads, one vector each;
+//   nv <= 1024  kTwo:     R = n_fi / 2 (a warp multiple): thread x is its threads x and x + R;
+//   nv <= 2048  kPacked:  its warps of 2 rounds, then those of 1, 4 vectors per thread (R ~ nv / 4);
+//   nv <= 4096  kCluster: 2 CTAs of 512 threads (sm_90), one of its threads (3-4 rounds) each;
+//   wider:      kCluster over 4-8 CTAs of contiguous slices, n_fi = 0: not FlashInfer's order (one of
+//               its threads would hold more vectors than our registers do).
+// Without clusters, rows over 2048 vectors take the 1024-thread fallback: FlashInfer's layout.
+struct RowPlan {
+  uint32_t R;      // threads per row (per CTA of a cluster)
+  uint32_t n_fi;   // FlashInfer's threads: the stride between a thread's vectors (0: slices)
+  uint32_t cl;     // CTAs per row (1: no cluster)
+  uint32_t slice;  // vectors per CTA of a cluster
+  int layout;      // Layout
+};
+constexpr uint32_t kMaxVecPerCta = 2048u;
+inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
+inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p) {
+  const uint32_t n_fi = round_up32(nv < 1024u ? nv : 1024u);
+  p = RowPlan{n_fi, n_fi, 1u, nv, 0};
+  if (nv <= 256u) return true;
+  if (nv <= 1024u) {
+    p.R = round_up32(n_fi / 2u);
+    p.layout = 1;
+    return true;
+  }
+  if (nv <= kMaxVecPerCta) {
+    const uint32_t nd = (nv - 1024u + 31u) / 32u;  // its warps with a second round
+    p.R = 32u * ((32u + nd + 3u) / 4u);
+    p.layout = 2;
+    return true;
+  }
+  if (!clusters) return false;
+  p.R = 512u;
+  p.layout = 3;
+  p.cl = 2u;
+  while (p.cl < 8u && (nv + p.cl - 1u) / p.cl > kMaxVecPerCta) p.cl *= 2u;
+  p.slice = (nv + p.cl - 1u) / p.cl;
+  if (p.slice > kMaxVecPerCta) return false;
+  if (nv > 4u * 1024u) {
+    p.n_fi = 0u;
+    p.R = round_up32((p.slice + 3u) / 4u);
+  }
+  return true;
+}
+// ---- end of row plan
+
+template <typename T, int W>
+cudaError_t launch_smem(T* in, T* res, const T* w, uint32_t tokens, uint32_t nv, float fd, float eps, bool pdl,
+                        cudaStream_t stream) {
+  const size_t smem = size_t(nv) * W * sizeof(float);
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidValue;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (smem + 32 * sizeof(float) > size_t(optin)) return cudaErrorInvalidValue;  // production fails here too
+  static size_t raised = 0;  // per instantiation
+  if (smem > 48u * 1024u && smem > raised) {
+    cudaError_t e = cudaFuncSetAttribute(fused_add_rmsnorm_smem_kernel<T, W>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+    raised = smem;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tokens);
+  cfg.blockDim = dim3(1024);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, fused_add_rmsnorm_smem_kernel<T, W>, in, res, w, nv, fd, eps);
+}
+
+template <typename T, int W>
+cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float eps, cudaStream_t stream) {
+  if (tokens64 >= (1ll << 31)) return cudaErrorInvalidValue;
+  const uint32_t tokens = uint32_t(tokens64);
+  const uint32_t nv = uint32_t(d / W);
+  const DevInfo info = dev_info();
+  const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
+  const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
+  const float fd = float(d);  // mean of squares = sum / d, divided as FlashInfer does: sum * (1/d) rounds
+  // differently where 1/d is inexact (d not a power of two) and flips bf16 outputs (Gemma-2 greedy tokens diverged)
+
+  RowPlan p;
+  const bool clusters = info.major >= 9 && uint64_t(tokens) * 8u < (1ull << 31);
+  if (!row_plan(nv, clusters, p)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
+  if (ASTRA_ONE_MAX > 256u && p.layout == kTwo && nv <= ASTRA_ONE_MAX) {  // dev
+    p.R = p.n_fi;
+    p.layout = kOne;
+  }
+  // dev: few tokens, a row of <= 2048 vectors over C CTAs: FlashInfer's warps dealt round robin (kCluster)
+  constexpr uint32_t C = ASTRA_CL_SMALL;
+  if (C > 1 && clusters && p.cl == 1 && p.n_fi >= 32u * C &&
+      (ASTRA_CL_TOK ? tokens <= uint32_t(ASTRA_CL_TOK) : uint64_t(tokens) * C <= uint64_t(info.sms))) {
+    p.R = 32u * ((p.n_fi / 32u + C - 1u) / (C > 1u ? C : 1u));
+    p.cl = C;
+    p.layout = kCluster;
+  }
+  if (p.cl > 1)
+    return launch(fused_add_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
+                  in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
+  // Rows per CTA: up to 256 threads per CTA, but keep at least one CTA per SM while tokens allow.
+  uint32_t rows = 1;
+  while (p.R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
+  const dim3 grid((tokens + rows - 1) / rows), block(p.R, rows);
+  auto kernel = p.layout == kOne ? fused_add_rmsnorm_kernel<T, W, kOne>
+                : p.layout == kTwo ? fused_add_rmsnorm_kernel<T, W, kTwo>
+                                   : fused_add_rmsnorm_kernel<T, W, kPacked>;
+  return launch(kernel, grid, block, 1, stream, pdl, in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
+}
+
+template <typename T>
+cudaError_t run(void* input, void* residual, const void* weight, int64_t tokens, int64_t d, double eps,
+                cudaStream_t stream) {
+  if (tokens < 0 || d < 0) return cudaErrorInvalidValue;
+  if (tokens == 0 || d == 0) return cudaSuccess;
+  T* in = static_cast<T*>(input);
+  T* res = static_cast<T*>(residual);
+  const T* w = static_cast<const T*>(weight);
+  const uintptr_t align = reinterpret_cast<uintptr_t>(input) | reinterpret_cast<uintptr_t>(residual) |
+                          reinterpret_cast<uintptr_t>(weight);
+  constexpr int kMaxW = 16 / sizeof(T);
+  int vw = kMaxW;
+  while (vw > 1 && ((d % vw) != 0 || (align % (vw * sizeof(T))) != 0)) vw >>= 1;
+  const float e = static_cast<float>(eps);
+  if (vw == kMaxW) return run_w<T, kMaxW>(in, res, w, tokens, d, e, stream);
+  if constexpr (kMaxW >= 8) {
+    if (vw == 4) return run_w<T, 4>(in, res, w, tokens, d, e, stream);
+  }
+  if (vw == 2) return run_w<T, 2>(in, res, w, tokens, d, e, stream);
+  return run_w<T, 1>(in, res, w, tokens, d, e, stream);
+}
+
+}  // namespace
+}  // namespace astra_farn
+
+extern "C" cudaError_t astra_fused_add_rmsnorm(void* input, void* residual, const void* weight, int64_t num_tokens,
+                                               int64_t hidden, double eps, int dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case 0: return astra_farn::run<float>(input, residual, weight, num_tokens, hidden, eps, stream);
+    case 1: return astra_farn::run<__half>(input, residual, weight, num_tokens, hidden, eps, stream);
+    case 2: return astra_farn::run<__nv_bfloat16>(input, residual, weight, num_tokens, hidden, eps, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
