@@ -60,9 +60,10 @@ summary() { echo "$1" | tee -a "$R/summary.txt"; }
 # DTYPES is the model's dtype; an op that declares its own serving dtypes gets those (DeepSeek-V3's router: fp32)
 dtypes_of() { [ -n "${DTYPES:-}" ] || return 0; python3 -c '
 import sys
+from astra_sglang.harness.cases import default_dtypes
 from astra_sglang.registry import get_op
 spec = get_op(sys.argv[1])
-print(",".join(spec.serving_dtypes or [d for d in sys.argv[2].split(",") if d in spec.dtypes]))' "$1" "$DTYPES"; }
+print(",".join(default_dtypes(spec.dtypes, spec.serving_dtypes, sys.argv[2].split(","))))' "$1" "$DTYPES"; }
 check_one() {   # check_one OP: the shipped kernel against the workspace's production -> $R/check_OP.{log,json}
   timeout 600 $AS check $1 --workspace "$(ws_of $1)" --candidate "kernels/$1/kernel.cu" -v --json "$R/check_$1.json" \
     > "$R/check_$1.log" 2>&1; echo "rc=$?" >> "$R/check_$1.log"

@@ -376,6 +376,9 @@ def test_an_op_s_own_serving_dtypes_are_its_default_and_others_are_said():
     assert spec.serving_dtypes == ("fp32",)
     assert default_dtypes(spec.dtypes, spec.serving_dtypes) == ["fp32"]
     assert default_dtypes(("fp32", "bf16", "fp16")) == ["fp16", "bf16"]  # an op without its own: the model's
+    assert default_dtypes(("fp32", "bf16", "fp16"), (), ["bf16"]) == ["bf16"]  # gpu_run.sh's DTYPES=bf16
+    assert default_dtypes(spec.dtypes, spec.serving_dtypes, ["bf16"]) == ["fp32"]  # the router's own win
+    assert default_dtypes(("int32",), (), ["bf16"]) == ["int32"]  # moe_align: only its own
     assert not_served(spec, ["fp32", "bf16"]) == ["bf16"] and not_served(get_op("rmsnorm"), ["fp32"]) == []
     rep = _report()
     rep.notes = ["NOT SERVING'S DTYPE: SGLang hands moe_grouped_router fp32 in serving, not bf16: ...", "other"]
@@ -389,4 +392,7 @@ def test_an_op_s_own_serving_dtypes_are_its_default_and_others_are_said():
                           "\ndtypes_of moe_grouped_router; dtypes_of rmsnorm; dtypes_of moe_align"],
                          capture_output=True, text=True, env=env, cwd=root, timeout=120)
     assert out.returncode == 0, out.stderr[-800:]
-    assert out.stdout.split() == ["fp32", "bf16"]  # moe_align: none of the model's dtypes: bench's own default
+    assert out.stdout.split() == ["fp32", "bf16", "int32"]  # moe_align: none of the model's dtypes: its own
+    # one rule for bench, validate and the script: the same answers as default_dtypes for the model's dtypes
+    assert out.stdout.split() == [",".join(default_dtypes(get_op(op).dtypes, get_op(op).serving_dtypes, ["bf16"]))
+                                  for op in ("moe_grouped_router", "rmsnorm", "moe_align")]

@@ -40,12 +40,14 @@ def select_shapes(spec: OpSpec, selector: Union[str, Sequence[Shape]] = "check",
     return order_small_first(dedupe(out))
 
 
-def default_dtypes(available: Sequence[str], serving: Sequence[str] = ()) -> List[str]:
-    """Without a dtype asked for: the op's own serving dtypes where it declares them (OpSpec.serving_dtypes),
-    else the model dtypes fp16/bf16 among those available, else all of them (an integer op such as moe_align has
-    only its own)."""
+def default_dtypes(available: Sequence[str], serving: Sequence[str] = (),
+                   model: Sequence[str] = ("fp16", "bf16")) -> List[str]:
+    """The dtypes to run an op at for a model of dtypes `model` (without a dtype asked for: fp16 and bf16; the GPU
+    scripts pass their DTYPES): the op's own serving dtypes where it declares them (OpSpec.serving_dtypes, e.g.
+    DeepSeek-V3's fp32 router logits), else the model's among those available, else all of them (an integer op
+    such as moe_align has only its own)."""
     own = [d for d in serving if d in available]
-    return own or [d for d in ("fp16", "bf16") if d in available] or list(available)
+    return own or [d for d in model if d in available] or list(available)
 
 
 def not_served(spec: OpSpec, dtypes: Sequence[str]) -> List[str]:
