@@ -8,8 +8,8 @@
 #  2. bench (in context, with the floor): fused_add_rmsnorm's cluster split of decode rows, pull and push exchange,
 #     and one vector per thread, against the shipped kernel.
 # The cluster flags (ASTRA_CL_SMALL, ASTRA_CL_PUSH) were removed from kernels/fused_add_rmsnorm/kernel.cu afterwards: to
-# rerun them, copy fused_add_rmsnorm_cluster_variant.cu (beside this script, with its #defines at the top deleted) over
-# it. The `one` variant's ASTRA_ONE_MAX=1024u is today's shipped plan.
+# rerun them, apply fused_add_rmsnorm_cluster_variant.patch (beside this script) to the kernel of 2aa35c2
+# (`git show 2aa35c2:kernels/fused_add_rmsnorm/kernel.cu`, then `patch -p1`). The `one` variant is today's shipped plan.
 # From the repository root on the GPU machine:  bash a_kernels.sh
 set -uo pipefail
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
