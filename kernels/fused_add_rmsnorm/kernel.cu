@@ -46,7 +46,9 @@
 #endif
 #ifndef ASTRA_ONE_MAX
 // One vector per thread (the row plan's kOne) for rows of up to 1024 vectors, not 256: one butterfly per thread
-// instead of two; in context 1.203x -> 1.246x over the decode corpus (H200, 2026-11-27, kernels/NOTES.md).
+// instead of two; decode corpus in context: fused_add_rmsnorm 1.203x -> 1.246x, gemma_fused_add_rmsnorm 1.119x ->
+// 1.220x (H200, 2026-11-27, kernels/NOTES.md). Decode
+// only (<= 256 tokens, see run_w): prefill keeps the plan it was measured with.
 #define ASTRA_ONE_MAX 1024u
 #endif
 #ifndef ASTRA_PF_MAX
@@ -518,6 +520,12 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   RowPlan p;
   const bool clusters = info.major >= 9 && uint64_t(tokens) * 8u < (1ull << 31);
   if (!row_plan(nv, clusters, p)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
+  // Prefill (> 256 tokens) keeps two of FlashInfer's threads per thread on rows of 257-1024 vectors (the block's
+  // default plan): one per thread (ASTRA_ONE_MAX) was measured on the decode corpus only (2026-11-27).
+  if (p.layout == kOne && nv > 256u && tokens > 256u) {
+    p.R = round_up32(p.n_fi / 2u);
+    p.layout = kTwo;
+  }
   if (p.cl > 1)
     return launch(fused_add_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
                   in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
