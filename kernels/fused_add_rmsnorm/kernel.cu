@@ -47,8 +47,8 @@
 #ifndef ASTRA_ONE_MAX
 // One vector per thread (the row plan's kOne) for rows of up to 1024 vectors, not 256: one butterfly per thread
 // instead of two; decode corpus in context: fused_add_rmsnorm 1.203x -> 1.246x, gemma_fused_add_rmsnorm 1.119x ->
-// 1.220x (H200, 2026-11-27, kernels/NOTES.md). Decode
-// only (<= 256 tokens, see run_w): prefill keeps the plan it was measured with.
+// 1.220x (H200, 2026-11-27, kernels/NOTES.md). Decode only (<= 256 tokens, see run_w): prefill keeps the plan it
+// was measured with.
 #define ASTRA_ONE_MAX 1024u
 #endif
 #ifndef ASTRA_PF_MAX

@@ -39,8 +39,9 @@
 #include <stdint.h>
 
 // Production runs the q/k norm and the rope as two kernels: the normed value is rounded to the storage dtype between
-// them. ASTRA_QKN_ROUND 1 rounds it here too, so the output is bit-identical to SGLang's (greedy tokens match, as
-// Gemma-2's did not while one fused op rounded once); 0 keeps it in fp32 (one rounding, as before 2026-11-27).
+// them. ASTRA_QKN_ROUND 1 rounds it here too, so the output is bit-identical to SGLang's and greedy tokens cannot
+// drift from it (Gemma-2's did while dense_rope_store computed otherwise); 0 keeps it in fp32 (one rounding, as
+// before 2026-11-27).
 #ifndef ASTRA_QKN_ROUND
 #define ASTRA_QKN_ROUND 1
 #endif
