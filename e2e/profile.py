@@ -162,7 +162,8 @@ def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = ()) -> Calla
     """kernel name -> Match for this model: attribution.classify with its activation and Gemma's norms, and the GEMM
     kernels `router_gemm_kernels` / `projection_gemm_kernels` find in `shape_kernels` as moe_gate / linear (the
     profile and the neighbours table agree)."""
-    hidden_act = str(cfg.get("hidden_act", "silu"))
+    # Gemma-3 configs (transformers 5) name it hidden_activation only; Gemma-2 carries both
+    hidden_act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
     gemma = str(cfg.get("model_type", "")).startswith("gemma")   # FlashInfer's norm kernels are the gemma ops
     router = router_gemm_kernels(shape_kernels, cfg, hidden_act, gemma)
     projections = projection_gemm_kernels(shape_kernels, cfg, hidden_act, gemma) - router

@@ -113,6 +113,21 @@ def test_shape_hints_from_config():
     assert (g["gemma_rmsnorm"], g["gemma_fused_add_rmsnorm"], g["gelu_tanh_and_mul"]) == ("1x3584", "1x3584", "1x14336")
 
 
+def test_a_gemma3_config_names_its_activation_hidden_activation_only():
+    """Gemma-3's config (transformers 5, e2e/configs/gemma3-12b) has no hidden_act: the profile still reads gelu tanh,
+    so SGLang's generic act_and_mul kernel is gelu_tanh_and_mul there, and the norms are the gemma ops."""
+    from e2e.profile import op_classifier
+
+    g3 = json.loads((HERE.parent / "e2e" / "configs" / "gemma3-12b" / "config.json").read_text())
+    assert "hidden_act" not in g3 and g3["hidden_activation"] == "gelu_pytorch_tanh"
+    match = op_classifier(g3)
+    assert match("void device::act_and_mul_kernel<__nv_bfloat16>(...)").op == "gelu_tanh_and_mul"  # the functor's
+    # name is not in the kernel's: the model's activation decides (it read silu before, from the absent hidden_act)
+    assert match("void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)").op == "gemma_rmsnorm"
+    h = at.shape_hints(g3, 1)
+    assert (h["gemma_rmsnorm"], h["gelu_tanh_and_mul"]) == ("1x3840", "1x15360")
+
+
 def test_lookup_dims_come_from_the_ops_spec_where_no_hint_spells_them():
     """qknorm, rope and kv_store bench rows carry head counts and qkv strides (1x32x8x128x6144x6144 for
     Llama-3-8B); the profile showed them "unmeasured" until the lookup asked the op's spec."""
