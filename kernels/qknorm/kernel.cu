@@ -24,11 +24,21 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// 1 (dev, to be checked on a GPU): the sum of squares in production's order wherever the lane's vector holds whole
+// production units (16-byte vectors, the aligned case), so outputs would equal SGLang's bit for bit (2026-11-27 check
+// of the one-chain order: 92 of 104 comparisons identical, the rest 99.93-99.99%). 0: one chain per lane.
+#ifndef ASTRA_QKN_ORDER
+#define ASTRA_QKN_ORDER 0
+#endif
+
 namespace astra_qkn {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
 constexpr int kThreads = 256;
+// Production's unit: the elements one of its threads sums in one chain (qknorm.cuh: head_dim <= 256 takes a warp per
+// row, head_dim / 32 elements a lane; 512 and 1024 take a CTA of head_dim / 8 threads, 8 elements each).
+template <int D> constexpr int kUnit = D <= 256 ? D / 32 : 8;
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -112,16 +122,46 @@ __global__ void __launch_bounds__(kThreads) qknorm_kernel(T* __restrict__ q, T* 
   for (int i = 0; i < NV; ++i) v[i] = load<T, VEC>(x + (i * LANES + lane) * VEC);
 
   float ss = 0.f;
+  if constexpr (ASTRA_QKN_ORDER && VEC % kUnit<D> == 0) {
+    // Production's order: one fma chain per production thread's run of kUnit<D> elements (CH chains per lane), each
+    // chain's butterfly across the row's lanes (production's offsets of its whole units), then the rest of its
+    // butterfly inside the lane: within a warp (head_dim <= 256) or over its warp sums, zero padded (512, 1024).
+    constexpr int M = VEC / kUnit<D>, CH = NV * M;
+    float c[CH];
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
+    for (int i = 0; i < NV; ++i)
 #pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) {
-      const float2 f = to_f2(v[i].v[j]);
-      ss += f.x * f.x;
-      ss += f.y * f.y;
-    }
+      for (int u = 0; u < M; ++u) {
+        float s = 0.f;
 #pragma unroll
-  for (int m = LANES / 2; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m, LANES);
+        for (int j = u * kUnit<D> / 2; j < (u + 1) * kUnit<D> / 2; ++j) {
+          const float2 f = to_f2(v[i].v[j]);
+          s += f.x * f.x;
+          s += f.y * f.y;
+        }
+        c[i * M + u] = s;
+      }
+#pragma unroll
+    for (int m = LANES / 2; m > 0; m >>= 1)
+#pragma unroll
+      for (int k = 0; k < CH; ++k) c[k] += __shfl_xor_sync(0xffffffffu, c[k], m, LANES);
+#pragma unroll
+    for (int o = CH / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int k = 0; k < o; ++k) c[k] = c[k] + c[k + o];  // chains k and k ^ o (k < o): the pair's sum, as both lanes get it
+    ss = c[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC / 2; ++j) {
+        const float2 f = to_f2(v[i].v[j]);
+        ss += f.x * f.x;
+        ss += f.y * f.y;
+      }
+#pragma unroll
+    for (int m = LANES / 2; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m, LANES);
+  }
   const float r = rsqrtf(ss / D + eps);
 
 #pragma unroll
