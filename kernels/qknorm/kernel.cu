@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) qknorm_kernel(T* __restrict__ q, T* 
 #pragma unroll
     for (int o = CH / 2; o > 0; o >>= 1)
 #pragma unroll
-      for (int k = 0; k < o; ++k) c[k] = c[k] + c[k + o];  // chains k and k ^ o (k < o): the pair's sum, as both lanes get it
+      for (int k = 0; k < o; ++k) c[k] = c[k] + c[k + o];  // chains k and k ^ o: the sum both ends of the pair get
     ss = c[0];
   } else {
 #pragma unroll

@@ -163,8 +163,6 @@ __device__ __forceinline__ void load_cs(const float* p, float (&f)[N]) {
   }
 }
 
-// D: head_dim, V = D / 32 elements per lane. Work item w: token w / heads, head w % heads, heads = hq + hk
-// (q heads, then k heads).
 __device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
 #if ASTRA_ROPE_X == 1
   return fmaf(x, c, -__fmul_rn(y, s));
@@ -196,6 +194,8 @@ template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
   return ASTRA_QKN_ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
+// D: head_dim, V = D / 32 elements per lane. Work item w: token w / heads, head w % heads, heads = hq + hk
+// (q heads, then k heads).
 template <typename T, int D, bool kNeox, bool kWide>
 __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
     T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,

@@ -96,8 +96,6 @@ __device__ __forceinline__ void store(void* p, const Vec<T, N>& x) {
   *reinterpret_cast<typename Raw<B>::type*>(p) = *reinterpret_cast<const typename Raw<B>::type*>(&x);
 }
 
-// V: elements of T per access. NeoX: a thread owns V elements of x (and of y). GPT-J: V elements = V/2 pairs.
-// lanes = threads per head (runtime: r / 2 / V for NeoX, r / V for GPT-J).
 __device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
 #if ASTRA_ROPE_X == 1
   return fmaf(x, c, -__fmul_rn(y, s));
@@ -121,6 +119,8 @@ __device__ __forceinline__ float rot_y(float x, float y, float c, float s) {
 #endif
 }
 
+// V: elements of T per access. NeoX: a thread owns V elements of x (and of y). GPT-J: V elements = V/2 pairs.
+// lanes = threads per head (runtime: r / 2 / V for NeoX, r / V for GPT-J).
 template <typename T, int V, bool kNeox>
 __global__ void __launch_bounds__(kThreads) rope_kernel(T* __restrict__ q, T* __restrict__ k,
                                                         const float* __restrict__ cache,

@@ -96,7 +96,6 @@ __device__ __forceinline__ void store(void* p, const Vec<T, N>& x) {
   *reinterpret_cast<typename Raw<B>::type*>(p) = *reinterpret_cast<const typename Raw<B>::type*>(&x);
 }
 
-// V: elements per access. A head row is `lanes` threads: NeoX r/2/V (each a vector of x and of y), GPT-J r/V.
 __device__ __forceinline__ float rot_x(float x, float y, float c, float s) {
 #if ASTRA_ROPE_X == 1
   return fmaf(x, c, -__fmul_rn(y, s));
@@ -120,6 +119,7 @@ __device__ __forceinline__ float rot_y(float x, float y, float c, float s) {
 #endif
 }
 
+// V: elements per access. A head row is `lanes` threads: NeoX r/2/V (each a vector of x and of y), GPT-J r/V.
 template <typename T, int V, bool kNeox>
 __global__ void __launch_bounds__(kThreads) rope_store_kernel(
     T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
