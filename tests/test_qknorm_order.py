@@ -14,17 +14,9 @@ import re
 
 import numpy as np
 import pytest
-from test_norm_reduction_order import _fma, _to_dtype
+from test_norm_reduction_order import _chain, _to_dtype  # one fma chain from 0; rounding to the storage dtype
 
 from astra_sglang.registry import op_dir
-
-
-def _chain(vals):
-    """One fma chain over the last axis, from 0, as a thread sums its squares."""
-    s = np.zeros(vals.shape[:-1], np.float32)
-    for e in range(vals.shape[-1]):
-        s = _fma(vals[..., e], vals[..., e], s)
-    return s
 
 
 def _butterfly(v, lanes):
