@@ -7,6 +7,7 @@
 #   bash kernels/dev/bench_variants.sh silu_and_mul .gpu_ws/jit/silu_and_mul 256x7168 bf16 default= pf0="-DASTRA_PF_MAX=0u"
 #
 # NAME=@FILE.cu times another source instead (e.g. old=@.kwork/old/silu_and_mul.cu, the last committed kernel).
+# SUMMARY_ONLY=1 benches nothing and prints the tables of the JSONs already in $RES (e.g. from an earlier run).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
 # in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
@@ -14,11 +15,12 @@
 set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
-[ -f "kernels/$op/kernel.cu" ] || { echo "no kernels/$op/kernel.cu (run from the repository root; `astra-sglang ops` lists the ops)" >&2; exit 2; }
+[ -f "kernels/$op/kernel.cu" ] || { echo "error: no kernels/$op/kernel.cu (run from the repository root; 'astra-sglang ops' lists the ops)" >&2; exit 2; }
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
-source kernels/astra_env.sh
+[ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
 for spec in "$@"; do
+  [ -z "${SUMMARY_ONLY:-}" ] || break  # SUMMARY_ONLY=1: print the tables of the JSONs already in $RES, bench nothing
   name=${spec%%=*} flags=${spec#*=}
   f=$src/$name.cu
   if [ "${flags:0:1}" = "@" ]; then
@@ -32,7 +34,7 @@ for spec in "$@"; do
     ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
 python3 - "$RES" "$op" "$@" <<'PY'
-import json, sys
+import json, math, sys
 res, op, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {}
 for spec in specs:
@@ -56,4 +58,11 @@ for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_b
             x = r[p] / r[c] if r and r.get(p) and r.get(c) else None
             cells.append(cell(r.get(p), 9) + cell(r.get(c), 10) + cell(x, 6) if r else " " * 25)
         print(f"{k[0]:<14}{k[1]:<6}" + "".join(cells))
+    # per variant: geomean and minimum of production over the variant, over the rows every variant has (comparable)
+    common = [k for k in keys if all(rows.get(k) and rows[k].get(p) and rows[k].get(c) for rows in runs.values())]
+    if common:
+        print(f"# {basis}, over the {len(common)} rows every variant has: geomean (min) of production over the variant")
+        for n, rows in runs.items():
+            x = [rows[k][p] / rows[k][c] for k in common]
+            print(f"{n:<12}{math.exp(sum(map(math.log, x)) / len(x)):8.3f}x  ({min(x):.3f}x)")
 PY

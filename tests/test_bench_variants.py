@@ -1,0 +1,46 @@
+"""kernels/dev/bench_variants.sh's tables, from bench JSONs already written (SUMMARY_ONLY=1: no GPU, nothing built):
+per row and per variant, and each variant's geomean and minimum over the rows every variant has, which is how a
+session compares compile-time variants (results/2026-11-27-h200/session9)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "kernels" / "dev" / "bench_variants.sh"
+
+
+def _row(shape, prod, cand, cprod=None, ccand=None):
+    return {"shape": shape, "dtype": "bf16", "prod_us": prod, "cand_us": cand,
+            "context_base_us": cprod, "context_cand_us": ccand}
+
+
+def _run(res: Path, *args: str, op="rmsnorm"):
+    env = {**os.environ, "SUMMARY_ONLY": "1", "RES": str(res)}
+    return subprocess.run(["bash", str(SCRIPT), op, "ws", "decode", "bf16", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_summary_gives_each_variant_s_geomean_and_minimum_over_shared_rows(tmp_path):
+    (tmp_path / "rmsnorm_a.json").write_text(json.dumps({"rows": [
+        _row("1x4096", 2.0, 1.0, 2.0, 1.6), _row("16x4096", 2.0, 2.0, 4.0, 2.0), _row("64x4096", 3.0, 1.5)]}))
+    (tmp_path / "rmsnorm_b.json").write_text(json.dumps({"rows": [
+        _row("1x4096", 2.0, 2.0, 2.0, 2.0), _row("16x4096", 2.0, 1.0, 4.0, 4.0)]}))
+    out = _run(tmp_path, "a=", "b=-DX=1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    chained = lines[lines.index("# chained, over the 2 rows every variant has: geomean (min) of production over the "
+                                "variant") + 1:][:2]
+    assert chained[0].split() == ["a", "1.414x", "(1.000x)"] and chained[1].split() == ["b", "1.414x", "(1.000x)"]
+    ctx = lines[lines.index("# in context, over the 2 rows every variant has: geomean (min) of production over the "
+                            "variant") + 1:][:2]
+    assert ctx[0].split() == ["a", "1.581x", "(1.250x)"] and ctx[1].split() == ["b", "1.000x", "(1.000x)"]
+    assert not list(tmp_path.glob("*.log"))  # nothing was benched
+
+
+def test_an_unknown_op_is_one_error_line(tmp_path):
+    out = _run(tmp_path, "a=", op="no_such_op")
+    assert out.returncode == 2 and out.stderr.startswith("error: no kernels/no_such_op/kernel.cu")
+    assert len(out.stderr.strip().splitlines()) == 1
