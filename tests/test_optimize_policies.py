@@ -148,9 +148,9 @@ def test_in_context_times_are_the_basis_when_bench_has_them():
     assert "in-context" not in timing_table([chained])  # a bench without in-context rows: the old table
     assert "attainable" not in tt  # no floor measured: no column
     floored = _t((1, 4096), 2.0, 1.7, 5.0, context_base_us=2.01, context_cand_us=1.60, context_spread_us=0.05,
-                 timing_basis="in-context", context_floor_us=0.41)
+                 timing_basis="in-context", context_headroom=2.01 / 0.41)
     assert floored.attainable == pytest.approx(2.01 / 0.41) and Timing.from_json(floored.to_json()) == floored
-    assert _t((1, 4096), 2.0, 1.7, 5.0, context_floor_us=0.41).attainable is None  # a chained row has no bound
+    assert _t((1, 4096), 2.0, 1.7, 5.0, context_headroom=2.01 / 0.41).attainable is None  # a chained row: no bound
     ft = timing_table([floored, ctx])
     assert "| speedup | attainable |" in ft and "| 1.256x (in-context) | 4.90x |" in ft and "| — |" in ft
     assert "no candidate can be faster than that" in ft

@@ -80,8 +80,9 @@ class Timing:
     context_cand_us: Optional[float] = None
     context_spread_us: Optional[float] = None  # absolute spread of the in-context times
     timing_basis: str = "chained"
-    # bench's in-context floor: a touch kernel in the op's place (no kernel there takes less)
-    context_floor_us: Optional[float] = None
+    # bench's in-context bound on the row (BenchRow.headroom: production over a touch kernel in the op's place, which
+    # no kernel there beats); None where bench timed no floor or the floor was within its spread of zero
+    context_headroom: Optional[float] = None
 
     @property
     def basis(self) -> str:
@@ -97,10 +98,8 @@ class Timing:
 
     @property
     def attainable(self) -> Optional[float]:
-        """The most any candidate could gain in context on this row: production's time over the floor's."""
-        if self.basis != "in-context" or not self.context_floor_us or self.context_floor_us <= 0:
-            return None
-        return self.context_base_us / self.context_floor_us
+        """The most any candidate could gain in context on this row (bench's headroom), on in-context rows."""
+        return self.context_headroom if self.basis == "in-context" and self.context_headroom else None
 
     @property
     def noise(self) -> bool:
@@ -132,7 +131,7 @@ class Timing:
             context_cand_us=d.get("context_cand_us"),
             context_spread_us=d.get("context_spread_us"),
             timing_basis=d.get("timing_basis") or "chained",
-            context_floor_us=d.get("context_floor_us"),
+            context_headroom=d.get("context_headroom"),
         )
 
 
