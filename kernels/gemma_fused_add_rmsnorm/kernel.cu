@@ -432,7 +432,7 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
 //               its threads would hold more vectors than our registers do).
 // Without clusters, rows over 2048 vectors take the 1024-thread fallback: FlashInfer's layout.
 #ifndef ASTRA_ONE_MAX
-#define ASTRA_ONE_MAX 256u  // rows of up to this many vectors (<= 1024) take kOne
+#define ASTRA_ONE_MAX 256u  // rows of up to this many vectors (<= 1024) take kOne, unless the caller says one_max
 #endif
 struct RowPlan {
   uint32_t R;      // threads per row (per CTA of a cluster)
@@ -443,10 +443,10 @@ struct RowPlan {
 };
 constexpr uint32_t kMaxVecPerCta = 2048u;
 inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
-inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p) {
+inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p, uint32_t one_max = ASTRA_ONE_MAX) {
   const uint32_t n_fi = round_up32(nv < 1024u ? nv : 1024u);
   p = RowPlan{n_fi, n_fi, 1u, nv, 0};
-  if (nv <= ASTRA_ONE_MAX) return true;
+  if (nv <= one_max) return true;
   if (nv <= 1024u) {
     p.R = round_up32(n_fi / 2u);
     p.layout = 1;
@@ -514,13 +514,10 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
 
   RowPlan p;
   const bool clusters = info.major >= 9 && uint64_t(tokens) * 8u < (1ull << 31);
-  if (!row_plan(nv, clusters, p)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
-  // Prefill (> 256 tokens) keeps two of FlashInfer's threads per thread on rows of 257-1024 vectors (the block's
-  // default plan): one per thread (ASTRA_ONE_MAX) was measured on the decode corpus only (2026-11-27).
-  if (p.layout == kOne && nv > 256u && tokens > 256u) {
-    p.R = round_up32(p.n_fi / 2u);
-    p.layout = kTwo;
-  }
+  // Prefill (> 256 tokens) keeps the plan it was timed with (kOne up to 256 vectors): ASTRA_ONE_MAX was measured on
+  // the decode corpus only (2026-11-27).
+  const uint32_t one_max = tokens > 256u ? 256u : ASTRA_ONE_MAX;
+  if (!row_plan(nv, clusters, p, one_max)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
   if (p.cl > 1)
     return launch(gemma_fused_add_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
                   in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);

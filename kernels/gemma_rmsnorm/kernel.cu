@@ -394,7 +394,7 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, uint32
 //               its threads would hold more vectors than our registers do).
 // Without clusters, rows over 2048 vectors take the 1024-thread fallback: FlashInfer's layout.
 #ifndef ASTRA_ONE_MAX
-#define ASTRA_ONE_MAX 256u  // rows of up to this many vectors (<= 1024) take kOne
+#define ASTRA_ONE_MAX 256u  // rows of up to this many vectors (<= 1024) take kOne, unless the caller says one_max
 #endif
 struct RowPlan {
   uint32_t R;      // threads per row (per CTA of a cluster)
@@ -405,10 +405,10 @@ struct RowPlan {
 };
 constexpr uint32_t kMaxVecPerCta = 2048u;
 inline uint32_t round_up32(uint32_t v) { return (v + 31u) & ~31u; }
-inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p) {
+inline bool row_plan(uint32_t nv, bool clusters, RowPlan& p, uint32_t one_max = ASTRA_ONE_MAX) {
   const uint32_t n_fi = round_up32(nv < 1024u ? nv : 1024u);
   p = RowPlan{n_fi, n_fi, 1u, nv, 0};
-  if (nv <= ASTRA_ONE_MAX) return true;
+  if (nv <= one_max) return true;
   if (nv <= 1024u) {
     p.R = round_up32(n_fi / 2u);
     p.layout = 1;
