@@ -56,8 +56,8 @@ for op in $ops; do
   [ -f "$ws/manifest.json" ] || { echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1; }
 done
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
-# the DTYPES the op takes; none of them (moe_align is int32) -> empty: bench takes the op's own defaults
-# DTYPES is the model's dtype; an op that declares its own serving dtypes gets those (DeepSeek-V3's router: fp32)
+# DTYPES is the model's dtype: the op's own serving dtypes where it declares them (DeepSeek-V3's router: fp32), else
+# the DTYPES it takes, else its own (moe_align: int32); cases.default_dtypes, as bench and validate choose
 dtypes_of() { [ -n "${DTYPES:-}" ] || return 0; python3 -c '
 import sys
 from astra_sglang.harness.cases import default_dtypes

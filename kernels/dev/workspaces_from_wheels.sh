@@ -21,15 +21,17 @@ for name in sglang flashinfer_python apache_tvm_ffi; do
   mkdir -p "$src/$name" && unzip -qo "$whl" -d "$src/$name"
 done
 AS="python3 -m astra_sglang.cli"
+ops_json=""
 for spec in "$@"; do
   op=${spec%%=*} variant=${spec#*=}
-  if [ "$variant" = "$spec" ]; then  # the registry's first extract variant
-    variant=$($AS ops --json | python3 -c 'import json, sys
-ops = {r["op"]: r for r in json.load(sys.stdin)}
+  if [ "$variant" = "$spec" ]; then  # the registry's first extract variant (the registry read once)
+    [ -n "$ops_json" ] || ops_json=$($AS ops --json)
+    variant=$(python3 -c 'import json, sys
+ops = {r["op"]: r for r in json.loads(sys.argv[2])}
 op = sys.argv[1]
 if op not in ops or not ops[op]["extract"]:
     sys.exit(f"error: {op}: no such op with an extract variant (astra-sglang ops lists them)")
-print(ops[op]["extract"][0])' "$op")
+print(ops[op]["extract"][0])' "$op" "$ops_json")
   fi
   if [ -f "$out/$variant/$op/manifest.json" ]; then echo "kept $out/$variant/$op (already there)"; continue; fi
   $AS extract "$op" --variant "$variant" --arch sm_90 --no-build --out "$out/$variant" \
