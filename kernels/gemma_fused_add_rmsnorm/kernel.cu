@@ -53,6 +53,11 @@
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
 #endif
+#ifndef ASTRA_W_EARLY
+// dev: 1 loads the weight (a constant, never the producer's output) into registers before
+// griddepcontrol.wait, as qknorm and the GEMVs do; rows of <= 2 vectors per thread only.
+#define ASTRA_W_EARLY 0
+#endif
 
 namespace astra_gfarn {
 // Internal linkage for everything below: the statics of inline/template functions (occupancy and
@@ -222,6 +227,14 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
     slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
     ok[k] = row_ok && (fi ? 32u * vw + lane < n_fi : true) && vec(k) < lim;
   }
+  constexpr bool kWLate = ASTRA_W_LATE || K >= 4;  // wide rows (K = 4) load the weight after the reduction
+  constexpr bool kWEarly = ASTRA_W_EARLY && ASTRA_PDL >= 1 && !kWLate;
+  Vec<T, W> w[K];
+  if constexpr (kWEarly) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (ok[k]) w[k] = ldg<T, W>(weight + vec(k) * W);
+  }
 #if ASTRA_PDL >= 2
   if (prefetch) {
     // The weight is shared by every row: only the first row's CTA(s) prefetch it (one request per
@@ -246,15 +259,13 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
 #if ASTRA_PDL == 2
   pdl_trigger();
 #endif
-  // K = 4 (wide rows) loads the weight after the reduction: fewer live registers, more rows per SM.
-  constexpr bool kWLate = ASTRA_W_LATE || K >= 4;
-  Vec<T, W> a[K], b[K], w[K];
+  Vec<T, W> a[K], b[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
       a[k] = ld<T, W>(input + roff + vec(k) * W);
       b[k] = ld<T, W>(residual + roff + vec(k) * W);
-      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + vec(k) * W);
+      if constexpr (!kWLate && !kWEarly) w[k] = ldg<T, W>(weight + vec(k) * W);
     }
   }
   float x[K][W];

@@ -38,6 +38,11 @@
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the input fits in this
 #endif
+#ifndef ASTRA_W_EARLY
+// dev: 1 loads the weight (a constant, never the producer's output) into registers before
+// griddepcontrol.wait, as qknorm and the GEMVs do; rows of <= 2 vectors per thread only.
+#define ASTRA_W_EARLY 0
+#endif
 
 namespace astra_grms {
 // Internal linkage for everything below (the statics of inline/template functions would otherwise be
@@ -203,6 +208,14 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024, kSlots<L> >= 4 ? 
     slot<L>(k, warp, R >> 5, nv, rank, cl, vw, i);
     ok[k] = row_ok && (fi ? 32u * vw + lane < n_fi : true) && vec(k) < lim;
   }
+  constexpr bool kWLate = K >= 4;  // wide rows (K = 4) load the weight after the reduction
+  constexpr bool kWEarly = ASTRA_W_EARLY && ASTRA_PDL >= 1 && !kWLate;
+  Vec<T, W> w[K];
+  if constexpr (kWEarly) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (ok[k]) w[k] = ldg<T, W>(weight + vec(k) * W);
+  }
 #if ASTRA_PDL >= 2
   if (prefetch) {
     // The weight is shared by every row: only the first row's CTA(s) prefetch it (every CTA
@@ -223,13 +236,12 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024, kSlots<L> >= 4 ? 
 #if ASTRA_PDL == 2
   pdl_trigger();
 #endif
-  constexpr bool kWLate = K >= 4;  // wide rows load the weight after the reduction
-  Vec<T, W> a[K], w[K];
+  Vec<T, W> a[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (ok[k]) {
       a[k] = ld<T, W>(input + roff + vec(k) * W);
-      if constexpr (!kWLate) w[k] = ldg<T, W>(weight + vec(k) * W);
+      if constexpr (!kWLate && !kWEarly) w[k] = ldg<T, W>(weight + vec(k) * W);
     }
   }
   float s = 0.f, ss = 0.f;
