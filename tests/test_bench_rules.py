@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from astra_sglang.harness.bench import unmeasurable_context
 from astra_sglang.harness.results import BenchReport, BenchRow
 from astra_sglang.harness.rules import (CHAINED, COPY_CEILING_MARGIN, DECODE_MAX_TOKENS, IN_CONTEXT, impossible,
                                         timing_basis)
@@ -62,6 +63,19 @@ def _row(shape="16x4096", base=2.0, cand=1.9, pc=(1.6, 1.2)):
     r.set_context({"median": base, "spread": 0.05}, {"median": cand, "spread": 0.08}, 20.0,
                   timing_basis(tuple(int(x) for x in shape.split("x")), True))
     return r
+
+
+def test_a_row_whose_in_context_marginal_is_not_positive_says_chained_and_is_noted():
+    """qknorm_rope_store 1x16x2x128 (H200, 2026-11-27): a 53 µs hiccup gave the candidate a marginal of -3.18 µs; the
+    row kept its chained speedup but still said "in-context", so a geomean "in context" mixed in a chained row."""
+    r = _row("1x16x2x128", base=1.42, cand=-3.18)
+    assert r.context_speedup is None and r.timing_basis == CHAINED and r.speedup == r.chained_speedup
+    note = unmeasurable_context(r)
+    assert "in-context timing not measured" in note and "-3.18" in note  # the footer's IN CONTEXT NOT MEASURED line
+    assert unmeasurable_context(_row()) == ""
+    baseline_only = BenchRow.make("1x4096", "fp16", [1.6] * 5, None, 1 << 20, 4000.0)
+    baseline_only.set_context({"median": 2.0, "spread": 0.05}, None, 20.0, IN_CONTEXT)
+    assert baseline_only.timing_basis == IN_CONTEXT and unmeasurable_context(baseline_only) == ""
 
 
 def test_row_speedup_follows_the_basis_and_keeps_both_numbers():

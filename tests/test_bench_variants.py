@@ -44,3 +44,18 @@ def test_an_unknown_op_is_one_error_line(tmp_path):
     out = _run(tmp_path, "a=", op="no_such_op")
     assert out.returncode == 2 and out.stderr.startswith("error: no kernels/no_such_op/kernel.cu")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_row_with_a_non_positive_in_context_time_is_left_out_not_a_crash(tmp_path):
+    """qknorm_rope_store 1x16x2x128 (H200, 2026-11-27): a hiccup gave one variant an in-context time of -3.18 µs,
+    and the summary died on log() of a negative ratio. The row is now left out of that basis's shared rows."""
+    (tmp_path / "rmsnorm_a.json").write_text(json.dumps({"rows": [
+        _row("1x4096", 2.0, 1.0, 2.0, 1.0), _row("16x4096", 2.0, 1.0, 1.4, -3.18)]}))
+    (tmp_path / "rmsnorm_b.json").write_text(json.dumps({"rows": [
+        _row("1x4096", 2.0, 2.0, 2.0, 2.0), _row("16x4096", 2.0, 2.0, 4.0, 2.0)]}))
+    out = _run(tmp_path, "a=", "b=")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    ctx = lines[lines.index("# in context, over the 1 rows every variant has: geomean (min) of production over the "
+                            "variant") + 1:][:2]
+    assert ctx[0].split() == ["a", "2.000x", "(2.000x)"] and ctx[1].split() == ["b", "1.000x", "(1.000x)"]

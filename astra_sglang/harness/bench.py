@@ -301,7 +301,16 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
                                                dtype, n)
     del graphs, nb
     torch.cuda.synchronize()
-    return floor_note
+    return unmeasurable_context(row) or floor_note
+
+
+def unmeasurable_context(row: Any) -> str:
+    """The note of a decode row whose in-context marginal came out not positive (set_context then kept the chained
+    speedup): said in the footer with the other rows in context not measured."""
+    if row.context_cand_us is None or row.context_speedup is not None:
+        return ""
+    return (f"in-context timing not measured: a marginal time was not positive (production {row.context_base_us:.2f} "
+            f"µs, candidate {row.context_cand_us:.2f} µs, spread {row.context_spread_us:.2f} µs); rerun the row")
 
 
 def copy_all(dst: Sequence[Any], src: Sequence[Any]) -> None:

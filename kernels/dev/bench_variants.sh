@@ -44,6 +44,8 @@ for spec in specs:
     except (OSError, ValueError, KeyError):
         pass
 keys = sorted({k for rows in runs.values() for k in rows})
+def ok(r, p, c):  # both times measured and positive (bench leaves a hiccup's non-positive marginal unjudged)
+    return (r.get(p) or 0) > 0 and (r.get(c) or 0) > 0
 def cell(v, w):
     return f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 1) + "-"
 for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_base_us", "context_cand_us")):
@@ -55,11 +57,11 @@ for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_b
         cells = []
         for rows in runs.values():
             r = rows.get(k)
-            x = r[p] / r[c] if r and r.get(p) and r.get(c) else None
+            x = r[p] / r[c] if r and ok(r, p, c) else None
             cells.append(cell(r.get(p), 9) + cell(r.get(c), 10) + cell(x, 6) if r else " " * 25)
         print(f"{k[0]:<14}{k[1]:<6}" + "".join(cells))
     # per variant: geomean and minimum of production over the variant, over the rows every variant has (comparable)
-    common = [k for k in keys if all(rows.get(k) and rows[k].get(p) and rows[k].get(c) for rows in runs.values())]
+    common = [k for k in keys if all(rows.get(k) and ok(rows[k], p, c) for rows in runs.values())]
     if common:
         print(f"# {basis}, over the {len(common)} rows every variant has: geomean (min) of production over the variant")
         for n, rows in runs.items():
