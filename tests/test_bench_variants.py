@@ -59,3 +59,16 @@ def test_a_row_with_a_non_positive_in_context_time_is_left_out_not_a_crash(tmp_p
     ctx = lines[lines.index("# in context, over the 1 rows every variant has: geomean (min) of production over the "
                             "variant") + 1:][:2]
     assert ctx[0].split() == ["a", "2.000x", "(2.000x)"] and ctx[1].split() == ["b", "1.000x", "(1.000x)"]
+
+
+def test_both_orders_reads_each_variant_again_as_name_2(tmp_path, monkeypatch):
+    """BOTH_ORDERS=1 benches the list again reversed, each as NAME.2; the summary then has all four columns."""
+    for name, c in (("a", 1.0), ("b", 2.0), ("b.2", 2.0), ("a.2", 1.25)):
+        (tmp_path / f"rmsnorm_{name}.json").write_text(json.dumps({"rows": [_row("1x4096", 2.0, c, 2.0, c)]}))
+    monkeypatch.setenv("BOTH_ORDERS", "1")
+    out = _run(tmp_path, "a=", "b=-DX=1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    ctx = lines[lines.index("# in context, over the 1 rows every variant has: geomean (min) of production over the "
+                            "variant") + 1:][:4]
+    assert [c.split()[:2] for c in ctx] == [["a", "2.000x"], ["b", "1.000x"], ["b.2", "1.000x"], ["a.2", "1.600x"]]

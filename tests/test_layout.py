@@ -130,3 +130,12 @@ def test_records_cited_in_docs_exist():
             if not (ROOT / path).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {path}")
     assert not missing, missing
+
+
+def test_large_json_records_are_kept_compressed():
+    """Every GPU call carries the whole tracked tree (64 MiB with the wheels, results/README.md): a JSON record over
+    50 KB is kept as NAME.json.xz. The tree was 57.7 MB on 2026-11-27, 54 MB of it results/, and left room for wheel
+    parts of 5.6 MiB only."""
+    big = [f"{f} ({(ROOT / f).stat().st_size // 1000} KB)" for f in _tracked()
+           if f.parts[0] == "results" and f.suffix == ".json" and (ROOT / f).stat().st_size > 50_000]
+    assert not big, ("compress these with `xz -9e PATH` and point their links at PATH.xz: " + ", ".join(big))

@@ -8,6 +8,8 @@
 #
 # NAME=@FILE.cu times another source instead (e.g. old=@.kwork/old/silu_and_mul.cu, the last committed kernel).
 # SUMMARY_ONLY=1 benches nothing and prints the tables of the JSONs already in $RES (e.g. from an earlier run).
+# BOTH_ORDERS=1 benches the variants again in the reverse order, as NAME.2: a decode row's in-context time moves
+# ~9% between runs, so a gain under ~5% shows in both orders or is noise (kernels/NOTES.md, tenth session).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
 # in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
@@ -19,7 +21,11 @@ op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 [ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
-for spec in "$@"; do
+specs=("$@")
+if [ -n "${BOTH_ORDERS:-}" ]; then
+  for ((i = $# - 1; i >= 0; i--)); do s=${specs[$i]}; specs+=("${s%%=*}.2=${s#*=}"); done
+fi
+for spec in "${specs[@]}"; do
   [ -z "${SUMMARY_ONLY:-}" ] || break  # SUMMARY_ONLY=1: print the tables of the JSONs already in $RES, bench nothing
   name=${spec%%=*} flags=${spec#*=}
   f=$src/$name.cu
@@ -33,7 +39,7 @@ for spec in "$@"; do
   timeout 300 $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
     ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
-python3 - "$RES" "$op" "$@" <<'PY'
+python3 - "$RES" "$op" "${specs[@]}" <<'PY'
 import json, math, sys
 res, op, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {}
