@@ -49,11 +49,12 @@ def ops_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'op':24s} {'extract':22s} {'kernel':6s} {'validate':8s} patches")
+    w = max([24] + [len(r["op"]) for r in rows])  # the op column fits the longest name
+    click.echo(f"{'op':{w}s} {'extract':22s} {'kernel':6s} {'validate':8s} patches")
     for r in rows:
-        click.echo(f"{r['op']:24s} {','.join(r['extract']) or '-':22s} {'yes' if r['kernel'] else 'no':6s} "
+        click.echo(f"{r['op']:{w}s} {','.join(r['extract']) or '-':22s} {'yes' if r['kernel'] else 'no':6s} "
                    f"{'yes' if r['validate'] else 'no':8s} {', '.join(r['patch']) or '-'}")
         if r.get("default_off"):
-            click.echo(f"{'':24s} not in --ops all: {r['default_off']}")
+            click.echo(f"{'':{w}s} not in --ops all: {r['default_off']}")
         if r["missing"]:
-            click.echo(f"{'':24s} missing: {', '.join(r['missing'])}")
+            click.echo(f"{'':{w}s} missing: {', '.join(r['missing'])}")
