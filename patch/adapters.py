@@ -294,8 +294,13 @@ class Binder:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
             sig = None
+        # A fused op's layer method may take **kwargs (Gemma3DecoderLayer.forward): `expand` gets them as one dict
+        # under that parameter's name. Any other callable with varargs stays unbound.
+        self.varkw = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD), None) \
+            if sig is not None and adapter.expand is not None else None
         self.ok = sig is not None and not any(
-            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values())
+            p.kind is p.VAR_POSITIONAL or (p.kind is p.VAR_KEYWORD and self.varkw is None)
+            for p in sig.parameters.values())
         self.params: Tuple[str, ...] = ()
         self.positional: Tuple[str, ...] = ()
         self.defaults: Dict[str, Any] = {}
@@ -327,10 +332,16 @@ class Binder:
         if len(args) > len(self.positional):
             return None, "more positional arguments than the signature takes"
         vals = dict(zip(self.positional, args))
+        extra: Optional[Dict[str, Any]] = {} if self.varkw is not None else None
         for k, v in kwargs.items():
+            if extra is not None and k not in vals and (k not in self.params or k == self.varkw):
+                extra[k] = v  # into the method's **kwargs
+                continue
             if k in vals or k not in self.params:
                 return None, f"unexpected argument {k!r}"
             vals[k] = v
+        if extra is not None:
+            vals[self.varkw] = extra
         if self.adapter.expand is not None:
             canon = self.adapter.expand({**self.defaults, **vals})
             return (None, canon) if isinstance(canon, str) else (canon, vals)  # a Served passes through
