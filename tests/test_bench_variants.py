@@ -23,6 +23,13 @@ def _run(res: Path, *args: str, op="rmsnorm"):
                           capture_output=True, text=True, timeout=60)
 
 
+def _summary(out, basis: str, rows: int, variants: int):
+    """The `variants` lines under bench_variants.sh's footer for `basis` ("chained", "in context"), split."""
+    lines = out.stdout.splitlines()
+    head = f"# {basis}, over the {rows} rows every variant has: geomean (min) of production over the variant"
+    return [x.split() for x in lines[lines.index(head) + 1:][:variants]]
+
+
 def test_summary_gives_each_variant_s_geomean_and_minimum_over_shared_rows(tmp_path):
     (tmp_path / "rmsnorm_a.json").write_text(json.dumps({"rows": [
         _row("1x4096", 2.0, 1.0, 2.0, 1.6), _row("16x4096", 2.0, 2.0, 4.0, 2.0), _row("64x4096", 3.0, 1.5)]}))
@@ -30,13 +37,8 @@ def test_summary_gives_each_variant_s_geomean_and_minimum_over_shared_rows(tmp_p
         _row("1x4096", 2.0, 2.0, 2.0, 2.0), _row("16x4096", 2.0, 1.0, 4.0, 4.0)]}))
     out = _run(tmp_path, "a=", "b=-DX=1")
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    chained = lines[lines.index("# chained, over the 2 rows every variant has: geomean (min) of production over the "
-                                "variant") + 1:][:2]
-    assert chained[0].split() == ["a", "1.414x", "(1.000x)"] and chained[1].split() == ["b", "1.414x", "(1.000x)"]
-    ctx = lines[lines.index("# in context, over the 2 rows every variant has: geomean (min) of production over the "
-                            "variant") + 1:][:2]
-    assert ctx[0].split() == ["a", "1.581x", "(1.250x)"] and ctx[1].split() == ["b", "1.000x", "(1.000x)"]
+    assert _summary(out, "chained", 2, 2) == [["a", "1.414x", "(1.000x)"], ["b", "1.414x", "(1.000x)"]]
+    assert _summary(out, "in context", 2, 2) == [["a", "1.581x", "(1.250x)"], ["b", "1.000x", "(1.000x)"]]
     assert not list(tmp_path.glob("*.log"))  # nothing was benched
 
 
@@ -55,10 +57,7 @@ def test_a_row_with_a_non_positive_in_context_time_is_left_out_not_a_crash(tmp_p
         _row("1x4096", 2.0, 2.0, 2.0, 2.0), _row("16x4096", 2.0, 2.0, 4.0, 2.0)]}))
     out = _run(tmp_path, "a=", "b=")
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    ctx = lines[lines.index("# in context, over the 1 rows every variant has: geomean (min) of production over the "
-                            "variant") + 1:][:2]
-    assert ctx[0].split() == ["a", "2.000x", "(2.000x)"] and ctx[1].split() == ["b", "1.000x", "(1.000x)"]
+    assert _summary(out, "in context", 1, 2) == [["a", "2.000x", "(2.000x)"], ["b", "1.000x", "(1.000x)"]]
 
 
 def test_both_orders_reads_each_variant_again_as_name_2(tmp_path, monkeypatch):
@@ -68,7 +67,5 @@ def test_both_orders_reads_each_variant_again_as_name_2(tmp_path, monkeypatch):
     monkeypatch.setenv("BOTH_ORDERS", "1")
     out = _run(tmp_path, "a=", "b=-DX=1")
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    ctx = lines[lines.index("# in context, over the 1 rows every variant has: geomean (min) of production over the "
-                            "variant") + 1:][:4]
-    assert [c.split()[:2] for c in ctx] == [["a", "2.000x"], ["b", "1.000x"], ["b.2", "1.000x"], ["a.2", "1.600x"]]
+    assert [c[:2] for c in _summary(out, "in context", 1, 4)] == [["a", "2.000x"], ["b", "1.000x"], ["b.2", "1.000x"],
+                                                                   ["a.2", "1.600x"]]
