@@ -20,6 +20,7 @@ and generic over the callables that reach it:
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
@@ -127,6 +128,27 @@ def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]
             return f"{n} is not contiguous (strides {tuple(c[n].stride())})"
     return None
 
+
+
+def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
+    """None where SGLang's CustomOp / BaseFusedOp `module` dispatches to its forward_cuda (the kernel a fused op
+    replaces), else why not: torch.compile's native path, a fused-op backend forced in 0.5.23, or another method.
+    0.5.23 resolves the method on the module's first forward and caches it; a call a fused op takes never reaches that
+    forward, so it is resolved (and cached, as SGLang would) here."""
+    if getattr(module, "is_torch_compile", False):
+        return f"{what} runs its native path under torch.compile"
+    forced = getattr(sys.modules.get("sglang.kernels.fused_op"), "get_fused_op_backend", None)  # 0.5.23
+    if forced is not None and forced() is not None:
+        return "a fused-op backend is forced (SGLANG_FORCE_FUSED_OP_BACKEND)"
+    method = getattr(module, "_forward_method", None)
+    if method is None and hasattr(module, "_resolve_forward_method"):
+        try:
+            method = module._forward_method = module._resolve_forward_method()
+        except Exception as e:  # noqa: BLE001 - an unresolvable dispatch: leave the call to SGLang
+            return f"{what}'s forward does not resolve here ({type(e).__name__})"
+    if method != module.forward_cuda:
+        return f"{what} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
+    return None
 
 # ---------------------------------------------------------------------- shapes of op families
 # Normalizers shared by ops of one shape (each op's adapter.py picks one): rows of a gated

@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES as _LINEAR_MAX_IN_FEATURES
 from astra_sglang.kernels.linear.adapter import apply_path_problem, token_precheck
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
 
 MAX_TOKENS = 2  # the FMA GEMV's range (kernels/linear: 1-2 tokens); 3+ tokens keep SGLang's forward
 # The GEMV loop is linear's, measured to beat cuBLAS in context only up to this row length (kernels/linear/RESULTS.md).
@@ -81,21 +81,7 @@ def _act_problem(act, cls: str = "SiluAndMul", approximate: Optional[str] = None
         return f"act_fn is {type(act).__name__}, not SGLang's {cls}"
     if approximate is not None and getattr(act, "approximate", None) != approximate:
         return f"{cls}'s approximate is {getattr(act, 'approximate', None)!r}, not {approximate!r}"
-    if getattr(act, "is_torch_compile", False):
-        return f"{cls} runs its native path under torch.compile"
-    forced = getattr(sys.modules.get("sglang.kernels.fused_op"), "get_fused_op_backend", None)  # 0.5.23
-    if forced is not None and forced() is not None:
-        return "a fused-op backend is forced (SGLANG_FORCE_FUSED_OP_BACKEND)"
-    method = getattr(act, "_forward_method", None)
-    if method is None and hasattr(act, "_resolve_forward_method"):
-        # 0.5.23 resolves on first forward and caches it there; this op's calls never reach that forward
-        try:
-            method = act._forward_method = act._resolve_forward_method()
-        except Exception as e:  # noqa: BLE001 - an unresolvable dispatch: leave the call to SGLang
-            return f"{cls}'s forward does not resolve here ({type(e).__name__})"
-    if method != act.forward_cuda:
-        return f"{cls} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
-    return None
+    return cuda_dispatch_problem(act, cls)
 
 
 def _rl_on_policy() -> bool:

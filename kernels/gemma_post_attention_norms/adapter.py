@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Optional
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
 
 # Not in `--ops all` until a GPU has checked it, timed it against the two kernels and run a Gemma decode-step A/B
 # (RESULTS.md); named (`--ops gemma_post_attention_norms` or `all,gemma_post_attention_norms`) it is patched.
@@ -66,20 +66,9 @@ def _norm_problem(norm, what: str, norm_cls: str) -> Optional[str]:
     gemma = getattr(ln, norm_cls, None)
     if gemma is None or type(norm) is not gemma:
         return f"{what} is {type(norm).__name__}, not SGLang's {norm_cls}"
-    if getattr(norm, "is_torch_compile", False):
-        return f"{what} runs its native path under torch.compile"
-    forced = getattr(sys.modules.get("sglang.kernels.fused_op"), "get_fused_op_backend", None)  # 0.5.23
-    if forced is not None and forced() is not None:
-        return "a fused-op backend is forced (SGLANG_FORCE_FUSED_OP_BACKEND)"
-    method = getattr(norm, "_forward_method", None)
-    if method is None and hasattr(norm, "_resolve_forward_method"):
-        # 0.5.23 (BaseFusedOp) resolves on first forward and caches it there, as gate_up_silu's _act_problem reads it
-        try:
-            method = norm._forward_method = norm._resolve_forward_method()
-        except Exception as e:  # noqa: BLE001 - an unresolvable dispatch: leave the call to SGLang
-            return f"{what}'s forward does not resolve here ({type(e).__name__})"
-    if method != norm.forward_cuda:
-        return f"{what} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
+    why = cuda_dispatch_problem(norm, what)
+    if why:
+        return why
     for fn in NORM_FNS:
         if not callable(getattr(ln, fn, None)):
             return f"{LAYERNORM} has no {fn} (not SGLang's CUDA build)"
