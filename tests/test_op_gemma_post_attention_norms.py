@@ -30,6 +30,7 @@ from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
 from test_norm_reduction_order import (_compile_plans, _plan_source, _to_dtype, _vec, astra_sum_sq,  # noqa: E402
                                        flashinfer_sum_sq, outputs)
+from test_op_gate_up_silu import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
 
 OP = "gemma_post_attention_norms"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -678,20 +679,6 @@ print(json.dumps({{"err": err, "scale": float(want_h.float().abs().max()), **tot
 
 
 # ------------------------------------------------------------------------------------------ real SGLang sources
-def _root(version, request) -> Path:
-    return (Path(request.getfixturevalue("sglang_0_5_17_source")) if version == "0.5.17"
-            else Path(request.getfixturevalue("wheel_sources")["sglang"])) / "sglang"
-
-
-def _class(root: Path, rel: str, name: str) -> ast.ClassDef:
-    tree = ast.parse((root / rel).read_text())
-    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
-
-
-def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
-    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
 def _stub(fn: ast.FunctionDef):
     """A function with `fn`'s own parameters (a method of a class in the real source) and no body."""
     stub = ast.FunctionDef(name=fn.name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
@@ -716,7 +703,7 @@ _BODY = [
 @pytest.mark.wheels
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 def test_the_replaced_forward_is_what_expand_and_returns_reproduce(version, request):
-    root = _root(version, request)
+    root = _sglang_root(version, request)
     layer = _class(root, "srt/models/gemma2.py", "Gemma2DecoderLayer")
     fn = _method(layer, "forward")
     assert [a.arg for a in fn.args.args] == ["self", "positions", "hidden_states", "forward_batch", "residual"]
@@ -755,7 +742,7 @@ _BODY3 = [
 def test_gemma3_s_replaced_forward_and_its_norm_s_cuda_path(version, request):
     from astra_sglang.patch.adapters import Binder
 
-    root = _root(version, request)
+    root = _sglang_root(version, request)
     layer = _class(root, "srt/models/gemma3_causal.py", "Gemma3DecoderLayer")
     fn = _method(layer, "forward")
     assert ast.unparse(fn.args).split(": ")[0] == "self, positions"
@@ -782,7 +769,7 @@ def test_discovery_finds_the_forward_and_the_binder_takes_its_signature(version,
     from astra_sglang.patch.adapters import Binder
     from astra_sglang.patch.discover import discover_for_specs
 
-    root = _root(version, request)
+    root = _sglang_root(version, request)
     found = {(s.kind, s.module, s.local_name) for s in discover_for_specs([SPEC], roots={"sglang": root}).for_op(OP)}
     assert ("definition", "sglang.srt.models.gemma2", "Gemma2DecoderLayer.forward") in found
     assert ("definition", "sglang.srt.models.gemma3_causal", "Gemma3DecoderLayer.forward") in found
