@@ -165,13 +165,13 @@ class BenchRow:
             if cand["median"] > 0 and base["median"] > 0:
                 self.context_speedup = base["median"] / cand["median"]
         self.timing_basis = basis
-        if basis == "in-context" and cand is not None and self.context_speedup is None:
-            # a marginal time that is not positive (a hiccup far above the op's time) measures nothing: the row
-            # keeps its chained speedup and says so, rather than showing it under the in-context basis
-            self.timing_basis = "chained"
         if basis == "in-context" and self.context_speedup is not None:
             self.speedup = self.context_speedup
             self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
+        elif basis == "in-context" and cand is not None:
+            # a marginal time that is not positive (a hiccup far above the op's time) measures nothing: the row
+            # keeps its chained speedup and says so, rather than showing it under the in-context basis
+            self.timing_basis = "chained"
 
     def set_context_floor(self, floor: Dict[str, Any]) -> None:
         """Record the touch kernel's in-context marginal time (a stats.marginal dict)."""
