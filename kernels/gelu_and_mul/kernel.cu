@@ -38,6 +38,10 @@
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
+#ifndef ASTRA_IDX32
+#define ASTRA_IDX32 0  // dev: element offsets from 32-bit vector indices, as SGLang's kernel forms them (fewer
+                       // 64-bit ops per vector: the erf makes large shapes issue-bound, not DRAM-bound)
+#endif
 
 namespace astra_gelu {
 // Internal linkage for everything below: the statics of inline/template functions (occupancy and
@@ -119,6 +123,15 @@ __device__ __forceinline__ float gelu(float x) {
 // ---------------------------------------------------------------- kernel
 // Vector j of thread t in block b: idx = (b * P + j) * kThreads + t  (coalesced per j).
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
+// Element offsets of gate (in) and out; ASTRA_IDX32 (dev) forms them from 32-bit vector indices, as SGLang's
+// kernel does (2 * total < 2^32 vectors: run_w's bound).
+#if ASTRA_IDX32
+#define ASTRA_IN_OFF(r, c) (size_t((r) * (2u * nv) + (c)) * W)
+#define ASTRA_OUT_OFF(r, c) (size_t((r) * nv + (c)) * W)
+#else
+#define ASTRA_IN_OFF(r, c) (size_t(r) * 2 * d + size_t(c) * W)
+#define ASTRA_OUT_OFF(r, c) (size_t(r) * d + size_t(c) * W)
+#endif
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
                                                                  uint32_t nv, uint32_t total, uint32_t pf_blocks) {
@@ -137,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ 
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       if (ok[j]) {
-        const T* g = in + size_t(row[j]) * 2 * d + size_t(col[j]) * W;
+        const T* g = in + ASTRA_IN_OFF(row[j], col[j]);
         prefetch_l2(g);
         prefetch_l2(g + d);
       }
@@ -157,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ 
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     if (ok[j]) {
-      const T* gp = in + size_t(row[j]) * 2 * d + size_t(col[j]) * W;
+      const T* gp = in + ASTRA_IN_OFF(row[j], col[j]);
       g[j] = ldg<T, W>(gp);
       u[j] = ldg<T, W>(gp + d);
     }
@@ -168,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ 
       Vec<T, W> o;
 #pragma unroll
       for (int i = 0; i < W; ++i) o.v[i] = from_f<T>(gelu(to_f(g[j].v[i])) * to_f(u[j].v[i]));
-      stg<T, W>(out + size_t(row[j]) * d + size_t(col[j]) * W, o);
+      stg<T, W>(out + ASTRA_OUT_OFF(row[j], col[j]), o);
     }
   }
 #if ASTRA_PDL == 1

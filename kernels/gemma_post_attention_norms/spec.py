@@ -33,6 +33,15 @@ from astra_sglang.kernels.gemma_rmsnorm import spec as _rms_spec
 from astra_sglang.spec import DTYPE_BYTES, OpSpec, Tolerance, torch_dtype
 
 EPS = 1e-6  # Gemma-2/3 rms_norm_eps (both layers are built with it)
+# Production rounds y to the dtype between its two kernels, and the oracle rounds its fp64 y: where the two roundings
+# differ by an ulp and y + residual cancels, that ulp is large against the oracle's |ref| + 0.01 * rms(ref)
+# denominator, in the residual and in the second norm's output. Measured: production's fp16 residual error 0.016 and
+# input error 0.0205 in the decode bench's re-check on 512 fresh 1x2304 sets (H200, 2026-11-28), over its 8-floor
+# sanity bound with the default fp16 floor (0.016), so the bench refused a row where the candidate is bit-identical
+# to production; the float32 emulation of production over 10 x 512 such rows reaches 0.062 fp16 and 0.150 bf16
+# (the test). Same cause, same floors as the fused q/k norm + rope ops (families/qkv.py NORM_ROPE_TOLERANCE); the
+# candidate's tolerance stays k x production's error where that is larger.
+TOLERANCE = Tolerance(k=2.0, floor={"fp32": 1e-5, "fp16": 0.032, "bf16": 0.25})
 DIM_NAMES = rmsnorm.DIM_NAMES  # (num_tokens, hidden)
 
 ABI = _abi((("input", "inout"), ("residual", "inout"), ("weight1", "in"), ("weight2", "in")), DIM_NAMES,
@@ -107,7 +116,7 @@ SPEC = OpSpec(
     # gemma_fused_add_rmsnorm's edges (the widest row FlashInfer's fused kernel takes in smem), and a row over 2048
     # vectors: this kernel's shared-memory path
     edge_shapes=rmsnorm.gemma_edge_shapes(rmsnorm.SMEM_OPT_IN) + (rmsnorm.CLUSTER_SPLIT,),
-    tolerance=Tolerance(k=2.0),
+    tolerance=TOLERANCE,
     make_inputs=make_inputs,
     reference=reference,
     scalars=lambda dims: {"eps1": EPS, "eps2": EPS},
