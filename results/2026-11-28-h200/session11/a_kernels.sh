@@ -6,7 +6,7 @@
 #                         the norm/activation ops never benched there (issue 14: every row >= 1.00x)
 #   bash a_kernels.sh 2   the prefill corpus of the ops whose kernels changed since their last prefill bench
 #   bash a_kernels.sh 3   gelu_and_mul (part 1: 0.97x on the prefill corpus): compile-time variants on its prefill
-#                         rows (both orders) and on its decode corpus in context
+#                         rows, both orders (run in the first wheelhouse staging call)
 set -uo pipefail
 PART=${1:?1, 2 or 3}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -24,9 +24,6 @@ elif [ "$PART" = 3 ]; then
   RES=$O/var_prefill BOTH_ORDERS=1 timeout 280 bash kernels/dev/bench_variants.sh gelu_and_mul $WS/jit/gelu_and_mul \
     4096x16384,4096x24576 fp16,bf16 "${V[@]}" > $O/variants_prefill.txt 2>&1
   echo "prefill variants rc=$? at $(el)s"
-  RES=$O/var_decode timeout $(( 540 - $(el) )) bash kernels/dev/bench_variants.sh gelu_and_mul $WS/jit/gelu_and_mul \
-    decode bf16 default= i32="-DASTRA_IDX32=1" p2="-DASTRA_P_BIG=2" > $O/variants_decode.txt 2>&1
-  echo "decode variants rc=$? at $(el)s"
 else
   RES=$O/prefill DEADLINE=500 OPS="qknorm fused_add_rmsnorm silu_and_mul" bash kernels/gpu_run.sh prefill > $O/prefill.log 2>&1
 fi

@@ -16,7 +16,7 @@ if [ "$PART" = validate ]; then
 else
   STEP_ARGS="--procs 1 --batch-size 1,2 --input-len 256 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 \
 --profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=540 \
-    bash e2e/step_session.sh 'gemma2-9b:gemma2-9b:480:--base-ops=all --ops=all,gemma_post_attention_norms' \
+    bash e2e/step_session.sh 'gemma2-9b:gemma2-9b:420:--base-ops=all --ops=all,gemma_post_attention_norms' \
     > $O/step.log 2>&1
   tail -30 $O/step.log
 fi
