@@ -36,11 +36,12 @@
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
 #ifndef ASTRA_P_BIG
-#define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
+// vectors per thread for a prefill problem (> 256 tokens) over one wave: 2 keeps twice the erf work in flight per
+// thread, where the erf makes the stream issue-bound (H200 prefill rows 0.974x -> 1.042x with ASTRA_IDX32 below)
+#define ASTRA_P_BIG 2
 #endif
 #ifndef ASTRA_IDX32
-#define ASTRA_IDX32 0  // dev: element offsets from 32-bit vector indices, as SGLang's kernel forms them (fewer
-                       // 64-bit ops per vector: the erf makes large shapes issue-bound, not DRAM-bound)
+#define ASTRA_IDX32 0  // dev: 32-bit vector indices in every kernel (the P > 1 kernel always uses them)
 #endif
 
 namespace astra_gelu {
@@ -123,15 +124,11 @@ __device__ __forceinline__ float gelu(float x) {
 // ---------------------------------------------------------------- kernel
 // Vector j of thread t in block b: idx = (b * P + j) * kThreads + t  (coalesced per j).
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
-// Element offsets of gate (in) and out; ASTRA_IDX32 (dev) forms them from 32-bit vector indices, as SGLang's
-// kernel does (2 * total < 2^32 vectors: run_w's bound).
-#if ASTRA_IDX32
-#define ASTRA_IN_OFF(r, c) (size_t((r) * (2u * nv) + (c)) * W)
-#define ASTRA_OUT_OFF(r, c) (size_t((r) * nv + (c)) * W)
-#else
-#define ASTRA_IN_OFF(r, c) (size_t(r) * 2 * d + size_t(c) * W)
-#define ASTRA_OUT_OFF(r, c) (size_t(r) * d + size_t(c) * W)
-#endif
+// Element offsets of gate (in) and out. The P > 1 (prefill) kernel forms them from 32-bit vector indices, as SGLang's
+// kernel does: fewer 64-bit ops per vector (2 * total < 2^32 vectors: run_w's bound).
+#define ASTRA_IN_OFF(r, c) \
+  ((ASTRA_IDX32 || P > 1) ? size_t((r) * (2u * nv) + (c)) * W : size_t(r) * 2 * d + size_t(c) * W)
+#define ASTRA_OUT_OFF(r, c) ((ASTRA_IDX32 || P > 1) ? size_t((r) * nv + (c)) * W : size_t(r) * d + size_t(c) * W)
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
                                                                  uint32_t nv, uint32_t total, uint32_t pf_blocks) {
@@ -267,7 +264,8 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   // packing a medium problem into one wave of 4-vector threads measured slower: reads first, then
   // all the writes).
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
-  const int p = total > resident1 ? ASTRA_P_BIG : 1;
+  // Decode (<= 256 tokens) keeps P = 1 at any size: ASTRA_P_BIG was measured on the prefill rows only.
+  const int p = (total > resident1 && tokens > 256) ? ASTRA_P_BIG : 1;
   // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
   const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
                         uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
