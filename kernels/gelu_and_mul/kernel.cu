@@ -11,8 +11,9 @@
 //  * Flat over the [tokens, d/W] vector grid, W = widest vector (<= 16 bytes) that divides d and the
 //    pointers' alignment, so any hidden size works (odd sizes fall back to narrower vectors).
 //  * One 16-byte vector of gate and of up per thread (both loads in flight at once), 256-thread blocks,
-//    as many waves as the problem needs (the production JIT kernel's shape, which already streams at
-//    the copy ceiling on large shapes; the gains are in the launch/latency path below).
+//    as many waves as the problem needs (the production JIT kernel's shape; the gains are in the
+//    launch/latency path below). Unlike silu's, the erf makes large rows issue-bound (90% of the copy
+//    ceiling at 4096x16384): above 256 tokens a thread takes two vectors, with 32-bit offsets.
 //  * Programmatic dependent launch on sm_90+: every read and write of the op's buffers sits behind
 //    griddepcontrol.wait; the dependents are released once this grid has passed its wait, and the
 //    first wave warms L2 with its inputs (prefetch only, no data is read) while the previous kernel
