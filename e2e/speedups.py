@@ -12,6 +12,7 @@ for some ops another production path, e.g. MoE combine's torch.compile'd sum bel
 from __future__ import annotations
 
 import json
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -43,12 +44,20 @@ def is_shipped_candidate(op: str, candidate) -> bool:
     return str(candidate).replace("\\", "/").endswith(f"kernels/{op}/kernel.cu")
 
 
+def read_record(path: Path):
+    """A JSON record as results/ keeps it: NAME.json, or NAME.json.xz for one over 50 KB (results/README.md)."""
+    if path.name.endswith(".xz"):
+        with lzma.open(path, "rt") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
+
+
 def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
     try:
         if path.stat().st_size > 20 * 2 ** 20:
             return None
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
+        d = read_record(path)
+    except (OSError, ValueError, EOFError, lzma.LZMAError):   # a cut-off .xz raises EOFError
         return None
     if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):
         return None
@@ -95,7 +104,7 @@ class SpeedupTable:
             if d.is_file():
                 files.append(d)
             elif d.is_dir():
-                files += sorted(d.rglob("*.json"))
+                files += sorted([*d.rglob("*.json"), *d.rglob("*.json.xz")])
         return cls(files)
 
     def _files(self, op: str, variant: Optional[str]):

@@ -218,6 +218,29 @@ def test_speedup_lookup_newest_exact_then_nearest(tmp_path):
     assert t.lookup("fused_add_rmsnorm", (256, 4096)).shape == "64x4096"  # 4x: still the nearest
 
 
+def test_speedup_lookup_reads_records_kept_compressed(tmp_path):
+    """results/ keeps a JSON over 50 KB as NAME.json.xz (tests/test_layout.py): linear's newest bench is one. It is a
+    record like any other; a cut-off .xz is skipped like bad JSON."""
+    import lzma
+
+    with lzma.open(tmp_path / "bench.json.xz", "wt") as f:
+        json.dump({"op": "fused_add_rmsnorm", "date": "2026-11-27T00:00",
+                   "rows": [{"shape": "1x4096", "dtype": "bf16", "speedup": 1.25}]}, f)
+    _bench(tmp_path / "older.json", "2026-11-20T00:00", [{"shape": "1x4096", "dtype": "bf16", "speedup": 1.1}])
+    (tmp_path / "cut.json.xz").write_bytes((tmp_path / "bench.json.xz").read_bytes()[:40])
+    s = SpeedupTable.from_dirs([tmp_path]).lookup("fused_add_rmsnorm", (1, 4096))
+    assert s.value == 1.25 and s.source.endswith("bench.json.xz")
+
+
+def test_the_newest_shipped_benches_in_results_are_all_read():
+    """Every bench record of a shipped kernel under results/, plain or compressed, reaches the table (the
+    compression of 2026-11-28 hid twelve of them, linear's newest bench among them, until the table read .xz)."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    read = {s for v in SpeedupTable.from_dirs([results]).by_op.values() for _d, s, _r, _v in v}
+    assert any(s.endswith("linear-mma/bench.json.xz") for s in read)
+    assert len([s for s in read if s.endswith(".json.xz")]) >= 12
+
+
 def test_speedup_lookup_takes_only_the_shipped_kernels_benches(tmp_path):
     """A PDL experiment or a deliberately wrong kernel is benched too; only kernels/<op>/kernel.cu counts
     (the profile showed a pdl0 variant's 0.86x as fused_add_rmsnorm's speedup before this)."""
