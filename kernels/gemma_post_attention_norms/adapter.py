@@ -24,13 +24,44 @@ SGLang's code.
 After the attention, a call the kernel does not take (a non-contiguous attention output) runs `sequence`: SGLang's
 two norm kernels on the same tensors (patch/apply.py not_covered).
 Gemma-3's attention gets position_embeddings (local on sliding layers, else global) and the method's **kwargs, as its
-forward passes them (the Binder hands a fused op's expand the **kwargs as one dict)."""
+forward passes them (the Binder hands a fused op's expand the **kwargs as one dict).
+
+Across the layer boundary (ASTRA_GPAN_ACROSS_LAYERS, default 1; 0 turns just this part off, read once when this module
+is imported, i.e. at patch time). A layer ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one
+starts with input_layernorm(h, residual) (gemma_fused_add_rmsnorm, in place): the same pair, so layer i may return its
+raw MLP output and leave both norms to layer i+1, which runs this op's kernel with (layer i's post_feedforward weight
+and eps, its own input_layernorm weight and eps) in place of its input_layernorm. The hand-off:
+- layer i (`_returns` -> `_successor`) defers only where it knows its return value goes, unchanged, straight into the
+  patched forward of layer i+1 of the same model: the frames above it are exactly the patch's replacement, torch's
+  Module call (no hooks anywhere, no compiled call) and the decoder loop of Gemma2Model.forward /
+  Gemma3TextModel.forward (the code objects of the loaded classes; the tests pin both loops in 0.5.17 and 0.5.23: the
+  layer's result goes to the next iteration's layer call, the last layer's to the model's final norm), with
+  `model.layers[i] is layer`, i + 1 < len(model.layers) (never the last layer), on Gemma-3 i + 1 not in
+  model.layers_to_capture (EAGLE-3 captures that layer's input), layer i+1 of the same decoder class, its forward the
+  patched class method (no instance override, no hooks), accepted by `_declined` with these very tensors, both norms
+  of the pair exactly the layer's norm class dispatching to forward_cuda with [hidden] weights of the dtype; the op
+  not disabled, no torch.compile / tracing, not inside a bypass. Everything checked is the model's structure and the
+  tensors' metadata, never their values: CUDA-graph capture runs this once and replays what it chose. Not called
+  from that loop (forward_split_prefill's loop keeps hidden states between calls, another model, a test harness),
+  the layer runs SGLang's post_feedforward_layernorm itself.
+- what it defers is one thread-local slot: the exact tensor returned (and the residual), layer i, layer i+1, the
+  weight and eps. Layer i+1's `expand` looks at the slot before anything else and takes it only if hidden_states IS
+  that tensor (and residual that residual, and it is that layer i+1); it then runs the op through its OpState
+  (`run_canonical`, as the op's custom op does: self-check, counters, SGLang's two norm kernels where the kernel
+  declines or the op is disabled), in place on the raw tensor and the residual, and goes on with its attention. A raw
+  tensor reaching a patched layer any other way (never expected) gets layer i's own post_feedforward_layernorm first,
+  in place, so SGLang's forward sees what it expects."""
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
 from typing import Any, Dict, Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
+
+log = logging.getLogger("astra_sglang.patch")
 
 # In `--ops all` since 2026-11-28 (H200): bit-identical to production's two kernels, 1.98x in context, and the
 # decode step of Gemma-2-9B and Gemma-3-12B 0.45-0.70% faster with identical greedy tokens (RESULTS.md).
@@ -43,6 +74,18 @@ LAYERS = (("gemma2", "sglang.srt.models.gemma2", "Gemma2DecoderLayer", "GemmaRMS
           ("gemma3", "sglang.srt.models.gemma3_causal", "Gemma3DecoderLayer", "Gemma3RMSNorm", "eps"))
 LAYERNORM = "sglang.srt.layers.layernorm"
 NORM_FNS = ("gemma_rmsnorm", "gemma_fused_add_rmsnorm")  # what GemmaRMSNorm._forward_impl calls, in order
+
+# Across the layer boundary (module docstring): on unless ASTRA_GPAN_ACROSS_LAYERS is 0 / false / off / no when the
+# adapter is imported (patch time), for an A/B of just this part
+ACROSS = os.environ.get("ASTRA_GPAN_ACROSS_LAYERS", "1").strip().lower() not in ("0", "false", "off", "no")
+# The model forwards whose decoder loop hands layer i's (hidden_states, residual) straight to layer i+1 and the last
+# layer's to the final norm (tests pin both loops): LAYERS kind -> (module, class)
+LOOPS = {"gemma2": ("sglang.srt.models.gemma2", "Gemma2Model"),
+         "gemma3": ("sglang.srt.models.gemma3_causal", "Gemma3TextModel")}
+_MAX_FRAMES = 8  # frames between `_returns` and the loop: replacement (not_covered), two of torch's Module call
+# this process's hand-offs, for tests and validate's layer (the op's counters have fixed fields)
+ACROSS_COUNTS = {"deferred": 0, "fused": 0, "finished": 0}
+_SLOT = threading.local()  # .pending: the one deferred post_feedforward_layernorm waiting for layer i+1
 
 
 def _cls(mod: str, name: str):
@@ -118,13 +161,19 @@ def expand(a: Dict[str, Any]):
     forward_batch, residual=None, **kwargs) -> canonical arguments (plus what `returns` needs), or why SGLang keeps
     it. Every reason to decline comes first; then the method's own work up to the two norms: input_layernorm and the
     attention, called as the method calls them."""
+    layer, hs, res = a["self"], a["hidden_states"], a.get("residual")
+    p = _take_pending(hs)  # before any decline: a deferred norm is this call's to finish
     why = _declined(a)
+    if p is not None and (why or layer is not p.succ or res is not p.res):
+        _finish(p)  # never expected (layer i checked all of it): SGLang's own norm, then this forward as it is
+        p = None
     if why:
         return why
-    layer, hs, res = a["self"], a["hidden_states"], a.get("residual")
     row = _layer_kind(layer)
     kind, eps_attr = row[0], row[4]
-    if res is None:
+    if p is not None:  # layer i's post_feedforward_layernorm and this input_layernorm: the op, in place
+        _fuse_across(p, layer, eps_attr)
+    elif res is None:
         res = hs
         hs = layer.input_layernorm(hs)
     else:
@@ -173,11 +222,184 @@ def sequence(c: Dict[str, Any]) -> None:
 
 
 def _returns(c: Dict[str, Any]):
-    """The rest of the replaced forward: mlp and post_feedforward_layernorm on the op's output, (hidden, residual)."""
+    """The rest of the replaced forward: mlp and post_feedforward_layernorm on the op's output, (hidden, residual);
+    the norm left to layer i+1 where `_successor` knows that is where the result goes."""
     layer = c["layer"]
     h = layer.mlp(c["input"])
-    h = layer.post_feedforward_layernorm(h)
-    return h, c["residual"]
+    res = c["residual"]
+    if not (ACROSS and _defer(layer, h, res)):
+        h = layer.post_feedforward_layernorm(h)
+    return h, res
+
+
+# ------------------------------------------------------------------------------------------ across the layer boundary
+class _Pending:
+    __slots__ = ("h", "res", "pred", "succ", "weight", "eps", "state")
+
+    def __init__(self, h, res, pred, succ, weight, eps, state):
+        self.h, self.res, self.pred, self.succ, self.weight, self.eps, self.state = (
+            h, res, pred, succ, weight, eps, state)
+
+
+def _take_pending(hs) -> Optional[_Pending]:
+    """The deferred norm whose tensor `hs` is, taken out of the slot; a slot left for another tensor is dropped."""
+    p = getattr(_SLOT, "pending", None)
+    if p is None:
+        return None
+    _SLOT.pending = None
+    if p.h is hs:
+        return p
+    log.warning("astra-sglang %s: a deferred post_feedforward_layernorm was not taken by layer i+1", ADAPTER.op)
+    return None
+
+
+def _finish(p: _Pending) -> None:
+    """Layer i's own post_feedforward_layernorm on the tensor it returned raw, in place."""
+    ACROSS_COUNTS["finished"] += 1
+    p.h.copy_(p.pred.post_feedforward_layernorm(p.h))
+
+
+def _fuse_across(p: _Pending, layer, eps_attr: str) -> None:
+    """The op on (layer i's MLP output, the residual) with layer i's post_feedforward and this layer's input_layernorm:
+    both in place, as input_layernorm(post_feedforward_layernorm(h), residual) leaves them."""
+    ACROSS_COUNTS["fused"] += 1
+    norm = layer.input_layernorm
+    p.state.run_canonical({"input": p.h, "residual": p.res, "weight1": p.weight, "weight2": norm.weight.data,
+                           "eps1": p.eps, "eps2": float(getattr(norm, eps_attr))}, None)
+
+
+def _state():
+    """This op's live OpState (not disabled), or None."""
+    from astra_sglang.patch import active_patcher
+
+    patcher = active_patcher()
+    st = getattr(patcher, "states", {}).get(ADAPTER.op) if patcher is not None else None
+    if st is None or st.disabled or st.default_original is None:
+        return None
+    return st
+
+
+def _hooked(m) -> bool:
+    """Whether torch's Module call would do more than call m.forward: hooks (m's or global), a compiled call."""
+    import torch.nn.modules.module as mm
+
+    for g in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+              "_global_backward_pre_hooks"):
+        if getattr(mm, g, True):  # an unknown torch: say hooked
+            return True
+    for n in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+        if getattr(m, n, True):
+            return True
+    return getattr(m, "_compiled_call_impl", None) is not None
+
+
+_CALL_CODES: Dict[str, Any] = {}
+
+
+def _call_codes():
+    """The code objects between a decoder loop's `layer(...)` and `_returns`: torch's Module call and the patch's
+    replacement (and not_covered, which calls `returns` too)."""
+    if not _CALL_CODES:
+        import types
+
+        import torch
+
+        from astra_sglang.patch import apply
+
+        own = {c for c in apply.make_replacement.__code__.co_consts
+               if isinstance(c, types.CodeType) and c.co_name in ("replacement", "not_covered")}
+        torch_calls = {getattr(getattr(torch.nn.Module, n, None), "__code__", None)
+                       for n in ("_call_impl", "_wrapped_call_impl")}
+        _CALL_CODES["codes"] = frozenset((own | torch_calls) - {None}) if len(own) == 2 else frozenset()
+    return _CALL_CODES["codes"]
+
+
+def _loop_call(layer, kind: str, depth: int = 3):
+    """(model, i) where `_returns`' caller (`depth` frames up: _loop_call <- _defer <- _returns) was reached from
+    SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the patch's
+    replacement and torch's Module call (so the loop gets the return value unchanged); else None."""
+    mod, cls_name = LOOPS[kind]
+    cls = _cls(mod, cls_name)
+    loop = getattr(cls.__dict__.get("forward"), "__code__", None) if cls is not None else None
+    codes = _call_codes()
+    if loop is None or not codes:
+        return None
+    f = sys._getframe(depth)
+    for _ in range(_MAX_FRAMES):
+        if f is None or f.f_code not in codes:
+            break
+        f = f.f_back
+    if f is None or f.f_code is not loop:
+        return None
+    loc = f.f_locals
+    model, i = loc.get("self"), loc.get("i")
+    if loc.get("layer") is not layer or not isinstance(model, cls) or type(i) is not int:
+        return None
+    return model, i
+
+
+def _successor_problem(layer, succ, kind: str, h, res) -> Optional[str]:
+    """Why layer i+1 (`succ`) might not take the deferred norm in its expand, or None."""
+    if _layer_kind(succ) is not _layer_kind(layer) or "forward" in vars(succ):
+        return "layer i+1 is not this decoder class with its class forward"
+    if getattr(getattr(type(succ), "forward", None), "__astra_op__", None) != ADAPTER.op:
+        return "layer i+1's forward is not this op's patch"
+    if _hooked(layer) or _hooked(succ):
+        return "module hooks or a compiled module call"
+    return _declined({"self": succ, "hidden_states": h, "residual": res})
+
+
+def _defer(layer, h, res) -> bool:
+    """Leave `layer`'s post_feedforward_layernorm on `h` to the next layer (recorded in the slot), where this call's
+    result is known to go straight into the patched forward of layer i+1 of the same model (the module docstring);
+    False: the layer runs its norm. A pure function of the structure and the tensors' metadata."""
+    import torch
+
+    from astra_sglang.patch.ops import bypassing, is_tracing
+
+    row = _layer_kind(layer)
+    if row is None or torch.compiler.is_compiling() or bypassing() or torch._C._get_tracing_state():
+        return False
+    if not isinstance(h, torch.Tensor) or not isinstance(res, torch.Tensor) or is_tracing(h):
+        return False
+    if h.shape != res.shape or h.dtype != res.dtype or h.device != res.device or h.data_ptr() == res.data_ptr():
+        return False
+    st = _state()
+    if st is None:
+        return False
+    kind, norm_cls, eps_attr = row[0], row[3], row[4]
+    found = _loop_call(layer, kind)
+    if found is None:
+        return False
+    model, i = found
+    layers = getattr(model, "layers", None)
+    try:
+        if layers is None or layers[i] is not layer or i + 1 >= len(layers):
+            return False  # the last layer's result goes to the model's final norm
+        succ = layers[i + 1]
+    except (TypeError, IndexError):
+        return False
+    if kind == "gemma3":  # the loop appends the input of each layer in layers_to_capture (EAGLE-3)
+        cap = getattr(model, "layers_to_capture", None)
+        if not isinstance(cap, (list, tuple, set, frozenset)) or (i + 1) in cap:
+            return False
+    post, nxt = getattr(layer, "post_feedforward_layernorm", None), getattr(succ, "input_layernorm", None)
+    if (_norm_problem(post, "post_feedforward_layernorm", norm_cls)
+            or _norm_problem(nxt, "input_layernorm", norm_cls)
+            or _weight_problem(post.weight.data, h, "post_feedforward_layernorm")
+            or _weight_problem(nxt.weight.data, h, "input_layernorm")
+            or _successor_problem(layer, succ, kind, h, res)):
+        return False
+    try:
+        eps = float(getattr(post, eps_attr))
+        float(getattr(nxt, eps_attr))
+    except (AttributeError, TypeError, ValueError):
+        return False
+    _SLOT.pending = _Pending(h, res, layer, succ, post.weight.data, eps, st)
+    if not ACROSS_COUNTS["deferred"]:
+        st.counters.set_status(ADAPTER.op, across_layers="deferring")  # once per process: the GPU session's evidence
+    ACROSS_COUNTS["deferred"] += 1
+    return True
 
 
 ADAPTER = OpAdapter(
