@@ -450,6 +450,10 @@ def _pre_hook_on_1(m):
     return m.layers[1].register_forward_pre_hook(lambda mod, args: HOOKED.append(args[1].clone()))
 
 
+def _hook_on_a_norm(m):
+    return m.layers[1].input_layernorm.register_forward_hook(lambda mod, args, out: HOOKED.append(out[0].clone()))
+
+
 def _global_hook(m):
     return torch.nn.modules.module.register_module_forward_hook(
         lambda mod, args, out: HOOKED.append(out[0].clone()) if hasattr(mod, "layer_id") else None)  # layers'
@@ -504,6 +508,7 @@ def _other_post_ff(m):
     (_pre_hook_on_1, 0),    # layer 1's arguments go through a hook: layer 0 keeps its norm (and layer 1's own
     #                         result comes back through the hook machinery: it keeps its norm too)
     (_global_hook, 0),
+    (_hook_on_a_norm, 1),   # a hook on layer 1's input_layernorm (a dumper's): layer 0 keeps its norm, layer 1 defers
     (_other_successor_norm, 1),   # layer 1's input_layernorm is not exactly GemmaRMSNorm: layer 0 keeps its norm
     (_instance_forward, 0),  # layer 1's forward is an instance attribute (SGLang's, it would norm a raw tensor
     #                          again): layer 0 keeps its norm; layer 1 never reaches the patch

@@ -344,8 +344,8 @@ def _successor_problem(layer, succ, kind: str, h, res) -> Optional[str]:
         return "layer i+1 is not this decoder class with its class forward"
     if getattr(getattr(type(succ), "forward", None), "__astra_op__", None) != ADAPTER.op:
         return "layer i+1's forward is not this op's patch"
-    if _hooked(layer) or _hooked(succ):
-        return "module hooks or a compiled module call"
+    if _hooked(layer) or _hooked(succ) or _hooked(layer.post_feedforward_layernorm) or _hooked(succ.input_layernorm):
+        return "module hooks or a compiled module call (on the layers or the two norms the hand-off skips)"
     return _declined({"self": succ, "hidden_states": h, "residual": res})
 
 
