@@ -4,9 +4,10 @@ CPU: the spec (ABI, corpus, off by default, listed by `astra-sglang ops`); the f
 against a float32 emulation of production's two calls (FlashInfer's norm, its output rounded, then the GEMM) and
 production's own error within the op's floors; the kernel's copy of the norms' row plan block, and its sum of squares in
 FlashInfer's order on every corpus and edge width (the block compiled with the host compiler, the GEMV CTA's layout
-emulated sweep by sweep: test_norm_reduction_order.py's primitives); the harness on every edge shape; the adapter's
-routing with stand-in SGLang modules (every decline before any work, the hand-off into qkv_proj, what the forward
-returns); the real SGLang 0.5.17 sources (the replaced body, the facts, the binder); the shipped kernel's sm_90a build
+emulated sweep by sweep: test_norm_reduction_order.py's primitives); the GEMV's sums pinned to linear's source; the
+harness on every edge shape; the installed baseline running SGLang's two calls out of place; the adapter's routing
+with stand-in SGLang modules (every decline before any work, the hand-off into qkv_proj, what the forward returns);
+the real SGLang 0.5.17 sources (the replaced body, the facts, the binder); the shipped kernel's sm_90a build
 (registers, no spills, the ABI symbol) and static checks.
 
 No kernel runs here (no GPU in CI)."""
@@ -237,6 +238,19 @@ def test_the_norm_sums_in_flashinfer_s_order_on_every_width(dtype, plans):
     assert swapped_differs
 
 
+def test_the_gemv_sums_in_linear_s_order():
+    """out is astra linear's on the normed row: the same per-thread FMA chain over a vector's 8 elements (vectors in
+    sweep order), the same warp butterfly and the same sum of the 8 warps' partials in warp order."""
+    lin = shipped_kernel("linear").read_text()
+    fma = r"for \(int (\w) = 0; \1 < 8; \+\+\1\) acc\[r\]\[t\] = fmaf\(a\[\1\], b\[r\]\[\1\], acc\[r\]\[t\]\);"
+    assert re.search(fma, lin) and re.search(fma, KERNEL)
+    for text in ("for (int v0 = 0; v0 < nvec; v0 += kThreads) {",
+                 "for (int p = 0; p < kWarps; ++p) s += part[p][threadIdx.x];",
+                 "const float s = warp_sum(acc[r][t]);\n      if (lane == 0) part[warp][r * NT + t] = s;",
+                 "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);", "constexpr int kRows = 4;"):
+        assert text in lin and text in KERNEL, text
+
+
 # ------------------------------------------------------------------------------------------ the adapter's routing
 @pytest.fixture
 def sg(monkeypatch, sglang_unquant_standin):
@@ -399,6 +413,24 @@ def test_the_hand_off_runs_qkv_proj_s_own_forward_on_any_other_input(sg):
     assert sg.calls["qkv"] == 1 and "forward" not in vars(qkv)
 
 
+def test_installed_impl_runs_sglang_s_two_calls_out_of_place(sg):
+    """check / bench's production: the installed LlamaDecoderLayer.forward's binder runs `sequence`: SGLang's
+    fused_add_rmsnorm on copies (the ABI's x and residual stay as they were), then F.linear into out."""
+    from astra_sglang.harness.installed import InstalledImpl
+
+    impl = InstalledImpl(TARGET, SPEC)
+    assert impl.fn is sg.llama.LlamaDecoderLayer.forward
+    dims = (2, 64, 48)
+    t = SPEC.make_inputs(dims, "bf16", torch.Generator().manual_seed(1), device="cpu")
+    x0, r0 = t["x"].clone(), t["residual"].clone()
+    impl(t, dims, "bf16", SPEC.scalars(dims))
+    assert sg.calls["norm"] == 1 and torch.equal(t["x"], x0) and torch.equal(t["residual"], r0)
+    ref = SPEC.reference({k: v.double() for k, v in t.items()}, dims, SPEC.scalars(dims), model_dtype=torch.bfloat16)
+    assert torch.equal(t["residual_out"], ref["residual_out"].to(torch.bfloat16))
+    assert (t["normed"].double() - ref["normed"]).abs().max() <= 2 ** -7 * ref["normed"].abs().max()
+    assert torch.equal(t["out"], torch.nn.functional.linear(t["normed"], t["weight"]))
+
+
 _DECLINES = [
     ("3 tokens", lambda L, x, r: (x.repeat(3, 1), r.repeat(3, 1)), "3 tokens > 2"),
     ("no residual", lambda L, x, r: (x, None), "no residual"),
@@ -540,6 +572,7 @@ def test_shipped_kernel_builds_with_the_op_s_flags_and_passes_the_static_checks(
     first = KERNEL.index("wv[r] = live ? load_stream(wrow[r] + threadIdx.x)")
     wait = KERNEL.index("pdl_wait();  // x and residual")
     assert first < wait < KERNEL.index("__ldg(reinterpret_cast<const uint4*>(x)")
+    assert first < KERNEL.index("prefetch_l1(reinterpret_cast<const uint4*>(nw)") < wait  # the norm weight into L1
     # residual_out and normed by CTA 0 alone, out of place
     assert "const bool writer = blockIdx.x == 0;" in KERNEL and "reinterpret_cast<uint4*>(res_out)[o] = rs;" in KERNEL
     assert "--use_fast_math" in kernel_flags(SPEC, Arch(9, 0))  # the norm's math as sgl-kernel builds it on sm_90

@@ -24,11 +24,10 @@
 // 2-8 K elements, its math is what the norm kernel does per element, and the x loads were already there.
 //  * The GEMV is linear's FMA path (kernels/linear/kernel.cu) unchanged: 8 warps, kRows = 4 output rows per CTA,
 //    thread i takes 16-byte vectors i, i + 256, ... of each row, weights through ld.global.nc.L1::no_allocate, the
-//    first weight vectors loaded BEFORE griddepcontrol.wait (parameters no kernel before us writes; the norm weight
-//    too), fp32 FMA chain per thread in vector order, warp butterfly, the 8 warps' partials in warp order. Fed the
-//    same normed values, out is what astra's linear writes for them, bit for bit (this file is built with
-//    --use_fast_math for the norm, so its sums flush fp32 subnormals, which linear's do not: only a partial sum
-//    below 1.2e-38 could differ).
+//    first weight vectors loaded BEFORE griddepcontrol.wait (parameters no kernel before us writes), fp32 FMA chain
+//    per thread in vector order, warp butterfly, the 8 warps' partials in warp order. Fed the same normed values,
+//    out is what astra's linear writes for them, bit for bit (this file is built with --use_fast_math for the norm,
+//    so its sums flush fp32 subnormals, which linear's do not: only a partial sum below 1.2e-38 could differ).
 //  * The norm is FlashInfer's order (kernels/fused_add_rmsnorm/kernel.cu's, bit for bit): for H <= 8192 (nv <= 1024
 //    vectors) norm.cuh runs n_fi = round_up32(nv) threads, thread t owning vector t alone, so FlashInfer's thread t
 //    is GEMV thread t % 256 at sweep t / 256 and its warp t / 32 is warp (t % 256) / 32 at that sweep: a thread's
@@ -37,8 +36,11 @@
 //    cross-warp butterfly (zero padded to 32) itself. n_fi comes from the row plan block copied from the norm
 //    (tests/test_op_add_rmsnorm_linear.py checks the copy). rsqrt(ss / H + eps), (s * rcp) * (0 + w): the norm's
 //    expressions, compiled with the norm's --use_fast_math.
-//  * The thread keeps its x and residual vectors in registers (kIters sweeps x tokens), then the normed vectors in
-//    their place, which the GEMV sweep reads instead of x: no shared-memory copy of the row.
+//  * Registers: the thread holds its x and residual vectors (sweeps x tokens) only through the sum of squares; after
+//    the barrier it reads them again from L1 (a volatile load: kept live across the barrier as fp32 sums they cost
+//    up to 207 registers, reloaded 48-70) with the norm weight, and writes its normed vectors into its own slots of a
+//    shared buffer (ys, 4-32 KB; no barrier: only the writing thread reads a slot), which the GEMV sweep reads in
+//    x's place.
 //  * residual_out and normed are written by CTA 0 alone (out of place: every CTA still reads the old residual).
 //  * Tokens come in groups of up to 2 (one launch each): the FMA path's range; more tokens are more groups.
 #include <cuda_runtime.h>
@@ -81,6 +83,10 @@ __device__ __forceinline__ uint4 load_again(const uint4* p) {
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+
+// the norm weight (a parameter) into L1 before the PDL wait, for the normed values after the reduction: one L2 round
+// trip off the prologue's path, no register held
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // a weight vector: streamed once, never kept in L1
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -129,13 +135,17 @@ __global__ void __launch_bounds__(kThreads) add_rmsnorm_linear_kernel(
   for (int r = 0; r < kRows; ++r)  // rows past the end read the last row again; their sums are not stored
     wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
 
-  // Before the wait: the first sweep's weight vectors (parameters no kernel before us writes)
+  // Before the wait: the first sweep's weight vectors (parameters no kernel before us writes), the norm weight into L1
   uint4 wv[kRows];
   {
     const bool live = static_cast<int>(threadIdx.x) < nvec;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) wv[r] = live ? load_stream(wrow[r] + threadIdx.x) : make_uint4(0, 0, 0, 0);
   }
+#pragma unroll
+  for (int j = 0; j < IT; ++j)
+    if (j * kThreads + static_cast<int>(threadIdx.x) < nvec)
+      prefetch_l1(reinterpret_cast<const uint4*>(nw) + j * kThreads + threadIdx.x);
 #if ASTRA_PDL
   pdl_wait();  // x and residual come from the previous kernel
   pdl_trigger();
