@@ -463,6 +463,8 @@ def _edit_layer(sg, what):
         layer.input_layernorm.cast_x_before_out_mul = True
     elif what == "variance":
         layer.input_layernorm.variance_size_override = 32
+    elif what == "hooked":
+        layer.input_layernorm.register_forward_hook(lambda m, a, out: None)
     elif what == "invariant":
         sg.ln.is_batch_invariant_mode_enabled = lambda: True
     elif what == "qkv class":
@@ -483,7 +485,8 @@ def _edit_layer(sg, what):
 @pytest.mark.parametrize("what,why", [
     ("layer", "not SGLang's LlamaDecoderLayer"), ("norm class", "not SGLang's RMSNorm"),
     ("native", "not forward_cuda"), ("compile", "torch.compile"), ("hf cast", "HF parity"),
-    ("variance", "variance size override"), ("invariant", "batch-invariant"), ("qkv class", "QKVParallelLinear"),
+    ("variance", "variance size override"), ("hooked", "module hooks"), ("invariant", "batch-invariant"),
+    ("qkv class", "QKVParallelLinear"),
     ("bias", "has a bias"), ("quantized", "not the unquantized linear"), ("hand-off", "instance attribute"),
     ("weight dtype", "qkv_proj's weight is torch.float16"), ("wide", "8200 > 8192"),
 ])

@@ -17,7 +17,8 @@ on it (a future body), its own GEMM runs on correct values: a lost fusion, never
   device (None, the first layer, runs RMSNorm without a residual: not this op);
 - the layer is SGLang's LlamaDecoderLayer (or a subclass), its input_layernorm SGLang's RMSNorm dispatching to
   forward_cuda, without HF-parity casting, a variance size override or batch-invariant mode (the paths that run
-  fused_add_rmsnorm), its weight a contiguous [H] tensor of x's dtype;
+  fused_add_rmsnorm), without module hooks or a compiled call (the norm's call is skipped), its weight a contiguous
+  [H] tensor of x's dtype;
 - self_attn.qkv_proj is a plain QKVParallelLinear without bias whose apply ends in F.linear (linear's
   `apply_path_problem`), its weight [N, H] of x's dtype, and the shape rule holds (`declined`).
 Qwen3 (Qwen3DecoderLayer: the norm inside LayerCommunicator.prepare_attn) and the post_attention_layernorm -> gate_up
@@ -62,6 +63,18 @@ def _cls(mod: str, name: str):
     return c if isinstance(c, type) else None
 
 
+def _hooked(m) -> bool:
+    """Whether torch's Module call of m would do more than m.forward (hooks, its own or global; a compiled call): the
+    replaced forward never calls input_layernorm, so a dumper's hook on it would silently miss the call."""
+    import torch.nn.modules.module as mm
+
+    if any(getattr(mm, g, True) for g in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+        return True  # (an unknown torch without them: say hooked)
+    if any(getattr(m, n, True) for n in ("_forward_hooks", "_forward_pre_hooks")):
+        return True
+    return getattr(m, "_compiled_call_impl", None) is not None
+
+
 def _norm_problem(norm, x) -> Optional[str]:
     """None where norm(x, residual) runs RMSNorm.forward_cuda's fused_add_rmsnorm(x, residual, weight, eps), else why
     not."""
@@ -73,6 +86,8 @@ def _norm_problem(norm, x) -> Optional[str]:
     why = cuda_dispatch_problem(norm, "input_layernorm")
     if why:
         return why
+    if _hooked(norm):
+        return "input_layernorm has module hooks or a compiled call (the replaced forward skips its call)"
     if getattr(norm, "cast_x_before_out_mul", False):
         return "input_layernorm casts before the weight multiply (HF parity: SGLang's JIT kernel)"
     if getattr(norm, "variance_size_override", None) is not None:
