@@ -234,6 +234,9 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--base-ops", default="none", show_default=True,
               help="--step: ops patched in arm A too (comma-separated or 'all'), so the Δ is what --ops adds on top "
               "of them (a fused op against the ops it replaces). No profile prediction then.")
+@click.option("--arm-env", "arm_env_items", multiple=True, metavar="ARM:KEY=VALUE",
+              help="--step: an environment variable for arm A's (and A2's) or arm B's workers only (repeatable), "
+              "for an A/B of a switch an op reads at patch time; the arms' ops may then be the same.")
 @click.option("--tp", default=1, show_default=True, help="Tensor parallel size (GPUs 0..TP-1): servers get --tp-size; "
               "--step workers spawn one process per rank, as SGLang's one-batch benchmark does.")
 @click.option("--collect", "collect_items", multiple=True, metavar="[LABEL=]DIR",
@@ -244,7 +247,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
             cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
             tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
-            base_ops, tp, worker_module, server_profile_wl, each_op, collect_items):
+            base_ops, arm_env_items, tp, worker_module, server_profile_wl, each_op, collect_items):
     """Baseline vs patched SGLang servers on the same workload: TTFT, TPOT/ITL, throughput with CIs, parity."""
     from .client import parse_workload
     from .model_configs import resolve_model_path, shipped_configs
@@ -261,6 +264,11 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         raise AstraError("--tp must be >= 1")
     if base_ops.strip() != "none" and not step:
         raise AstraError("--base-ops is for --step (a server A/B's arm A is SGLang unpatched)")
+    if arm_env_items and not step:
+        raise AstraError("--arm-env is for --step (a server A/B's servers share the driver's environment)")
+    from .step import parse_arm_env
+
+    arm_env = parse_arm_env(arm_env_items)
     if server_profile_wl and step:
         raise AstraError("--server-profile is for a server A/B (--step profiles its own captures)")
     if each_op and step:
@@ -355,7 +363,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
                       prefill_graph=prefill_graph, extra=list(extra), startup_timeout=startup_timeout,
                       self_check=self_check, tokenizer_path=tokenizer_path, procs=procs, procs_at_once=procs_at_once,
                       warmup_rounds=warmup_rounds, skip_steps=skip_steps, gpu_pad_us=gpu_pad_us, aa_floor=aa_floor,
-                      tp=tp, candidates=candidates, base_ops=base_ops)
+                      tp=tp, candidates=candidates, base_ops=base_ops, arm_env=arm_env)
         click.echo(md)
         return
     out_dir = out_dir.resolve()

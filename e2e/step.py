@@ -158,7 +158,7 @@ class Session:
     def __init__(self, procs: Dict[str, Tuple[str, object]], model_dir: Path, tokenizer: str, out: Path, python: str,
                  module: str, server_args: Callable[[int], List[str]], max_bs: int, self_check: str = "first",
                  gpu_pad_us: float = 100.0, port_base: int = 0, tp: int = 1,
-                 candidates: Optional[Dict[str, Path]] = None):
+                 candidates: Optional[Dict[str, Path]] = None, arm_env: Optional[Dict[str, Dict[str, str]]] = None):
         self.out = out
         self.arm_of = {name: arm for name, (arm, _) in procs.items()}
         self.workers: Dict[str, WorkerProc] = {}
@@ -173,7 +173,8 @@ class Session:
                     "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us, "tp": tp,
                     "candidates": {o: str(p) for o, p in (candidates or {}).items()} if ops != "none" else {}}
             _say(f"{name} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
-            self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log", env, cwd)
+            self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log",
+                                            {**env, **env_of_arm(arm_env, arm)}, cwd)
 
     def wait_ready(self, timeout: float) -> None:
         for name, w in self.workers.items():
@@ -273,9 +274,35 @@ def _op_list(text: str) -> object:
     return t if t in ("all", "none") else [o.strip() for o in t.split(",") if o.strip()]
 
 
-def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none") -> Dict[str, object]:
+def parse_arm_env(items: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """--arm-env ARM:KEY=VALUE items -> {"A": {...}, "B": {...}}: arm A's (A2 takes A's too) or arm B's worker
+    environment on top of the driver's, for an A/B of a switch an op reads from the environment at patch time."""
+    out: Dict[str, Dict[str, str]] = {}
+    for item in items:
+        arm, sep, kv = item.partition(":")
+        key, eq, value = kv.partition("=")
+        if not sep or not eq or arm not in ("A", "B") or not key.strip() or "=" in key:
+            raise AstraError(f"--arm-env {item!r}: give ARM:KEY=VALUE with ARM A or B "
+                             "(e.g. B:ASTRA_GPAN_ACROSS_LAYERS=1)")
+        out.setdefault(arm, {})[key.strip()] = value
+    return out
+
+
+def env_of_arm(arm_env: Optional[Dict[str, Dict[str, str]]], arm: str) -> Dict[str, str]:
+    """The extra environment of an arm's workers: A2, the A/A twin, gets A's."""
+    return dict((arm_env or {}).get("A" if arm == "A2" else arm, {}))
+
+
+def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none",
+             arm_env: Optional[Dict[str, Dict[str, str]]] = None) -> Dict[str, object]:
     """Arm -> its ops. A (and A2) run `base_ops` (default: unpatched), B runs `ops`: with a base, the Δ is what
-    `ops` adds on top of it (one fused op against the ops it replaces, both patched in one run)."""
+    `ops` adds on top of it (one fused op against the ops it replaces, both patched in one run). With `arm_env`
+    giving A and B different environments, the ops may be the same (the Δ is the switch's)."""
+    if env_of_arm(arm_env, "A") != env_of_arm(arm_env, "B") and not aa:
+        if ops.strip() == "none":
+            raise AstraError("--arm-env with --ops none: no op reads the switch in an unpatched arm")
+        return {"A": _op_list(base_ops or "none"), "A2": _op_list(base_ops or "none"), "B": _op_list(ops)} \
+            if calibrate else {"A": _op_list(base_ops or "none"), "B": _op_list(ops)}
     patched, base = _op_list(ops), _op_list(base_ops or "none")
     if aa:
         return {"A": base, "A2": base}
@@ -311,7 +338,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
              self_check: str = "first", tokenizer_path: Optional[str] = None, procs: int = 2,
              procs_at_once: Optional[int] = None, warmup_rounds: int = 1, skip_steps: int = 3,
              gpu_pad_us: float = 100.0, aa_floor: Optional[Path] = None, tp: int = 1,
-             candidates: Optional[Dict[str, Path]] = None, base_ops: str = "none") -> str:
+             candidates: Optional[Dict[str, Path]] = None, base_ops: str = "none",
+             arm_env: Optional[Dict[str, Dict[str, str]]] = None) -> str:
     from . import step_memory as sm
     from . import step_stats as ss
     from .model_configs import resolve_model_path
@@ -331,7 +359,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
     if tp < 1:
         raise AstraError("--tp must be >= 1")
-    arms = arms_for(ops, aa, calibrate, base_ops)
+    arms = arms_for(ops, aa, calibrate, base_ops, arm_env)
     floors = load_floors(aa_floor)
     src = resolve_model_path(model_path)
     out = Path(out).resolve()
@@ -349,8 +377,11 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     if module == WORKER_MODULE:   # a stand-in worker (tests) loads no weights
         # before any load: a wave that cannot fit dies out of memory only after minutes of loading
         sm.check_fits(cfg, len(arms) * max(len(w) for w in wave_list), tp, sm.gpu_memory_bytes())
+    arm_env_text = "; ".join(f"{a}: " + " ".join(f"{k}={v}" for k, v in env_of_arm(arm_env, a).items())
+                             for a in arms if env_of_arm(arm_env, a))
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
+            **({"arm environment": arm_env_text} if arm_env_text else {}),
             "processes per arm": procs, "tensor parallel": tp,
             "candidates (patched arms)": ", ".join(f"{o}={p}" for o, p in (candidates or {}).items()) or "none", "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
@@ -369,7 +400,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     for w, idxs in enumerate(wave_list):
         names = {proc_name(a, i): (a, o) for i in idxs for a, o in arms.items()}
         session = Session(names, model_dir, tok_dir, out, python, module, sargs, max_bs, self_check, gpu_pad_us,
-                          port_base=len(names) * w, tp=tp, candidates=candidates)
+                          port_base=len(names) * w, tp=tp, candidates=candidates, arm_env=arm_env)
         try:
             session.wait_ready(startup_timeout)
             first = next(iter(session.ready.values()))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from astra_sglang.e2e import step_stats as ss
-from astra_sglang.e2e.step import arms_for, arms_from_meta, kv_tokens_needed, parse_sizes, worker_server_args
+from astra_sglang.e2e.step import (arms_for, arms_from_meta, env_of_arm, kv_tokens_needed, parse_arm_env, parse_sizes,
+                                   worker_server_args)
 from astra_sglang.e2e.tokenizer import model_dir_with_tokenizer, tokenizer_json
 from astra_sglang.errors import AstraError
 
@@ -228,6 +229,18 @@ def test_arms_sizes_kv_and_server_args():
         arms_for("silu_and_mul,rmsnorm", False, False, "rmsnorm,silu_and_mul")
     with pytest.raises(AstraError, match="--aa"):
         arms_for("none", False, False)
+    # --arm-env: the same ops, a switch in one arm's environment (A2 takes A's)
+    env = parse_arm_env(["B:ASTRA_GPAN_ACROSS_LAYERS=1", "A:X=a=b", "A:Y="])
+    assert env == {"B": {"ASTRA_GPAN_ACROSS_LAYERS": "1"}, "A": {"X": "a=b", "Y": ""}}
+    assert env_of_arm(env, "A2") == {"X": "a=b", "Y": ""} and env_of_arm(None, "B") == {}
+    assert arms_for("all", False, True, "all", env) == {"A": "all", "A2": "all", "B": "all"}
+    with pytest.raises(AstraError, match="same"):  # environments that do not differ
+        arms_for("all", False, False, "all", {"A": {"K": "1"}, "B": {"K": "1"}})
+    with pytest.raises(AstraError, match="--ops none"):
+        arms_for("none", False, False, "none", env)
+    for bad in ("C:K=1", "B:K", "K=1", "B:=1"):
+        with pytest.raises(AstraError, match="--arm-env"):
+            parse_arm_env([bad])
     assert arms_from_meta("A: ops none, A2: ops none, B: ops silu_and_mul,fused_add_rmsnorm") == {
         "A": "none", "A2": "none", "B": ["silu_and_mul", "fused_add_rmsnorm"]}
     assert parse_sizes("1, 8,32", "--batch-size") == [1, 8, 32]
@@ -272,6 +285,21 @@ def _step(tmp_path, *args, env=None):
            "--out", str(tmp_path / "out"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd="/", env={**os.environ, **(env or {})},
                           timeout=240)
+
+
+def test_step_ab_of_a_switch_in_one_arm_s_environment(tmp_path):
+    """--arm-env: both arms patch the same ops, only B's workers get the variable (the stand-in saves
+    $FAKE_EXTRA_SAVED_US per step where it is set); the Δ is the switch's, and the report names the environment."""
+    r = _step(tmp_path, "--base-ops", "fused_add_rmsnorm", "--ops", "fused_add_rmsnorm", "--procs", "2",
+              "--no-profile", "--arm-env", "B:FAKE_EXTRA_SAVED_US=300")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    for x in json.loads((out / "summary.json").read_text())["comparisons"]:
+        g = x["gpu_ms"]
+        assert g["lo"] <= -300.0 / (g["base"] * 1e3) <= g["hi"] and g["hi"] < 0
+    assert "- arm environment: B: FAKE_EXTRA_SAVED_US=300" in (out / "report.md").read_text()
+    bad = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--arm-env", "B:FAKE_EXTRA_SAVED_US")
+    assert bad.returncode != 0 and "error: --arm-env" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_step_ab_end_to_end(tmp_path):

@@ -26,8 +26,8 @@ two norm kernels on the same tensors (patch/apply.py not_covered).
 Gemma-3's attention gets position_embeddings (local on sliding layers, else global) and the method's **kwargs, as its
 forward passes them (the Binder hands a fused op's expand the **kwargs as one dict).
 
-Across the layer boundary (ASTRA_GPAN_ACROSS_LAYERS, default 1; 0 turns just this part off, read once when this module
-is imported, i.e. at patch time). A layer ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one
+Across the layer boundary (ASTRA_GPAN_ACROSS_LAYERS=1 turns it on, read once when this module is imported, i.e. at
+patch time; off by default until a GPU has validated it and a decode-step A/B has measured it, RESULTS.md). A layer ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one
 starts with input_layernorm(h, residual) (gemma_fused_add_rmsnorm, in place): the same pair, so layer i may return its
 raw MLP output and leave both norms to layer i+1, which runs this op's kernel with (layer i's post_feedforward weight
 and eps, its own input_layernorm weight and eps) in place of its input_layernorm. The hand-off:
@@ -75,9 +75,9 @@ LAYERS = (("gemma2", "sglang.srt.models.gemma2", "Gemma2DecoderLayer", "GemmaRMS
 LAYERNORM = "sglang.srt.layers.layernorm"
 NORM_FNS = ("gemma_rmsnorm", "gemma_fused_add_rmsnorm")  # what GemmaRMSNorm._forward_impl calls, in order
 
-# Across the layer boundary (module docstring): on unless ASTRA_GPAN_ACROSS_LAYERS is 0 / false / off / no when the
-# adapter is imported (patch time), for an A/B of just this part
-ACROSS = os.environ.get("ASTRA_GPAN_ACROSS_LAYERS", "1").strip().lower() not in ("0", "false", "off", "no")
+# Across the layer boundary (module docstring): only where ASTRA_GPAN_ACROSS_LAYERS is 1 / true / on / yes when the
+# adapter is imported (patch time). Off by default: built and CPU-tested, never on a GPU (2026-11-28).
+ACROSS = os.environ.get("ASTRA_GPAN_ACROSS_LAYERS", "0").strip().lower() in ("1", "true", "on", "yes")
 # The model forwards whose decoder loop hands layer i's (hidden_states, residual) straight to layer i+1 and the last
 # layer's to the final norm (tests pin both loops): LAYERS kind -> (module, class)
 LOOPS = {"gemma2": ("sglang.srt.models.gemma2", "Gemma2Model"),
