@@ -298,18 +298,15 @@ def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none",
     """Arm -> its ops. A (and A2) run `base_ops` (default: unpatched), B runs `ops`: with a base, the Δ is what
     `ops` adds on top of it (one fused op against the ops it replaces, both patched in one run). With `arm_env`
     giving A and B different environments, the ops may be the same (the Δ is the switch's)."""
-    if env_of_arm(arm_env, "A") != env_of_arm(arm_env, "B") and not aa:
-        if ops.strip() == "none":
-            raise AstraError("--arm-env with --ops none: no op reads the switch in an unpatched arm")
-        return {"A": _op_list(base_ops or "none"), "A2": _op_list(base_ops or "none"), "B": _op_list(ops)} \
-            if calibrate else {"A": _op_list(base_ops or "none"), "B": _op_list(ops)}
     patched, base = _op_list(ops), _op_list(base_ops or "none")
     if aa:
         return {"A": base, "A2": base}
     if ops.strip() == "none" or not patched:
-        raise AstraError("--ops none would compare the baseline with itself; use --aa for an A/A run")
-    if base != "none" and (base == patched or (not isinstance(base, str) and not isinstance(patched, str)
-                                                 and set(base) == set(patched))):
+        raise AstraError("--ops none would compare the baseline with itself; use --aa for an A/A run"
+                         + (" (and no op reads an --arm-env switch in an unpatched arm)" if arm_env else ""))
+    same_ops = base == patched or (not isinstance(base, str) and not isinstance(patched, str)
+                                   and set(base) == set(patched))
+    if base != "none" and same_ops and env_of_arm(arm_env, "A") == env_of_arm(arm_env, "B"):
         raise AstraError("--base-ops equals --ops: the arms would be the same")
     return {"A": base, "A2": base, "B": patched} if calibrate else {"A": base, "B": patched}
 
