@@ -150,6 +150,22 @@ def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
         return f"{what} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
     return None
 
+def module_call_hooked(m: Any) -> bool:
+    """Whether torch's Module call of `m` would do more than m.forward: hooks (its own or global, forward or backward)
+    or a compiled call. A fused op that replaces a layer's forward and skips one of its modules' calls (a norm) must
+    not skip it past a hook (a dumper's hook would silently miss the call); an unknown torch says hooked."""
+    import torch.nn.modules.module as mm
+
+    for g in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+              "_global_backward_pre_hooks"):
+        if getattr(mm, g, True):
+            return True
+    for n in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+        if getattr(m, n, True):
+            return True
+    return getattr(m, "_compiled_call_impl", None) is not None
+
+
 # ---------------------------------------------------------------------- shapes of op families
 # Normalizers shared by ops of one shape (each op's adapter.py picks one): rows of a gated
 # activation, and rows normalized with a per-channel weight.

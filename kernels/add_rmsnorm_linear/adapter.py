@@ -33,7 +33,8 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.kernels.linear.adapter import apply_path_problem, token_precheck
 from astra_sglang.kernels.linear.adapter import declined as _linear_declined
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem,
+                                         module_call_hooked)
 
 # Off in `--ops all` until a GPU checks it and a decode-step A/B shows it faster than the norm + astra's linear.
 DEFAULT_OFF = "built and CPU-tested, not yet on a GPU"
@@ -63,18 +64,6 @@ def _cls(mod: str, name: str):
     return c if isinstance(c, type) else None
 
 
-def _hooked(m) -> bool:
-    """Whether torch's Module call of m would do more than m.forward (hooks, its own or global; a compiled call): the
-    replaced forward never calls input_layernorm, so a dumper's hook on it would silently miss the call."""
-    import torch.nn.modules.module as mm
-
-    if any(getattr(mm, g, True) for g in ("_global_forward_hooks", "_global_forward_pre_hooks")):
-        return True  # (an unknown torch without them: say hooked)
-    if any(getattr(m, n, True) for n in ("_forward_hooks", "_forward_pre_hooks")):
-        return True
-    return getattr(m, "_compiled_call_impl", None) is not None
-
-
 def _norm_problem(norm, x) -> Optional[str]:
     """None where norm(x, residual) runs RMSNorm.forward_cuda's fused_add_rmsnorm(x, residual, weight, eps), else why
     not."""
@@ -86,7 +75,7 @@ def _norm_problem(norm, x) -> Optional[str]:
     why = cuda_dispatch_problem(norm, "input_layernorm")
     if why:
         return why
-    if _hooked(norm):
+    if module_call_hooked(norm):
         return "input_layernorm has module hooks or a compiled call (the replaced forward skips its call)"
     if getattr(norm, "cast_x_before_out_mul", False):
         return "input_layernorm casts before the weight multiply (HF parity: SGLang's JIT kernel)"

@@ -59,7 +59,8 @@ import sys
 import threading
 from typing import Any, Dict, Optional
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem,
+                                         module_call_hooked)
 
 log = logging.getLogger("astra_sglang.patch")
 
@@ -279,20 +280,6 @@ def _state():
     return st
 
 
-def _hooked(m) -> bool:
-    """Whether torch's Module call would do more than call m.forward: hooks (m's or global), a compiled call."""
-    import torch.nn.modules.module as mm
-
-    for g in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-              "_global_backward_pre_hooks"):
-        if getattr(mm, g, True):  # an unknown torch: say hooked
-            return True
-    for n in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
-        if getattr(m, n, True):
-            return True
-    return getattr(m, "_compiled_call_impl", None) is not None
-
-
 _CALL_CODES: Dict[str, Any] = {}
 
 
@@ -344,7 +331,7 @@ def _successor_problem(layer, succ, kind: str, h, res) -> Optional[str]:
         return "layer i+1 is not this decoder class with its class forward"
     if getattr(getattr(type(succ), "forward", None), "__astra_op__", None) != ADAPTER.op:
         return "layer i+1's forward is not this op's patch"
-    if _hooked(layer) or _hooked(succ) or _hooked(layer.post_feedforward_layernorm) or _hooked(succ.input_layernorm):
+    if any(module_call_hooked(m) for m in (layer, succ, layer.post_feedforward_layernorm, succ.input_layernorm)):
         return "module hooks or a compiled module call (on the layers or the two norms the hand-off skips)"
     return _declined({"self": succ, "hidden_states": h, "residual": res})
 
