@@ -18,8 +18,9 @@
 # check runs every op at once (correctness only, CHECK_JOBS at a time); the benches run one at a time.
 # A bench that would start after DEADLINE seconds is skipped and says so; one running then gets 60 s more.
 # Results go to $RES (default $OUT or ./kernels-gpu-out): one tarball (results-<phases>.tgz) of every
-# JSON, plot and log, and summary.txt (one line per op and phase); keep them under
-# results/<date>-<gpu>/kernels/.
+# JSON, plot and log, json/ (the check and bench JSONs as files, .json.xz over 50 KB: the profile's speedup
+# lookup reads those under results/, never a tarball) and summary.txt (one line per op and phase); keep them
+# under results/<date>-<gpu>/kernels/.
 set -uo pipefail
 phases=${1:-check,decode,prefill}
 WS=${WS:-.gpu_ws}
@@ -105,5 +106,11 @@ for ph in ${phases//,/ }; do
 done
 tgz=$RES/results-${phases//,/-}.tgz
 cp "$R/summary.txt" "$RES/summary.txt" 2>/dev/null
+mkdir -p "$RES/json"
+for f in "$R"/*.json; do
+  [ -f "$f" ] || continue
+  cp "$f" "$RES/json/" || continue
+  if [ "$(stat -c%s "$f")" -gt 51200 ]; then xz -9f "$RES/json/${f##*/}"; fi
+done
 tar -C "$R" -czf "$tgz" . && t "results in $tgz"
 exit $status
