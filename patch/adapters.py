@@ -150,6 +150,13 @@ def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
         return f"{what} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
     return None
 
+def loaded_class(module: str, name: str) -> Optional[type]:
+    """The class `name` of an already imported SGLang module, or None (the module is not loaded, or has no such
+    class): adapters that recognise SGLang's layers by class never import SGLang themselves."""
+    c = getattr(sys.modules.get(module), name, None)
+    return c if isinstance(c, type) else None
+
+
 def module_call_hooked(m: Any) -> bool:
     """Whether torch's Module call of `m` would do more than m.forward: hooks (its own or global, forward or backward)
     or a compiled call. A fused op that replaces a layer's forward and skips one of its modules' calls (a norm) must

@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.kernels.linear.adapter import apply_path_problem, token_precheck
 from astra_sglang.kernels.linear.adapter import declined as _linear_declined
-from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem,
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class,
                                          module_call_hooked)
 
 # Off in `--ops all` until a GPU checks it and a decode-step A/B shows it faster than the norm + astra's linear.
@@ -59,17 +59,12 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
     return _linear_declined(tokens, in_features, out_features)
 
 
-def _cls(mod: str, name: str):
-    c = getattr(sys.modules.get(mod), name, None)
-    return c if isinstance(c, type) else None
-
-
 def _norm_problem(norm, x) -> Optional[str]:
     """None where norm(x, residual) runs RMSNorm.forward_cuda's fused_add_rmsnorm(x, residual, weight, eps), else why
     not."""
     import torch
 
-    rms = _cls(LAYERNORM, "RMSNorm")
+    rms = loaded_class(LAYERNORM, "RMSNorm")
     if rms is None or type(norm) is not rms:
         return f"input_layernorm is {type(norm).__name__}, not SGLang's RMSNorm"
     why = cuda_dispatch_problem(norm, "input_layernorm")
@@ -97,7 +92,7 @@ def _qkv_problem(qkv, x) -> Optional[str]:
     not."""
     import torch
 
-    cls = _cls(LINEAR, "QKVParallelLinear")
+    cls = loaded_class(LINEAR, "QKVParallelLinear")
     if cls is None or type(qkv) is not cls:
         return f"qkv_proj is {type(qkv).__name__}, not a plain QKVParallelLinear (LoRA or another layer)"
     if getattr(qkv, "bias", None) is not None:
@@ -136,7 +131,7 @@ def expand(a: Dict[str, Any]):
         return "no residual (the first layer: RMSNorm without the add)"
     if not isinstance(res, torch.Tensor) or res.shape != x.shape or res.dtype != x.dtype or res.device != x.device:
         return "residual is not a tensor of hidden_states' shape, dtype and device"
-    if not any(isinstance(layer, c) for c in (_cls(m, n) for m, n in LAYERS) if c is not None):
+    if not any(isinstance(layer, c) for c in (loaded_class(m, n) for m, n in LAYERS) if c is not None):
         return f"{type(layer).__name__} is not SGLang's LlamaDecoderLayer"
     norm, attn = getattr(layer, "input_layernorm", None), getattr(layer, "self_attn", None)
     qkv = getattr(attn, "qkv_proj", None)

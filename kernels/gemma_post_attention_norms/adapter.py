@@ -27,10 +27,11 @@ Gemma-3's attention gets position_embeddings (local on sliding layers, else glob
 forward passes them (the Binder hands a fused op's expand the **kwargs as one dict).
 
 Across the layer boundary (ASTRA_GPAN_ACROSS_LAYERS=1 turns it on, read once when this module is imported, i.e. at
-patch time; off by default until a GPU has validated it and a decode-step A/B has measured it, RESULTS.md). A layer ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one
-starts with input_layernorm(h, residual) (gemma_fused_add_rmsnorm, in place): the same pair, so layer i may return its
-raw MLP output and leave both norms to layer i+1, which runs this op's kernel with (layer i's post_feedforward weight
-and eps, its own input_layernorm weight and eps) in place of its input_layernorm. The hand-off:
+patch time; off by default until a GPU has validated it and a decode-step A/B has measured it, RESULTS.md). A layer
+ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one starts with input_layernorm(h, residual)
+(gemma_fused_add_rmsnorm, in place): the same pair, so layer i may return its raw MLP output and leave both norms to
+layer i+1, which runs this op's kernel with (layer i's post_feedforward weight and eps, its own input_layernorm weight
+and eps) in place of its input_layernorm. The hand-off:
 - layer i (`_returns` -> `_successor`) defers only where it knows its return value goes, unchanged, straight into the
   patched forward of layer i+1 of the same model: the frames above it are exactly the patch's replacement, torch's
   Module call (no hooks anywhere, no compiled call) and the decoder loop of Gemma2Model.forward /
@@ -59,7 +60,7 @@ import sys
 import threading
 from typing import Any, Dict, Optional
 
-from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem,
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class,
                                          module_call_hooked)
 
 log = logging.getLogger("astra_sglang.patch")
@@ -89,15 +90,10 @@ ACROSS_COUNTS = {"deferred": 0, "fused": 0, "finished": 0}
 _SLOT = threading.local()  # .pending: the one deferred post_feedforward_layernorm waiting for layer i+1
 
 
-def _cls(mod: str, name: str):
-    c = getattr(sys.modules.get(mod), name, None)
-    return c if isinstance(c, type) else None
-
-
 def _layer_kind(layer):
     """The LAYERS row whose class `layer` is an instance of, or None."""
     for row in LAYERS:
-        c = _cls(row[1], row[2])
+        c = loaded_class(row[1], row[2])
         if c is not None and isinstance(layer, c):
             return row
     return None
@@ -306,7 +302,7 @@ def _loop_call(layer, kind: str, depth: int = 3):
     SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the patch's
     replacement and torch's Module call (so the loop gets the return value unchanged); else None."""
     mod, cls_name = LOOPS[kind]
-    cls = _cls(mod, cls_name)
+    cls = loaded_class(mod, cls_name)
     loop = getattr(cls.__dict__.get("forward"), "__code__", None) if cls is not None else None
     codes = _call_codes()
     if loop is None or not codes:
