@@ -287,6 +287,7 @@ def sg(monkeypatch, tmp_path):
     monkeypatch.setattr(AD, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(AD, "ACROSS", True)
     monkeypatch.setattr(AD, "ACROSS_COUNTS", dict.fromkeys(AD.ACROSS_COUNTS, 0))
+    monkeypatch.setattr(AD, "ACROSS_WHY", {"last": None})
     AD._SLOT.pending = None
     LAUNCHES.clear()
 
@@ -339,6 +340,67 @@ def test_a_patched_gemma2_stack_gives_sglang_s_values_bit_for_bit(sg, n, dtype):
 
     c = counters(sg.counters_dir)[OP]
     assert (c["calls"], c["fallbacks"]) == (2 * n - 1, 0), c
+
+
+@pytest.fixture
+def sglang_hooks(sg, monkeypatch, sglang_0_5_17_source):
+    """SGLang 0.5.17's own plugin HookRegistry (standard library only), loaded from the wheel: the patch then goes in
+    as a REPLACE hook, as in a server, and the class's forward is SGLang's functools.wraps wrapper around the
+    replacement (one more frame between the loop and `_returns`; the 2026-11-28 GPU validate failed on it)."""
+    import importlib.util
+    from pathlib import Path
+
+    name = "sglang.srt.plugins.hook_registry"
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins", types.ModuleType("sglang.srt.plugins"))
+    spec = importlib.util.spec_from_file_location(name, Path(sglang_0_5_17_source) / "sglang/srt/plugins/hook_registry.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, mod)
+    spec.loader.exec_module(mod)
+    yield mod
+    from astra_sglang.patch import revert_astra_kernels
+
+    revert_astra_kernels()  # while the registry is still there to withdraw the REPLACE from
+    mod.HookRegistry.reset()
+
+
+def _via_sglang(sg):
+    fwd = sg.Layer.forward
+    return getattr(fwd, "__astra_op__", None) == OP and fwd.__code__.co_name == "wrapper"
+
+
+def test_the_hand_off_runs_through_sglang_s_replace_hook(sg, sglang_hooks):
+    """In a server the patch is SGLang's REPLACE hook: a three-layer stack still hands off twice, bit for bit."""
+    model = sg.Model(3, torch.bfloat16)
+    want, want_seen, _ = _run2(sg, model, torch.bfloat16)
+    sg.patch()
+    assert _via_sglang(sg)
+    got, got_seen, log = _run2(sg, model, torch.bfloat16)
+    assert torch.equal(got, want) and log == ["rms", "rms", "farn"]
+    _same(got_seen, want_seen)
+    assert AD.ACROSS_COUNTS == {"deferred": 2, "fused": 2, "finished": 0}
+
+
+@pytest.mark.parametrize("kind", ["AFTER", "AROUND", "BEFORE"])
+def test_another_plugin_s_hook_on_the_layer_stops_the_hand_off(sg, sglang_hooks, kind):
+    """Another plugin's hook around the patched forward may change what the layer returns: no layer defers, and the
+    reason is kept (ACROSS_WHY, the counters' status)."""
+    reg, ht = sglang_hooks.HookRegistry, sglang_hooks.HookType
+    model = sg.Model(3, torch.bfloat16)
+    want, _, _ = _run2(sg, model, torch.bfloat16)
+    sg.patch()
+    hook = {"AFTER": lambda result, *a, **k: None, "BEFORE": lambda *a, **k: None,
+            "AROUND": lambda fn, *a, **k: fn(*a, **k)}[kind]
+    target = f"{sg.g2.__name__}.Gemma2DecoderLayer.forward"
+    reg._patched.discard(target)
+    reg._hooks[target].append((getattr(ht, kind), hook, None))
+    reg.apply_hooks()
+    got, _, log = _run2(sg, model, torch.bfloat16)
+    assert torch.equal(got, want) and AD.ACROSS_COUNTS["deferred"] == 0
+    assert "not straight from Gemma2Model.forward's loop" in AD.ACROSS_WHY["last"]
+    from astra_sglang.patch import active_patcher
+
+    status = active_patcher().states[OP].counters.status[OP]
+    assert "across_layers" not in status and any("loop" in w for w in status["across_layers_not_deferred"])
 
 
 def test_the_hand_off_is_self_checked_like_any_call_of_the_op(sg):

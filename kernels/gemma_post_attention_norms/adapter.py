@@ -87,6 +87,7 @@ LOOPS = {"gemma2": ("sglang.srt.models.gemma2", "Gemma2Model"),
 _MAX_FRAMES = 8  # frames between `_returns` and the loop: replacement (not_covered), two of torch's Module call
 # this process's hand-offs, for tests and validate's layer (the op's counters have fixed fields)
 ACROSS_COUNTS = {"deferred": 0, "fused": 0, "finished": 0}
+ACROSS_WHY: Dict[str, Optional[str]] = {"last": None}  # why the last layer that ran its own norm did not defer
 _SLOT = threading.local()  # .pending: the one deferred post_feedforward_layernorm waiting for layer i+1
 
 
@@ -279,9 +280,13 @@ def _state():
 _CALL_CODES: Dict[str, Any] = {}
 
 
-def _call_codes():
-    """The code objects between a decoder loop's `layer(...)` and `_returns`: torch's Module call and the patch's
-    replacement (and not_covered, which calls `returns` too)."""
+def _call_codes(layer):
+    """The code objects between a decoder loop's `layer(...)` and `_returns`: torch's Module call, the patch's
+    replacement (and not_covered, which calls `returns` too), and the class's installed forward where it carries this
+    op: in a real SGLang the patch goes in through its plugin HookRegistry as a REPLACE, whose functools.wraps wrapper
+    is one more frame (`return hook(*args, **kwargs)`). Another plugin's BEFORE / AFTER / AROUND hook around it is then
+    the class's forward instead, and the REPLACE wrapper under it is not in the set: no hand-off past a hook that may
+    change the result."""
     if not _CALL_CODES:
         import types
 
@@ -294,30 +299,36 @@ def _call_codes():
         torch_calls = {getattr(getattr(torch.nn.Module, n, None), "__code__", None)
                        for n in ("_call_impl", "_wrapped_call_impl")}
         _CALL_CODES["codes"] = frozenset((own | torch_calls) - {None}) if len(own) == 2 else frozenset()
-    return _CALL_CODES["codes"]
+    codes = _CALL_CODES["codes"]
+    fwd = getattr(type(layer), "forward", None)
+    code = getattr(fwd, "__code__", None)
+    if codes and code is not None and getattr(fwd, "__astra_op__", None) == ADAPTER.op:
+        return codes | {code}
+    return codes
 
 
-def _loop_call(layer, kind: str, depth: int = 3):
-    """(model, i) where `_returns`' caller (`depth` frames up: _loop_call <- _defer <- _returns) was reached from
-    SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the patch's
-    replacement and torch's Module call (so the loop gets the return value unchanged); else None."""
+def _loop_call(layer, kind: str, depth: int = 4):
+    """(model, i) where `_returns`' caller (`depth` frames up: _loop_call <- _defer_problem <- _defer <- _returns) was
+    reached from SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the
+    patch's replacement and torch's Module call (so the loop gets the return value unchanged); else why not."""
     mod, cls_name = LOOPS[kind]
     cls = loaded_class(mod, cls_name)
     loop = getattr(cls.__dict__.get("forward"), "__code__", None) if cls is not None else None
-    codes = _call_codes()
+    codes = _call_codes(layer)
     if loop is None or not codes:
-        return None
+        return f"no {cls_name}.forward loaded, or an unknown patch / torch Module call"
     f = sys._getframe(depth)
     for _ in range(_MAX_FRAMES):
         if f is None or f.f_code not in codes:
             break
         f = f.f_back
     if f is None or f.f_code is not loop:
-        return None
+        return (f"called from {f.f_code.co_qualname if f is not None else 'nowhere'}, not straight from "
+                f"{cls_name}.forward's loop")
     loc = f.f_locals
     model, i = loc.get("self"), loc.get("i")
     if loc.get("layer") is not layer or not isinstance(model, cls) or type(i) is not int:
-        return None
+        return f"{cls_name}.forward's frame does not hold this layer as layers[i]"
     return model, i
 
 
@@ -332,57 +343,76 @@ def _successor_problem(layer, succ, kind: str, h, res) -> Optional[str]:
     return _declined({"self": succ, "hidden_states": h, "residual": res})
 
 
-def _defer(layer, h, res) -> bool:
+def _defer_problem(layer, h, res) -> Optional[str]:
     """Leave `layer`'s post_feedforward_layernorm on `h` to the next layer (recorded in the slot), where this call's
-    result is known to go straight into the patched forward of layer i+1 of the same model (the module docstring);
-    False: the layer runs its norm. A pure function of the structure and the tensors' metadata."""
+    result is known to go straight into the patched forward of layer i+1 of the same model (the module docstring):
+    None; else why the layer runs its norm. A pure function of the structure and the tensors' metadata."""
     import torch
 
     from astra_sglang.patch.ops import bypassing, is_tracing
 
     row = _layer_kind(layer)
-    if row is None or torch.compiler.is_compiling() or bypassing() or torch._C._get_tracing_state():
-        return False
+    if row is None:
+        return "not a Gemma decoder layer"
+    if torch.compiler.is_compiling() or bypassing() or torch._C._get_tracing_state():
+        return "compiling, tracing or inside a self-check"
     if not isinstance(h, torch.Tensor) or not isinstance(res, torch.Tensor) or is_tracing(h):
-        return False
+        return "the MLP output or the residual is not a tensor"
     if h.shape != res.shape or h.dtype != res.dtype or h.device != res.device or h.data_ptr() == res.data_ptr():
-        return False
+        return "the MLP output and the residual differ in shape, dtype or device, or alias"
     st = _state()
     if st is None:
-        return False
+        return "the op is not live in this process (no patcher, or disabled)"
     kind, norm_cls, eps_attr = row[0], row[3], row[4]
     found = _loop_call(layer, kind)
-    if found is None:
-        return False
+    if isinstance(found, str):
+        return found
     model, i = found
     layers = getattr(model, "layers", None)
     try:
-        if layers is None or layers[i] is not layer or i + 1 >= len(layers):
-            return False  # the last layer's result goes to the model's final norm
+        if layers is None or layers[i] is not layer:
+            return "model.layers[i] is not this layer"
+        if i + 1 >= len(layers):
+            return "the last layer (its result goes to the model's final norm)"
         succ = layers[i + 1]
     except (TypeError, IndexError):
-        return False
+        return "model.layers is not indexable"
     if kind == "gemma3":  # the loop appends the input of each layer in layers_to_capture (EAGLE-3)
         cap = getattr(model, "layers_to_capture", None)
         if not isinstance(cap, (list, tuple, set, frozenset)) or (i + 1) in cap:
-            return False
+            return "layer i+1's input is captured (EAGLE-3)"
     post, nxt = getattr(layer, "post_feedforward_layernorm", None), getattr(succ, "input_layernorm", None)
-    if (_norm_problem(post, "post_feedforward_layernorm", norm_cls)
-            or _norm_problem(nxt, "input_layernorm", norm_cls)
-            or _weight_problem(post.weight.data, h, "post_feedforward_layernorm")
-            or _weight_problem(nxt.weight.data, h, "input_layernorm")
-            or _successor_problem(layer, succ, kind, h, res)):
-        return False
+    why = (_norm_problem(post, "post_feedforward_layernorm", norm_cls)
+           or _norm_problem(nxt, "input_layernorm", norm_cls)
+           or _weight_problem(post.weight.data, h, "post_feedforward_layernorm")
+           or _weight_problem(nxt.weight.data, h, "input_layernorm")
+           or _successor_problem(layer, succ, kind, h, res))
+    if why:
+        return why
     try:
         eps = float(getattr(post, eps_attr))
         float(getattr(nxt, eps_attr))
     except (AttributeError, TypeError, ValueError):
-        return False
+        return "a norm's eps is not a number"
     _SLOT.pending = _Pending(h, res, layer, succ, post.weight.data, eps, st)
     if not ACROSS_COUNTS["deferred"]:
         st.counters.set_status(ADAPTER.op, across_layers="deferring")  # once per process: the GPU session's evidence
     ACROSS_COUNTS["deferred"] += 1
-    return True
+    return None
+
+
+def _defer(layer, h, res) -> bool:
+    """True where `_defer_problem` found none (the norm is in the slot); else the reason is kept in ACROSS_WHY (for
+    validate's message) and each new one in the counters' status (a GPU session's evidence of what stopped it)."""
+    why = _defer_problem(layer, h, res)
+    if why is None:
+        return True
+    ACROSS_WHY["last"] = why
+    st = _state()
+    seen = st.counters.status.get(ADAPTER.op, {}).get("across_layers_not_deferred", []) if st is not None else None
+    if seen is not None and why not in seen:
+        st.counters.set_status(ADAPTER.op, across_layers_not_deferred=sorted([*seen, why]))
+    return False
 
 
 ADAPTER = OpAdapter(

@@ -76,6 +76,6 @@ def run_layer(inp, dims, scalars):
         Gemma2Model.forward(model, None, None, None, r)
     if patched and ad.ACROSS and ad.ACROSS_COUNTS["fused"] != fused + 1:
         raise AstraError("gemma_post_attention_norms: layer 0 did not hand its post_feedforward_layernorm to layer 1 "
-                         "(ASTRA_GPAN_ACROSS_LAYERS is on)")
+                         f"(ASTRA_GPAN_ACROSS_LAYERS is on): {ad.ACROSS_WHY['last'] or 'layer 1 did not take it'}")
     write_back(x, seen[0])
     return {"input": x, "residual": r}
