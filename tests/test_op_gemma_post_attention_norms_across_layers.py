@@ -649,8 +649,8 @@ def test_with_the_switch_off_nothing_defers(sg, monkeypatch):
     assert got_log == ["rms", "rms"] + ["farn", "rms"] * 2 + ["farn"]
 
 
-@pytest.mark.parametrize("value,on", [(None, False), ("1", True), ("on", True), ("0", False), ("off", False),
-                                      ("false", False)])
+@pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("on", True), ("0", False), ("off", False),
+                                      ("false", False), ("No", False)])
 def test_the_switch_is_read_from_the_environment_when_the_adapter_is_imported(value, on):
     import os
 
