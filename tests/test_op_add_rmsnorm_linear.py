@@ -73,7 +73,7 @@ def test_off_by_default_patched_when_named_and_binds_the_layer_forward():
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
     from astra_sglang.patch.config import default_ops, parse_ops
 
-    assert AD.DEFAULT_OFF == "built and CPU-tested, not yet on a GPU"
+    assert AD.DEFAULT_OFF.startswith("slower than the norm + astra linear")
     known = patchable_ops()
     assert OP in known and OP not in parse_ops("all", known, default_ops(known))
     assert parse_ops(f"all,{OP}", known, default_ops(known))[-1] == OP and parse_ops(OP, known) == [OP]
@@ -610,7 +610,7 @@ def test_no_register_spills_at_sm_90a_and_the_registers_of_linear_s_occupancy(tm
 
 def test_results_md_names_the_gpu_commands():
     text = (Path(AD.__file__).parent / "RESULTS.md").read_text()
-    assert "never run on a GPU" in text
+    assert "slower in the step, off by default" in text and "+2.69%" in text  # the H200 session's verdict
     for cmd in ("astra-sglang extract add_rmsnorm_linear", "astra-sglang check add_rmsnorm_linear",
                 "astra-sglang bench add_rmsnorm_linear", "e2e --step"):
         assert cmd in text, cmd

@@ -36,8 +36,10 @@ from astra_sglang.kernels.linear.adapter import declined as _linear_declined
 from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class,
                                          module_call_hooked)
 
-# Off in `--ops all` until a GPU checks it and a decode-step A/B shows it faster than the norm + astra's linear.
-DEFAULT_OFF = "built and CPU-tested, not yet on a GPU"
+# Off in `--ops all`: correct (check PASS, validate 60/60) but slower than the norm + astra's linear in the decode step
+# (H200, 2026-11-28, RESULTS.md): every CTA runs the norm's prologue, 16.5 us a call where linear's qkv GEMV took 11.9
+# and the norm 1.4.
+DEFAULT_OFF = "slower than the norm + astra linear: Llama-3-8B decode step +2.7% / +5.6% at batch 1 / 2 (H200)"
 
 MAX_TOKENS = 2  # the FMA GEMV's range (kernels/linear: 1-2 tokens)
 MAX_HIDDEN = 8192  # kernel.cu: FlashInfer's threads own one vector each up to 1024 vectors
