@@ -35,6 +35,13 @@
 // trigger right after griddepcontrol.wait.
 #define ASTRA_PDL 2
 #endif
+#ifndef ASTRA_ONE_TOKENS
+// From this many tokens up to 256, rows of up to 1024 vectors take kOne (one vector per thread, as the fused norms do
+// at decode) instead of kTwo: twice the threads in flight where 128-256 rows give each SM one or two CTAs. In context
+// on those rows (bf16, widths 2560-8192, H200, 2026-11-28, both orders): rmsnorm 0.96x -> 1.04x, gemma_rmsnorm
+// 0.95x -> 1.03x over production. Below 128 tokens kTwo stays (kOne measured slower there). ~0u: never.
+#define ASTRA_ONE_TOKENS 128u
+#endif
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when the input fits in this
 #endif
@@ -463,7 +470,8 @@ cudaError_t run_w(T* out, const T* in, const T* w, int64_t tokens64, int64_t d, 
 
   RowPlan p;
   const bool clusters = info.major >= 9 && uint64_t(tokens) * 8u < (1ull << 31);
-  if (!row_plan(nv, clusters, p))  // rows too wide for one CTA's registers, no cluster
+  const uint32_t one_max = tokens >= uint32_t(ASTRA_ONE_TOKENS) && tokens <= 256u ? 1024u : ASTRA_ONE_MAX;
+  if (!row_plan(nv, clusters, p, one_max))  // rows too wide for one CTA's registers, no cluster
     return launch(gemma_rmsnorm_2pass_kernel<T, W>, dim3(tokens), dim3(1024), 1, stream, pdl, out, in, w, nv, fd, eps);
   if (p.cl > 1)
     return launch(gemma_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
