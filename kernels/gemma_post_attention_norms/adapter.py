@@ -27,8 +27,8 @@ Gemma-3's attention gets position_embeddings (local on sliding layers, else glob
 forward passes them (the Binder hands a fused op's expand the **kwargs as one dict).
 
 Across the layer boundary (on by default since the H200 validated it and the decode-step A/B measured it,
-RESULTS.md; ASTRA_GPAN_ACROSS_LAYERS=0 turns it off, read once when this module is imported, i.e. at patch time). A layer
-ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one starts with input_layernorm(h, residual)
+RESULTS.md; ASTRA_GPAN_ACROSS_LAYERS=0 turns it off, read once when this module is imported, i.e. at patch time). A
+layer ends with post_feedforward_layernorm(h) (gemma_rmsnorm) and the next one starts with input_layernorm(h, residual)
 (gemma_fused_add_rmsnorm, in place): the same pair, so layer i may return its raw MLP output and leave both norms to
 layer i+1, which runs this op's kernel with (layer i's post_feedforward weight and eps, its own input_layernorm weight
 and eps) in place of its input_layernorm. The hand-off:
@@ -79,15 +79,16 @@ LAYERNORM = "sglang.srt.layers.layernorm"
 NORM_FNS = ("gemma_rmsnorm", "gemma_fused_add_rmsnorm")  # what GemmaRMSNorm._forward_impl calls, in order
 
 # Across the layer boundary (module docstring): on unless ASTRA_GPAN_ACROSS_LAYERS is 0 / false / off / no when the
-# adapter is imported (patch time). On by default since 2026-11-28 (H200, SGLang 0.5.17): validate 84/84 with the hand-off,
-# and the decode step of Gemma-2-9B -0.67% / -0.81% and Gemma-3-12B -0.39% / -0.74% (batch 1 / 2) over the pair inside
-# the layer alone, greedy tokens identical (RESULTS.md).
+# adapter is imported (patch time). On by default since 2026-11-28 (H200, SGLang 0.5.17): validate 84/84 with the
+# hand-off, and the decode step of Gemma-2-9B -0.67% / -0.81% and Gemma-3-12B -0.39% / -0.74% (batch 1 / 2) over the
+# pair inside the layer alone, greedy tokens identical (RESULTS.md).
 ACROSS = os.environ.get("ASTRA_GPAN_ACROSS_LAYERS", "1").strip().lower() not in ("0", "false", "off", "no")
 # The model forwards whose decoder loop hands layer i's (hidden_states, residual) straight to layer i+1 and the last
 # layer's to the final norm (tests pin both loops): LAYERS kind -> (module, class)
 LOOPS = {"gemma2": ("sglang.srt.models.gemma2", "Gemma2Model"),
          "gemma3": ("sglang.srt.models.gemma3_causal", "Gemma3TextModel")}
-_MAX_FRAMES = 8  # frames between `_returns` and the loop: replacement (not_covered), two of torch's Module call
+_MAX_FRAMES = 8  # frames between `_returns` and the loop: replacement (not_covered), SGLang's REPLACE wrapper, torch's
+# Module call (two)
 # this process's hand-offs, for tests and validate's layer (the op's counters have fixed fields)
 ACROSS_COUNTS = {"deferred": 0, "fused": 0, "finished": 0}
 ACROSS_WHY: Dict[str, Optional[str]] = {"last": None}  # why the last layer that ran its own norm did not defer
@@ -313,7 +314,8 @@ def _call_codes(layer):
 def _loop_call(layer, kind: str, depth: int = 4):
     """(model, i) where `_returns`' caller (`depth` frames up: _loop_call <- _defer_problem <- _defer <- _returns) was
     reached from SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the
-    patch's replacement and torch's Module call (so the loop gets the return value unchanged); else why not."""
+    patch's frames (`_call_codes`) and torch's Module call (so the loop gets the return value unchanged); else why
+    not."""
     mod, cls_name = LOOPS[kind]
     cls = loaded_class(mod, cls_name)
     loop = getattr(cls.__dict__.get("forward"), "__code__", None) if cls is not None else None
