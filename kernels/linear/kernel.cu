@@ -42,6 +42,16 @@
 #define ASTRA_PDL 1  // 0: plain launch; 1: PDL, first weights loaded before the wait, trigger right after it
 #endif
 
+#ifndef ASTRA_SPLITK_MIN
+// dev (not shipped): 1-2-token calls with in_features >= this split K over a thread-block cluster of ASTRA_SPLITK
+// CTAs (sm_90), their partial sums added in rank order through distributed shared memory: for long rows on few output
+// rows (down_proj, 14336 -> 3584 / 4096), where N / 4 CTAs fill only 1.1-1.3 waves of the GPU. 0: never.
+#define ASTRA_SPLITK_MIN 0
+#endif
+#ifndef ASTRA_SPLITK
+#define ASTRA_SPLITK 2
+#endif
+
 namespace astra_lin {
 namespace {
 
@@ -162,6 +172,109 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ 
     for (int p = 0; p < kWarps; ++p) s += part[p][threadIdx.x];
     if (row0 + r < out_features) out[static_cast<int64_t>(t) * out_stride + row0 + r] = from_f<T>(s);
   }
+}
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// the float at the same shared-memory offset in CTA `rank` of this cluster
+__device__ __forceinline__ float ld_peer(const float* smem_ptr, uint32_t rank) {
+  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
+// Split-K vector path (dev, ASTRA_SPLITK_MIN): a cluster of KS CTAs owns rows [4g, 4g + 4); CTA rank q sweeps the
+// 4 KB strides q, q + KS, ... of each row (linear_kernel's loads and FMA chain otherwise), sums its warps in order,
+// and rank 0 adds the KS partial sums in rank order (deterministic) and stores. Hopper only (clusters).
+template <typename T, int NT, int KS>
+__global__ void __launch_bounds__(kThreads) linear_splitk_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                 T* __restrict__ out, int in_features,
+                                                                 int out_features, int out_stride) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  __shared__ float part[kWarps][kRows * NT];
+  __shared__ float red[kRows * NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = in_features >> 3;
+  const int q = static_cast<int>(cluster_rank());
+  const int row0 = (blockIdx.x / KS) * kRows;
+  const uint4* wv4 = reinterpret_cast<const uint4*>(w);
+  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
+  const uint4* wrow[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
+  float acc[kRows][NT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+  bool waited = !ASTRA_PDL;
+  for (int v0 = q * kThreads; v0 < nvec; v0 += KS * kThreads) {
+    const int v = v0 + threadIdx.x;
+    const bool live = v < nvec;
+    uint4 wv[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
+    if (!waited) {
+      pdl_wait();
+      pdl_trigger();
+      waited = true;
+    }
+    if (live) {
+      float b[kRows][8];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) unpack8<T>(wv[r], b[r]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float a[8];
+        unpack8<T>(__ldg(xv4 + static_cast<int64_t>(t) * nvec + v), a);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(a[j], b[r][j], acc[r][t]);
+      }
+    }
+  }
+  if (!waited) {  // a rank with no stride of its own (short rows)
+    pdl_wait();
+    pdl_trigger();
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float s = warp_sum(acc[r][t]);
+      if (lane == 0) part[warp][r * NT + t] = s;
+    }
+  __syncthreads();
+  if (threadIdx.x < kRows * NT) {
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < kWarps; ++p) s += part[p][threadIdx.x];
+    red[threadIdx.x] = s;
+  }
+  cluster_sync_arrive();  // every rank's red[] is written
+  cluster_sync_wait();
+  if (q == 0 && threadIdx.x < kRows * NT) {
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < KS; ++p) s += ld_peer(&red[threadIdx.x], p);
+    if (row0 + r < out_features) out[static_cast<int64_t>(t) * out_stride + row0 + r] = from_f<T>(s);
+  }
+  cluster_sync_arrive();  // rank 0 has read every peer's red[]: they may exit after this
+  cluster_sync_wait();
+#endif
 }
 
 // Scalar path (in_features % 8 != 0 or unaligned pointers): one warp per output row, every token, k strided by lane.
@@ -298,22 +411,43 @@ int device_major() {
 }
 
 template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
+cudaError_t launch_in(unsigned cluster, void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream,
+                      Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (ASTRA_PDL && device_major() >= 9) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = (ASTRA_PDL && device_major() >= 9) ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
+  return launch_in(1u, kernel, grid, threads, stream, args...);
 }
 
 template <typename T, int NT>
 cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int out_features, cudaStream_t stream) {
+  if constexpr (ASTRA_SPLITK_MIN > 0 && NT <= 2) {
+    if (in_features >= ASTRA_SPLITK_MIN && device_major() >= 9)
+      return launch_in(ASTRA_SPLITK, linear_splitk_kernel<T, NT, ASTRA_SPLITK>,
+                       dim3(((out_features + kRows - 1) / kRows) * ASTRA_SPLITK), kThreads, stream, x, w, out,
+                       in_features, out_features, out_features);
+  }
   const dim3 grid((out_features + kRows - 1) / kRows);
   return launch(linear_kernel<T, NT>, grid, kThreads, stream, x, w, out, in_features, out_features, out_features);
 }
