@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ 
   }
 }
 
+#if ASTRA_SPLITK_MIN > 0  // only built where the dev flag asks for it
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
@@ -276,6 +277,7 @@ __global__ void __launch_bounds__(kThreads) linear_splitk_kernel(const T* __rest
   cluster_sync_wait();
 #endif
 }
+#endif  // ASTRA_SPLITK_MIN > 0
 
 // Scalar path (in_features % 8 != 0 or unaligned pointers): one warp per output row, every token, k strided by lane.
 template <typename T>
@@ -442,12 +444,14 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_
 
 template <typename T, int NT>
 cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int out_features, cudaStream_t stream) {
-  if constexpr (ASTRA_SPLITK_MIN > 0 && NT <= 2) {
+#if ASTRA_SPLITK_MIN > 0
+  if constexpr (NT <= 2) {
     if (in_features >= ASTRA_SPLITK_MIN && device_major() >= 9)
       return launch_in(ASTRA_SPLITK, linear_splitk_kernel<T, NT, ASTRA_SPLITK>,
                        dim3(((out_features + kRows - 1) / kRows) * ASTRA_SPLITK), kThreads, stream, x, w, out,
                        in_features, out_features, out_features);
   }
+#endif
   const dim3 grid((out_features + kRows - 1) / kRows);
   return launch(linear_kernel<T, NT>, grid, kThreads, stream, x, w, out, in_features, out_features, out_features);
 }
