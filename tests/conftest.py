@@ -28,10 +28,17 @@ def _has_gpu() -> bool:
         return False
 
 
+# The fixtures that unpack a wheel: a test using one (directly or through another fixture) is a `wheels` test
+_WHEEL_FIXTURES = {"wheel_sources", "sglang_0_5_17_source", "flashinfer_0_6_15_source"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the markers added here count
 def pytest_collection_modifyitems(config, items):
     gpu = _has_gpu()
     nvcc = shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")
     for item in items:
+        if _WHEEL_FIXTURES & set(getattr(item, "fixturenames", ())) and "wheels" not in item.keywords:
+            item.add_marker(pytest.mark.wheels)
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
         if "nvcc" in item.keywords and not nvcc:

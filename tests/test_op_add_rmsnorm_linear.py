@@ -6,9 +6,10 @@ production's own error within the op's floors; the kernel's copy of the norms' r
 FlashInfer's order on every corpus and edge width (the block compiled with the host compiler, the GEMV CTA's layout
 emulated sweep by sweep: test_norm_reduction_order.py's primitives); the GEMV's sums pinned to linear's source; the
 harness on every edge shape; the installed baseline running SGLang's two calls out of place; the adapter's routing
-with stand-in SGLang modules (every decline before any work, the hand-off into qkv_proj, what the forward returns);
-the real SGLang 0.5.17 sources (the replaced body, the facts, the binder); the shipped kernel's sm_90a build
-(registers, no spills, the ABI symbol) and static checks.
+with stand-in SGLang modules running 0.5.17's own layer forward and norm CUDA path, compiled from the wheel (every
+decline before any work, the hand-off into qkv_proj, what the forward returns); the real SGLang 0.5.17 sources (the
+replaced body, the facts, the binder); the shipped kernel's sm_90a build (registers, no spills, the ABI symbol) and
+static checks.
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
@@ -29,9 +30,9 @@ torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part, shipped_kernel  # noqa: E402
 from cli_run import run_cli  # noqa: E402
+from sglang_source import _class, _method, _sglang_root, compile_method  # noqa: E402  (the real sources)
 from test_norm_reduction_order import (_butterfly, _chain, _compile_plans, _plan_source, _to_dtype,  # noqa: E402
                                        flashinfer_sum_sq, outputs)
-from test_op_gate_up_silu import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
 
 OP = "add_rmsnorm_linear"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -253,12 +254,13 @@ def test_the_gemv_sums_in_linear_s_order():
 
 # ------------------------------------------------------------------------------------------ the adapter's routing
 @pytest.fixture
-def sg(monkeypatch, sglang_unquant_standin):
-    """Stand-in sglang.srt.layers.layernorm (RMSNorm whose forward_cuda calls the module's fused_add_rmsnorm, as
-    0.5.17's), sglang.srt.layers.linear (QKVParallelLinear counting its own calls) and sglang.srt.models.llama
-    (LlamaDecoderLayer with 0.5.17's forward body); CPU tensors allowed."""
+def sg(monkeypatch, sglang_unquant_standin, sglang_0_5_17_source):
+    """Stand-in sglang.srt.layers.layernorm (RMSNorm running SGLang 0.5.17's forward_cuda, which calls the module's
+    fused_add_rmsnorm), sglang.srt.layers.linear (QKVParallelLinear counting its own calls) and sglang.srt.models.llama
+    (LlamaDecoderLayer running 0.5.17's forward); both methods compiled from the wheel; CPU tensors allowed."""
     monkeypatch.setattr(AD, "DEVICES", ("cuda", "cpu"))
     monkeypatch.delitem(sys.modules, "sglang.kernels.fused_op", raising=False)
+    root = Path(sglang_0_5_17_source) / "sglang"
     calls = {"norm": 0, "qkv": 0, "attn": 0, "post": 0, "mlp": 0}
 
     def fused_add_rmsnorm(x, r, w, eps):
@@ -285,12 +287,8 @@ def sg(monkeypatch, sglang_unquant_standin):
         def forward_native(self, x, residual=None):
             raise AssertionError("native")
 
-        def forward_cuda(self, x, residual=None):
-            assert residual is not None
-            ln.fused_add_rmsnorm(x, residual, self.weight.data, self.variance_epsilon)
-            return x, residual
-
     ln.RMSNorm = RMSNorm
+    RMSNorm.forward_cuda = compile_method(root, "srt/layers/layernorm.py", "RMSNorm", "forward_cuda", vars(ln))
     lin = types.ModuleType("sglang.srt.layers.linear")
 
     class QKVParallelLinear(torch.nn.Module):
@@ -320,19 +318,10 @@ def sg(monkeypatch, sglang_unquant_standin):
     llama = types.ModuleType("sglang.srt.models.llama")
 
     class LlamaDecoderLayer(torch.nn.Module):
-        def forward(self, positions, hidden_states, forward_batch, residual):  # 0.5.17's body
-            if residual is None:
-                residual = hidden_states
-                hidden_states = self.input_layernorm(hidden_states)
-            else:
-                hidden_states, residual = self.input_layernorm(hidden_states, residual)
-            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                           forward_batch=forward_batch)
-            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-            hidden_states = self.mlp(hidden_states)
-            return hidden_states, residual
+        pass
 
     llama.LlamaDecoderLayer = LlamaDecoderLayer
+    LlamaDecoderLayer.forward = compile_method(root, "srt/models/llama.py", "LlamaDecoderLayer", "forward", vars(llama))
     monkeypatch.setitem(sys.modules, llama.__name__, llama)
 
     def post(h, r):
@@ -550,12 +539,7 @@ def test_discovery_finds_the_layer_forward_and_the_binder_takes_its_real_signatu
     disc = discover_for_specs([SPEC], roots={"sglang": root})
     found = {(s.kind, s.module, s.local_name) for s in disc.for_op(OP)}
     assert ("definition", "sglang.srt.models.llama", "LlamaDecoderLayer.forward") in found
-    fn = _method(_class(root, "srt/models/llama.py", "LlamaDecoderLayer"), "forward")
-    stub = ast.FunctionDef(name="forward", args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
-                           type_params=[])
-    ns = {"torch": torch, "Optional": object, "ForwardBatch": object}
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), "llama.py", "exec"), ns)
-    b = Binder(ns["forward"], A, SPEC)
+    b = Binder(compile_method(root, "srt/models/llama.py", "LlamaDecoderLayer", "forward", {}), A, SPEC)
     assert b.ok and b.params == ("self", "positions", "hidden_states", "forward_batch", "residual")
 
 

@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
+from sglang_source import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
 
 OP = "gate_up_silu"
 SPEC = get_op(OP)
@@ -474,20 +475,6 @@ def test_layer_imports_without_sglang():
 
 
 # ------------------------------------------------------------------------------------------ real SGLang sources
-def _sglang_root(version, request) -> Path:
-    return (Path(request.getfixturevalue("sglang_0_5_17_source")) if version == "0.5.17"
-            else Path(request.getfixturevalue("wheel_sources")["sglang"])) / "sglang"
-
-
-def _class(root: Path, rel: str, name: str) -> ast.ClassDef:
-    tree = ast.parse((root / rel).read_text())
-    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
-
-
-def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
-    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
 def _body(fn: ast.FunctionDef):
     return [ast.unparse(n) for n in fn.body]
 

@@ -5,9 +5,10 @@ fused op's expand). On CPU: the spec (ABI, corpus, off by default, listed by `as
 reference of the whole sequence against a float32 emulation of production's two FlashInfer kernels (the first one's
 output rounded to the dtype); both of the kernel's reductions in FlashInfer's order (its row plan, compiled with the
 host compiler, emulated slot by slot: test_norm_reduction_order.py's emulation); the harness on every edge shape; the
-adapter's routing with stand-in SGLang modules (the method's own work done once, every decline before any work) and
-the patched forward through the real patch machinery; the real SGLang 0.5.17 sources (the replaced body, discovery,
-the binder); the shipped kernel's sm_90a build (no spills) and static checks.
+adapter's routing with stand-in SGLang modules running SGLang 0.5.17's own forwards and norm CUDA paths, compiled from
+the wheel (the method's own work done once, every decline before any work), and the patched forward through the real
+patch machinery; the real SGLang 0.5.17 sources (the replaced body, discovery, the binder); the shipped kernel's sm_90a
+build (no spills) and static checks.
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
@@ -28,9 +29,10 @@ torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
+from gemma_standins import gemma_norms  # noqa: E402
+from sglang_source import _class, _method, _sglang_root, compile_method  # noqa: E402  (the real sources)
 from test_norm_reduction_order import (_compile_plans, _plan_source, _to_dtype, _vec, astra_sum_sq,  # noqa: E402
                                        flashinfer_sum_sq, outputs)
-from test_op_gate_up_silu import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
 
 OP = "gemma_post_attention_norms"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -284,12 +286,13 @@ def _t_rms(x, w, eps):
 
 
 @pytest.fixture
-def sg(monkeypatch):
-    """Stand-in sglang.srt.layers.layernorm (GemmaRMSNorm as 0.5.17's: MultiPlatformOp dispatch fixed at construction,
-    _forward_impl calling the module's gemma_rmsnorm / gemma_fused_add_rmsnorm) and sglang.srt.models.gemma2
-    (Gemma2DecoderLayer with 0.5.17's forward body); CPU tensors allowed."""
+def sg(monkeypatch, sglang_0_5_17_source):
+    """Stand-in sglang.srt.layers.layernorm (gemma_standins' norms: MultiPlatformOp dispatch fixed at construction,
+    SGLang's forward_cuda calling the module's gemma_rmsnorm / gemma_fused_add_rmsnorm), sglang.srt.models.gemma2 and
+    gemma3_causal (decoder layers running SGLang 0.5.17's forward, compiled from the wheel); CPU tensors allowed."""
     monkeypatch.setattr(AD, "DEVICES", ("cuda", "cpu"))
     monkeypatch.delitem(sys.modules, "sglang.kernels.fused_op", raising=False)
+    root = Path(sglang_0_5_17_source) / "sglang"
     calls = []
 
     def gemma_rmsnorm(x, w, eps):
@@ -304,27 +307,7 @@ def sg(monkeypatch):
 
     ln = _mod(monkeypatch, "sglang.srt.layers.layernorm", gemma_rmsnorm=gemma_rmsnorm,
               gemma_fused_add_rmsnorm=gemma_fused_add_rmsnorm)
-
-    class GemmaRMSNorm(torch.nn.Module):
-        def __init__(self, h, eps=1e-6, dtype=torch.bfloat16):
-            super().__init__()
-            self.weight = torch.nn.Parameter((0.25 * torch.randn(h)).to(dtype), requires_grad=False)
-            self.variance_epsilon, self.is_torch_compile = eps, False
-            self._forward_method = self.forward_cuda
-
-        def forward(self, *a, **k):
-            return self._forward_method(*a, **k)
-
-        def forward_native(self, x, residual=None):
-            raise AssertionError("native")
-
-        def forward_cuda(self, x, residual=None):
-            if residual is not None:
-                ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.variance_epsilon)
-                return x, residual
-            return ln.gemma_rmsnorm(x, self.weight.data, self.variance_epsilon)
-
-    ln.GemmaRMSNorm = GemmaRMSNorm
+    GemmaRMSNorm, Gemma3RMSNorm = gemma_norms(root, ln)
     seen = {"input_ln": 0, "attn": 0, "mlp": 0, "post_ff": 0}
 
     class _Parts(torch.nn.Module):  # what both layers' stand-ins share (the real classes share nothing)
@@ -351,37 +334,9 @@ def sg(monkeypatch):
             seen["attn"] += 1
             return self.attn_out.clone() if self.attn_out is not None else hidden_states + 1
 
-        def forward(self, positions, hidden_states, forward_batch, residual):  # 0.5.17's body
-            if residual is None:
-                residual = hidden_states
-                hidden_states = self.input_layernorm(hidden_states)
-            else:
-                hidden_states, residual = self.input_layernorm(hidden_states, residual)
-            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                           forward_batch=forward_batch)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = self.post_feedforward_layernorm(hidden_states)
-            return hidden_states, residual
-
-    _mod(monkeypatch, "sglang.srt.models.gemma2", Gemma2DecoderLayer=Gemma2DecoderLayer)
-
-    class Gemma3RMSNorm(GemmaRMSNorm):  # 0.5.17's forward_cuda; eps in .eps
-        def __init__(self, h, eps=1e-6, dtype=torch.bfloat16):
-            super().__init__(h, eps, dtype)
-            self.eps = 2e-6
-            self._forward_method = self.forward_cuda
-
-        def forward_cuda(self, x, residual=None):
-            if residual is not None:
-                ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.eps)
-                return x, residual
-            if x.dim() == 2:
-                return ln.gemma_rmsnorm(x, self.weight.data, self.eps)
-            return self.forward_native(x)
-
-    ln.Gemma3RMSNorm = Gemma3RMSNorm
+    g2 = _mod(monkeypatch, "sglang.srt.models.gemma2", Gemma2DecoderLayer=Gemma2DecoderLayer)
+    Gemma2DecoderLayer.forward = compile_method(root, "srt/models/gemma2.py", "Gemma2DecoderLayer", "forward",
+                                                vars(g2))
 
     class Attn3:
         is_sliding = True
@@ -394,32 +349,14 @@ def sg(monkeypatch):
     class Gemma3DecoderLayer(_Parts):
         def __init__(self, h=64, dtype=torch.bfloat16):
             super().__init__()
-            self.post_attention_layernorm = Gemma3RMSNorm(h, dtype=dtype)
-            self.pre_feedforward_layernorm = Gemma3RMSNorm(h, dtype=dtype)
+            # not GemmaRMSNorm's default: the adapter reads Gemma3RMSNorm's .eps
+            self.post_attention_layernorm = Gemma3RMSNorm(h, eps=2e-6, dtype=dtype)
+            self.pre_feedforward_layernorm = Gemma3RMSNorm(h, eps=2e-6, dtype=dtype)
             self.self_attn = Attn3()
 
-        def forward(self, positions, hidden_states, position_embeddings_global, position_embeddings_local,
-                    forward_batch, residual=None, **kwargs):  # 0.5.17's body
-            if residual is None:
-                residual = hidden_states
-                hidden_states = self.input_layernorm(hidden_states)
-            else:
-                hidden_states, residual = self.input_layernorm(hidden_states, residual)
-            if self.self_attn.is_sliding:
-                position_embeddings = position_embeddings_local
-            else:
-                position_embeddings = position_embeddings_global
-            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                           position_embeddings=position_embeddings, forward_batch=forward_batch,
-                                           **kwargs)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = self.post_feedforward_layernorm(hidden_states)
-            outputs = (hidden_states, residual)
-            return outputs
-
-    _mod(monkeypatch, "sglang.srt.models.gemma3_causal", Gemma3DecoderLayer=Gemma3DecoderLayer)
+    g3 = _mod(monkeypatch, "sglang.srt.models.gemma3_causal", Gemma3DecoderLayer=Gemma3DecoderLayer)
+    Gemma3DecoderLayer.forward = compile_method(root, "srt/models/gemma3_causal.py", "Gemma3DecoderLayer", "forward",
+                                                vars(g3))
     return types.SimpleNamespace(ln=ln, Layer=Gemma2DecoderLayer, Norm=GemmaRMSNorm, Layer3=Gemma3DecoderLayer,
                                  Norm3=Gemma3RMSNorm, calls=calls, seen=seen)
 
@@ -546,13 +483,19 @@ def test_sequence_runs_sglang_s_own_functions_where_astra_patched_them(sg):
 
 
 # ------------------------------------------------------------------------------------------ the patched forward
-def test_the_patched_forward_runs_the_kernel_once_between_the_attention_and_the_mlp(tmp_path):
-    """Through the real patch machinery (stand-in SGLang modules, a CPU stand-in backend, a fresh interpreter): a
-    decode call runs input_layernorm and the attention, the op's kernel instead of the two norms, then the mlp; an fp32
-    call runs Gemma2DecoderLayer's own forward; Gemma3DecoderLayer's patched forward passes its **kwargs on."""
+def test_the_patched_forward_runs_the_kernel_once_between_the_attention_and_the_mlp(tmp_path, sglang_0_5_17_source):
+    """Through the real patch machinery (stand-in SGLang modules running SGLang 0.5.17's own forwards, a CPU stand-in
+    backend, a fresh interpreter): a decode call runs input_layernorm and the attention, the op's kernel instead of the
+    two norms, then the mlp; an fp32 call runs Gemma2DecoderLayer's own forward; Gemma3DecoderLayer's patched forward
+    passes its **kwargs on."""
     script = f'''
 import json, sys, types
+from pathlib import Path
 import torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from gemma_standins import gemma_norms
+from sglang_source import compile_method
+root = Path({str(Path(sglang_0_5_17_source) / "sglang")!r})
 for p in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.models"):
     sys.modules.setdefault(p, types.ModuleType(p))
 def module(name, **attrs):
@@ -573,93 +516,36 @@ def gemma_fused_add_rmsnorm(x, r, w, eps):
     r.copy_(s.to(r.dtype))
     x.copy_(_rms(s, w, eps))
 ln = module("sglang.srt.layers.layernorm", gemma_rmsnorm=gemma_rmsnorm, gemma_fused_add_rmsnorm=gemma_fused_add_rmsnorm)
-class GemmaRMSNorm(torch.nn.Module):
-    def __init__(self, h, dtype):
+GemmaRMSNorm, Gemma3RMSNorm = gemma_norms(root, ln)
+class _Layer(torch.nn.Module):
+    def __init__(self, norm, h, dtype):
         super().__init__()
-        self.weight = torch.nn.Parameter((0.25 * torch.randn(h)).to(dtype), requires_grad=False)
-        self.variance_epsilon, self.is_torch_compile = 1e-6, False
-        self._forward_method = self.forward_cuda
-    def forward(self, *a, **k):
-        return self._forward_method(*a, **k)
-    def forward_cuda(self, x, residual=None):
-        if residual is not None:
-            ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.variance_epsilon)
-            return x, residual
-        return ln.gemma_rmsnorm(x, self.weight.data, self.variance_epsilon)
-ln.GemmaRMSNorm = GemmaRMSNorm
-class Gemma2DecoderLayer(torch.nn.Module):
-    def __init__(self, h, dtype):
-        super().__init__()
-        self.post_attention_layernorm = GemmaRMSNorm(h, dtype)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(h, dtype)
+        self.post_attention_layernorm = norm(h, dtype=dtype)
+        self.pre_feedforward_layernorm = norm(h, dtype=dtype)
         self.input_layernorm = lambda x, r=None: (x, r) if r is not None else x
         self.post_feedforward_layernorm = lambda x: x
-    def self_attn(self, positions, hidden_states, forward_batch):
-        seen["attn"] += 1
-        return hidden_states * 1.5
     def mlp(self, x):
         seen["mlp"] += 1
         return x * 2
-    def forward(self, positions, hidden_states, forward_batch, residual):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states, forward_batch=forward_batch)
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        hidden_states = self.post_feedforward_layernorm(hidden_states)
-        return hidden_states, residual
-module("sglang.srt.models.gemma2", Gemma2DecoderLayer=Gemma2DecoderLayer)
-class Gemma3RMSNorm(GemmaRMSNorm):
+class Gemma2DecoderLayer(_Layer):
     def __init__(self, h, dtype):
-        super().__init__(h, dtype)
-        self.eps = 1e-6
-    def forward_cuda(self, x, residual=None):
-        if residual is not None:
-            ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.eps)
-            return x, residual
-        return ln.gemma_rmsnorm(x, self.weight.data, self.eps)
-ln.Gemma3RMSNorm = Gemma3RMSNorm
+        super().__init__(GemmaRMSNorm, h, dtype)
+    def self_attn(self, positions, hidden_states, forward_batch):
+        seen["attn"] += 1
+        return hidden_states * 1.5
 class Attn3:
     is_sliding = False
     def __call__(self, positions, hidden_states, position_embeddings, forward_batch, **kwargs):
         seen["attn"] += 1
         seen["kw"] = (position_embeddings, kwargs)
         return hidden_states * 1.5
-class Gemma3DecoderLayer(torch.nn.Module):
+class Gemma3DecoderLayer(_Layer):
     def __init__(self, h, dtype):
-        super().__init__()
-        self.post_attention_layernorm = Gemma3RMSNorm(h, dtype)
-        self.pre_feedforward_layernorm = Gemma3RMSNorm(h, dtype)
-        self.input_layernorm = lambda x, r=None: (x, r) if r is not None else x
-        self.post_feedforward_layernorm = lambda x: x
+        super().__init__(Gemma3RMSNorm, h, dtype)
         self.self_attn = Attn3()
-    def mlp(self, x):
-        seen["mlp"] += 1
-        return x * 2
-    def forward(self, positions, hidden_states, position_embeddings_global, position_embeddings_local, forward_batch,
-                residual=None, **kwargs):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        if self.self_attn.is_sliding:
-            position_embeddings = position_embeddings_local
-        else:
-            position_embeddings = position_embeddings_global
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                       position_embeddings=position_embeddings, forward_batch=forward_batch, **kwargs)
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        hidden_states = self.post_feedforward_layernorm(hidden_states)
-        outputs = (hidden_states, residual)
-        return outputs
-module("sglang.srt.models.gemma3_causal", Gemma3DecoderLayer=Gemma3DecoderLayer)
+for cls, rel in ((Gemma2DecoderLayer, "gemma2"), (Gemma3DecoderLayer, "gemma3_causal")):
+    m = module("sglang.srt.models." + rel, **{{cls.__name__: cls}})
+    cls.forward = compile_method(root, f"srt/models/{{rel}}.py", cls.__name__, "forward", vars(m))
 from astra_sglang.registry import get_op, op_part
 op_part("{OP}", "adapter").DEVICES = ("cuda", "cpu")
 spec = get_op("{OP}")
@@ -703,15 +589,6 @@ print(json.dumps({{"err": err, "scale": float(want_h.float().abs().max()), **tot
 
 
 # ------------------------------------------------------------------------------------------ real SGLang sources
-def _stub(fn: ast.FunctionDef):
-    """A function with `fn`'s own parameters (a method of a class in the real source) and no body."""
-    stub = ast.FunctionDef(name=fn.name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=None,
-                           type_params=[])
-    ns = {"torch": torch, "Optional": object}
-    exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), "<sglang>", "exec"), ns)
-    return ns[fn.name]
-
-
 _BODY = [
     "if residual is None:\n    residual = hidden_states\n    hidden_states = self.input_layernorm(hidden_states)\n"
     "else:\n    hidden_states, residual = self.input_layernorm(hidden_states, residual)",
@@ -784,7 +661,7 @@ def test_gemma3_s_replaced_forward_and_its_norm_s_cuda_path(version, request):
         "if x.dim() == 2:\n    return gemma_rmsnorm(x, self.weight.data, self.eps)",
         "return self.forward_native(x)"]
     assert "self.eps = eps" in ast.unparse(_method(norm, "__init__"))
-    b = Binder(_stub(fn), A, SPEC)
+    b = Binder(compile_method(root, "srt/models/gemma3_causal.py", "Gemma3DecoderLayer", "forward", {}), A, SPEC)
     assert b.ok and b.varkw == "kwargs"
 
 
@@ -797,7 +674,7 @@ def test_discovery_finds_the_forward_and_the_binder_takes_its_signature(version,
     found = {(s.kind, s.module, s.local_name) for s in discover_for_specs([SPEC], roots={"sglang": root}).for_op(OP)}
     assert ("definition", "sglang.srt.models.gemma2", "Gemma2DecoderLayer.forward") in found
     assert ("definition", "sglang.srt.models.gemma3_causal", "Gemma3DecoderLayer.forward") in found
-    assert Binder(_stub(_method(_class(root, "srt/models/gemma2.py", "Gemma2DecoderLayer"), "forward")), A, SPEC).ok
+    assert Binder(compile_method(root, "srt/models/gemma2.py", "Gemma2DecoderLayer", "forward", {}), A, SPEC).ok
 
 
 # ------------------------------------------------------------------------------------------ the shipped kernel

@@ -2,22 +2,22 @@
 the slot `expand` reads): layer i leaves its post_feedforward_layernorm to layer i+1, which runs the op's kernel in
 place of its input_layernorm. On CPU: the real SGLang 0.5.17 / 0.5.23 sources as the facts the hand-off relies on
 (both model loops hand layer i's result straight to layer i+1 and the last layer's to the final norm; the norm classes
-and eps; the stand-in loops below are those loops, statement for statement); stand-in Gemma-2 / Gemma-3 models patched
-through the real patch machinery, in this process, with a CPU backend computing the kernel's formula in a float32
-emulation of production's two FlashInfer kernels (test_norm_reduction_order's sum order): a patched stack gives bit
-for bit what SGLang's unpatched layers give; what defers and what must not (the last layer, a layer called from
-anywhere but the model's loop, EAGLE-3's captured layer, hooks, another successor, a disabled op, torch.compile, the
-switch off); a raw tensor reaching an unexpected patched layer; validate's two-layer stack (layer.py).
+and eps); stand-in Gemma-2 / Gemma-3 models running 0.5.17's own norm CUDA paths, layer forwards and loops (compiled
+from the wheel), patched through the real patch machinery, in this process, with a CPU backend computing the kernel's
+formula in a float32 emulation of production's two FlashInfer kernels (test_norm_reduction_order's sum order): a
+patched stack gives bit for bit what SGLang's unpatched layers give; what defers and what must not (the last layer, a
+layer called from anywhere but the model's loop, EAGLE-3's captured layer, hooks, another successor, a disabled op,
+torch.compile, the switch off); a raw tensor reaching an unexpected patched layer; validate's two-layer stack
+(layer.py).
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
 
 import ast
-import inspect
 import subprocess
 import sys
-import textwrap
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +25,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
+from gemma_standins import gemma_norms  # noqa: E402
+from sglang_source import _class, _method, _sglang_root, compile_method  # noqa: E402
 from test_norm_reduction_order import _to_dtype, _vec, flashinfer_sum_sq  # noqa: E402
-from test_op_gate_up_silu import _class, _method, _sglang_root  # noqa: E402
 
 OP = "gemma_post_attention_norms"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -82,47 +83,14 @@ LAUNCHES = []
 
 
 # ------------------------------------------------------------------------------------------ stand-in SGLang
-def _build(prod):
-    """Stand-in sglang.srt.layers.layernorm / models.gemma2 / models.gemma3_causal: 0.5.17's norm CUDA paths, layer
-    forwards and model loops (the loops checked against the real sources below); attention and mlp depend on the
-    layer."""
+def _build(prod, root):
+    """Stand-in sglang.srt.layers.layernorm / models.gemma2 / models.gemma3_causal running SGLang 0.5.17's own norm CUDA
+    paths, layer forwards and model loops (compiled from the wheel, root: its sglang package); attention, mlp and
+    rotary embeddings depend on the layer."""
     ln = types.ModuleType("sglang.srt.layers.layernorm")
     ln.gemma_rmsnorm = lambda x, w, eps: prod.gemma_rmsnorm(x, w, eps)
     ln.gemma_fused_add_rmsnorm = lambda x, r, w, eps: prod.gemma_fused_add_rmsnorm(x, r, w, eps)
-
-    class GemmaRMSNorm(torch.nn.Module):
-        def __init__(self, h, eps=1e-6, dtype=torch.bfloat16, gen=None):
-            super().__init__()
-            self.weight = torch.nn.Parameter((0.5 * torch.randn(h, generator=gen)).to(dtype), requires_grad=False)
-            self.variance_epsilon, self.is_torch_compile = eps, False
-            self._forward_method = self.forward_cuda
-
-        def forward(self, *a, **k):
-            return self._forward_method(*a, **k)
-
-        def forward_native(self, x, residual=None):
-            raise AssertionError("native")
-
-        def forward_cuda(self, x, residual=None):
-            if residual is not None:
-                ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.variance_epsilon)
-                return x, residual
-            return ln.gemma_rmsnorm(x, self.weight.data, self.variance_epsilon)
-
-    class Gemma3RMSNorm(GemmaRMSNorm):
-        def __init__(self, h, eps=1e-6, dtype=torch.bfloat16, gen=None):
-            super().__init__(h, eps, dtype, gen)
-            self.eps = eps
-
-        def forward_cuda(self, x, residual=None):
-            if residual is not None:
-                ln.gemma_fused_add_rmsnorm(x, residual, self.weight.data, self.eps)
-                return x, residual
-            if x.dim() == 2:
-                return ln.gemma_rmsnorm(x, self.weight.data, self.eps)
-            return self.forward_native(x)
-
-    ln.GemmaRMSNorm, ln.Gemma3RMSNorm = GemmaRMSNorm, Gemma3RMSNorm
+    GemmaRMSNorm, Gemma3RMSNorm = gemma_norms(root, ln)
     seen = []  # (layer id, a copy of what its attention got)
 
     class _Layer(torch.nn.Module):
@@ -148,50 +116,22 @@ def _build(prod):
         def self_attn(self, positions, hidden_states, forward_batch):
             return self.attend(hidden_states)
 
-        def forward(self, positions, hidden_states, forward_batch, residual):  # 0.5.17's body
-            if residual is None:
-                residual = hidden_states
-                hidden_states = self.input_layernorm(hidden_states)
-            else:
-                hidden_states, residual = self.input_layernorm(hidden_states, residual)
-            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                           forward_batch=forward_batch)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = self.post_feedforward_layernorm(hidden_states)
-            return hidden_states, residual
-
     class Gemma2Model(torch.nn.Module):
         def __init__(self, n, dtype=torch.bfloat16, seed=0):
             super().__init__()
             g = torch.Generator().manual_seed(seed)
-            self.config = types.SimpleNamespace(hidden_size=H)
+            self.config = types.SimpleNamespace(hidden_size=H, num_hidden_layers=n)
+            self.embed_tokens = None  # forward_split_prefill hands it to the logits processor; the tests pass embeds
             self.layers = torch.nn.ModuleList([Gemma2DecoderLayer(i, dtype, g) for i in range(n)])
             self.norm = GemmaRMSNorm(H, eps=0.2, dtype=dtype, gen=g)
-
-        def forward(self, input_ids, positions, forward_batch, input_embeds=None):  # 0.5.17's, embedding aside
-            hidden_states = input_embeds
-            normalizer = torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden_states.dtype)
-            hidden_states *= normalizer
-            residual = None
-            for i in range(len(self.layers)):
-                layer = self.layers[i]
-                hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
-            hidden_states, _ = self.norm(hidden_states, residual)
-            return hidden_states
 
     class Gemma2ForCausalLM(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
             self.model = model
 
-        def forward_split_prefill(self, positions, forward_batch, split_interval):  # 0.5.17's loop, norm aside
-            start, end = split_interval
-            for i in range(start, end):
-                layer = self.model.layers[i]
-                forward_batch.hidden_states, forward_batch.residual = layer(
-                    positions, forward_batch.hidden_states, forward_batch, forward_batch.residual)
+        def logits_processor(self, input_ids, hidden_states, embed_tokens, forward_batch):
+            return hidden_states
 
     class Attn3:
         def __init__(self, layer):
@@ -206,27 +146,6 @@ def _build(prod):
             super().__init__(layer_id, Gemma3RMSNorm, dtype, gen)
             self.self_attn = Attn3(self)
 
-        def forward(self, positions, hidden_states, position_embeddings_global, position_embeddings_local,
-                    forward_batch, residual=None, **kwargs):  # 0.5.17's body
-            if residual is None:
-                residual = hidden_states
-                hidden_states = self.input_layernorm(hidden_states)
-            else:
-                hidden_states, residual = self.input_layernorm(hidden_states, residual)
-            if self.self_attn.is_sliding:
-                position_embeddings = position_embeddings_local
-            else:
-                position_embeddings = position_embeddings_global
-            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states,
-                                           position_embeddings=position_embeddings, forward_batch=forward_batch,
-                                           **kwargs)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = self.post_feedforward_layernorm(hidden_states)
-            outputs = (hidden_states, residual)
-            return outputs
-
     class Gemma3TextModel(torch.nn.Module):
         def __init__(self, n, dtype=torch.bfloat16, seed=0, layers_to_capture=()):
             super().__init__()
@@ -235,49 +154,38 @@ def _build(prod):
             self.norm = Gemma3RMSNorm(H, eps=0.2, dtype=dtype, gen=g)
             self.layers_to_capture = list(layers_to_capture)
 
-        def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):  # 0.5.17's CUDA branch
-            hidden_states = input_embeds
-            aux_hidden_states = []
-            residual = None
-            num_layers = len(self.layers)
-            position_embeddings_global, position_embeddings_local = "global", "local"
-            for i, layer in enumerate(self.layers):
-                if i in self.layers_to_capture:
-                    aux_hidden_states.append(hidden_states)
-                hidden_states, residual = layer(
-                    positions=positions,
-                    position_embeddings_global=position_embeddings_global,
-                    position_embeddings_local=position_embeddings_local,
-                    hidden_states=hidden_states,
-                    forward_batch=forward_batch,
-                    residual=residual,
-                    **kwargs,
-                )
-            if num_layers in self.layers_to_capture:
-                aux_hidden_states.append(hidden_states)
-            hidden_states, _ = self.norm(hidden_states, residual)
-            if len(aux_hidden_states) == 0:
-                return hidden_states
-            return (hidden_states, aux_hidden_states)
+        def rotary_emb(self, hidden_states, positions):
+            return "global"
+
+        def rotary_emb_local(self, hidden_states, positions):
+            return "local"
 
     g2 = types.ModuleType("sglang.srt.models.gemma2")
-    g2.Gemma2DecoderLayer, g2.Gemma2Model, g2.Gemma2ForCausalLM = Gemma2DecoderLayer, Gemma2Model, Gemma2ForCausalLM
+    vars(g2).update(torch=torch, Gemma2DecoderLayer=Gemma2DecoderLayer, Gemma2Model=Gemma2Model,
+                    Gemma2ForCausalLM=Gemma2ForCausalLM)
     g3 = types.ModuleType("sglang.srt.models.gemma3_causal")
-    g3.Gemma3DecoderLayer, g3.Gemma3TextModel = Gemma3DecoderLayer, Gemma3TextModel
+    # a CUDA build's flags: Gemma3TextModel.forward takes its CUDA branch
+    vars(g3).update(Gemma3DecoderLayer=Gemma3DecoderLayer, Gemma3TextModel=Gemma3TextModel, _is_cpu=False,
+                    _is_cpu_amx_available=False)
+    for m, cls, name in ((g2, Gemma2DecoderLayer, "forward"), (g2, Gemma2Model, "forward"),
+                         (g2, Gemma2ForCausalLM, "forward_split_prefill"), (g3, Gemma3DecoderLayer, "forward"),
+                         (g3, Gemma3TextModel, "forward")):
+        rel = f"srt/models/{m.__name__.rsplit('.', 1)[1]}.py"
+        setattr(cls, name, compile_method(root, rel, cls.__name__, name, vars(m)))
     return types.SimpleNamespace(ln=ln, g2=g2, g3=g3, seen=seen, Norm=GemmaRMSNorm, Norm3=Gemma3RMSNorm,
                                  Layer=Gemma2DecoderLayer, Model=Gemma2Model, CausalLM=Gemma2ForCausalLM,
                                  Layer3=Gemma3DecoderLayer, Model3=Gemma3TextModel)
 
 
 @pytest.fixture
-def sg(monkeypatch, tmp_path):
+def sg(monkeypatch, tmp_path, sglang_0_5_17_source):
     """The stand-ins in sys.modules (CPU tensors allowed), and `patch()`: this op patched onto them through
     apply_astra_kernels with the CPU kernel (reverted after the test)."""
     from astra_sglang.patch import apply_astra_kernels, revert_astra_kernels
     from astra_sglang.patch.ops import TorchBackend
 
     prod = Prod()
-    env = _build(prod)
+    env = _build(prod, Path(sglang_0_5_17_source) / "sglang")
     for p in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.models"):
         if p not in sys.modules:
             monkeypatch.setitem(sys.modules, p, types.ModuleType(p))
@@ -348,7 +256,6 @@ def sglang_hooks(sg, monkeypatch, sglang_0_5_17_source):
     as a REPLACE hook, as in a server, and the class's forward is SGLang's functools.wraps wrapper around the
     replacement (one more frame between the loop and `_returns`; the 2026-11-28 GPU validate failed on it)."""
     import importlib.util
-    from pathlib import Path
 
     name = "sglang.srt.plugins.hook_registry"
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins", types.ModuleType("sglang.srt.plugins"))
@@ -425,12 +332,13 @@ def test_a_patched_gemma3_stack_with_kwargs_and_eagle3_capture(sg, capture):
     captures (layers_to_capture, the loop appends it before the call) gets a normalized tensor: its predecessor
     does not defer; the last layer's output (capture index num_layers) is normalized anyway."""
     model = sg.Model3(3, seed=4, layers_to_capture=capture)
+    positions = torch.arange(5)[None]  # [1, T], as the CUDA branch reshapes 1-D ones (with einops, not installed here)
 
     def run():
         sg.seen.clear()
         sg.prod.log.clear()
         with torch.no_grad():
-            out = model(None, None, None, input_embeds=_embeds(torch.bfloat16, 2), extra=7)
+            out = model(None, positions, None, input_embeds=_embeds(torch.bfloat16, 2), extra=7)
         return out, list(sg.seen)
 
     want, want_seen = run()
@@ -462,18 +370,18 @@ def test_a_layer_called_outside_the_model_s_loop_never_defers(sg):
     model = sg.Model(3, torch.bfloat16)
     h, r = _embeds(torch.bfloat16, 5), _embeds(torch.bfloat16, 6)
     want = model.layers[1](None, h.clone(), None, r.clone())
-    fb = types.SimpleNamespace(hidden_states=h.clone(), residual=None)
+    fb = types.SimpleNamespace(residual=None)
     lm = sg.CausalLM(model)
-    lm.forward_split_prefill(None, fb, (0, 2))
-    lm.forward_split_prefill(None, fb, (2, 3))
+    lm.forward_split_prefill(None, None, fb, (0, 2), input_embeds=h.clone())
+    lm.forward_split_prefill(None, None, fb, (2, 3))
     want_split = (fb.hidden_states, fb.residual)
     sg.patch()
     got = model.layers[1](None, h.clone(), None, r.clone())
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    fb = types.SimpleNamespace(hidden_states=h.clone(), residual=None)
-    lm.forward_split_prefill(None, fb, (0, 2))
+    fb = types.SimpleNamespace(residual=None)
+    lm.forward_split_prefill(None, None, fb, (0, 2), input_embeds=h.clone())
     assert AD._SLOT.pending is None
-    lm.forward_split_prefill(None, fb, (2, 3))
+    lm.forward_split_prefill(None, None, fb, (2, 3))
     assert torch.equal(fb.hidden_states, want_split[0]) and torch.equal(fb.residual, want_split[1])
     assert AD.ACROSS_COUNTS["deferred"] == 0 and len(LAUNCHES) == 4
 
@@ -745,10 +653,6 @@ def _loops(fn):
     return [n for n in ast.walk(fn) if isinstance(n, ast.For)]
 
 
-def _standin(cls, name="forward"):
-    return _method(ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0], name)
-
-
 @pytest.mark.wheels
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 def test_gemma2_s_loop_hands_each_layer_s_result_to_the_next_and_the_last_to_the_final_norm(version, request):
@@ -774,9 +678,6 @@ def test_gemma2_s_loop_hands_each_layer_s_result_to_the_next_and_the_last_to_the
     split = ast.unparse(_method(_class(root, "srt/models/gemma2.py", "Gemma2ForCausalLM"), "forward_split_prefill"))
     assert "layer = self.model.layers[i]" in split and "forward_batch.hidden_states, forward_batch.residual = layer(" \
         in split
-    # the stand-in model above runs this very loop and norm
-    mine = [ast.unparse(n) for n in _standin(_build(Prod()).Model).body]
-    assert mine[mine.index(_LOOP2) + 1] == body[i + 1] and mine[mine.index(_LOOP2) - 1] == "residual = None"
 
 
 @pytest.mark.wheels
@@ -799,7 +700,3 @@ def test_gemma3_s_loop_and_its_eagle3_capture(version, request):
     layer = ast.unparse(_method(_class(root, "srt/models/gemma3_causal.py", "Gemma3DecoderLayer"), "__init__"))
     for n in ("input_layernorm", "post_feedforward_layernorm"):
         assert f"self.{n} = Gemma3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)" in layer
-    # the stand-in model above runs this very loop and its tail
-    mine = [ast.unparse(n) for n in _standin(_build(Prod()).Model3).body]
-    j = mine.index(_LOOP3)
-    assert mine[j + 1:j + 3] == _AFTER3
