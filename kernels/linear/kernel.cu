@@ -49,7 +49,10 @@
 #define ASTRA_SPLITK_MIN 0
 #endif
 #ifndef ASTRA_SPLITK
-#define ASTRA_SPLITK 2
+#define ASTRA_SPLITK 2  // CTAs per cluster (1: no split, ASTRA_SPLITK_ROWS rows per CTA)
+#endif
+#ifndef ASTRA_SPLITK_ROWS
+#define ASTRA_SPLITK_ROWS 4  // output rows per CTA (cluster) on that path
 #endif
 
 namespace astra_lin {
@@ -194,53 +197,54 @@ __device__ __forceinline__ float ld_peer(const float* smem_ptr, uint32_t rank) {
 }
 #endif
 
-// Split-K vector path (dev, ASTRA_SPLITK_MIN): a cluster of KS CTAs owns rows [4g, 4g + 4); CTA rank q sweeps the
-// 4 KB strides q, q + KS, ... of each row (linear_kernel's loads and FMA chain otherwise), sums its warps in order,
-// and rank 0 adds the KS partial sums in rank order (deterministic) and stores. Hopper only (clusters).
-template <typename T, int NT, int KS>
+// Split-K vector path (dev, ASTRA_SPLITK_MIN): a cluster of KS CTAs owns rows [RS g, RS g + RS); CTA rank q sweeps
+// the 4 KB strides q, q + KS, ... of each row (linear_kernel's loads and FMA chain otherwise), sums its warps in
+// order, and rank 0 adds the KS partial sums in rank order (deterministic) and stores. KS = 1: no cluster, RS rows
+// per CTA (more, smaller CTAs than linear_kernel's 4 rows). Hopper only.
+template <typename T, int NT, int KS, int RS>
 __global__ void __launch_bounds__(kThreads) linear_splitk_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                  T* __restrict__ out, int in_features,
                                                                  int out_features, int out_stride) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  __shared__ float part[kWarps][kRows * NT];
-  __shared__ float red[kRows * NT];
+  __shared__ float part[kWarps][RS * NT];
+  __shared__ float red[RS * NT];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = in_features >> 3;
-  const int q = static_cast<int>(cluster_rank());
-  const int row0 = (blockIdx.x / KS) * kRows;
+  const int q = KS > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int row0 = (blockIdx.x / KS) * RS;
   const uint4* wv4 = reinterpret_cast<const uint4*>(w);
   const uint4* xv4 = reinterpret_cast<const uint4*>(x);
-  const uint4* wrow[kRows];
+  const uint4* wrow[RS];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < RS; ++r)
     wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
-  float acc[kRows][NT];
+  float acc[RS][NT];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < RS; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
   bool waited = !ASTRA_PDL;
   for (int v0 = q * kThreads; v0 < nvec; v0 += KS * kThreads) {
     const int v = v0 + threadIdx.x;
     const bool live = v < nvec;
-    uint4 wv[kRows];
+    uint4 wv[RS];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < RS; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
     if (!waited) {
       pdl_wait();
       pdl_trigger();
       waited = true;
     }
     if (live) {
-      float b[kRows][8];
+      float b[RS][8];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) unpack8<T>(wv[r], b[r]);
+      for (int r = 0; r < RS; ++r) unpack8<T>(wv[r], b[r]);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         float a[8];
         unpack8<T>(__ldg(xv4 + static_cast<int64_t>(t) * nvec + v), a);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < RS; ++r)
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(a[j], b[r][j], acc[r][t]);
       }
@@ -251,30 +255,36 @@ __global__ void __launch_bounds__(kThreads) linear_splitk_kernel(const T* __rest
     pdl_trigger();
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < RS; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float s = warp_sum(acc[r][t]);
       if (lane == 0) part[warp][r * NT + t] = s;
     }
   __syncthreads();
-  if (threadIdx.x < kRows * NT) {
+  if (threadIdx.x < RS * NT) {
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < kWarps; ++p) s += part[p][threadIdx.x];
     red[threadIdx.x] = s;
   }
-  cluster_sync_arrive();  // every rank's red[] is written
-  cluster_sync_wait();
-  if (q == 0 && threadIdx.x < kRows * NT) {
+  if constexpr (KS > 1) {  // every rank's red[] is written
+    cluster_sync_arrive();
+    cluster_sync_wait();
+  } else {
+    __syncthreads();
+  }
+  if (q == 0 && threadIdx.x < RS * NT) {
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < KS; ++p) s += ld_peer(&red[threadIdx.x], p);
     if (row0 + r < out_features) out[static_cast<int64_t>(t) * out_stride + row0 + r] = from_f<T>(s);
   }
-  cluster_sync_arrive();  // rank 0 has read every peer's red[]: they may exit after this
-  cluster_sync_wait();
+  if constexpr (KS > 1) {  // rank 0 has read every peer's red[]: they may exit after this
+    cluster_sync_arrive();
+    cluster_sync_wait();
+  }
 #endif
 }
 #endif  // ASTRA_SPLITK_MIN > 0
@@ -447,9 +457,9 @@ cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int ou
 #if ASTRA_SPLITK_MIN > 0
   if constexpr (NT <= 2) {
     if (in_features >= ASTRA_SPLITK_MIN && device_major() >= 9)
-      return launch_in(ASTRA_SPLITK, linear_splitk_kernel<T, NT, ASTRA_SPLITK>,
-                       dim3(((out_features + kRows - 1) / kRows) * ASTRA_SPLITK), kThreads, stream, x, w, out,
-                       in_features, out_features, out_features);
+      return launch_in(ASTRA_SPLITK, linear_splitk_kernel<T, NT, ASTRA_SPLITK, ASTRA_SPLITK_ROWS>,
+                       dim3(((out_features + ASTRA_SPLITK_ROWS - 1) / ASTRA_SPLITK_ROWS) * ASTRA_SPLITK), kThreads,
+                       stream, x, w, out, in_features, out_features, out_features);
   }
 #endif
   const dim3 grid((out_features + kRows - 1) / kRows);
