@@ -47,8 +47,8 @@ def test_spec_abi_symbols_and_what_it_replaces():
         'extern "C" cudaError_t astra_gemma_post_attention_norms(void* input, void* residual, const void* weight1, '
         "const void* weight2, int64_t num_tokens, int64_t hidden, double eps1, double eps2, int dtype, "
         "cudaStream_t stream)")
-    # no `fuses` (spec.py says why: half of each member's calls only)
-    assert SPEC.replaces == (TARGET, TARGET3) and SPEC.fuses == ()
+    # `fuses` both members: with the hand-off across layers it takes all of their calls but three a step (spec.py)
+    assert SPEC.replaces == (TARGET, TARGET3) and SPEC.fuses == ("gemma_rmsnorm", "gemma_fused_add_rmsnorm")
     assert SPEC.dtypes == ("fp16", "bf16") and "FUSED" in SPEC.summary
     v = SPEC.variant("flashinfer")
     assert v.launcher == "launch_flashinfer.cu.in" and v.flag_profile == "sgl_kernel_aot"

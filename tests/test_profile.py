@@ -738,3 +738,35 @@ def test_sglangs_router_gemm_is_moe_gate_where_the_eager_step_shows_its_shapes()
     llama = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json").read_text())
     d = analyze_capture(graph, Capture("decode", 1, 1, 2, "t.json"), llama, Table([]), eager)
     assert "moe_gate" not in {r["op"] for r in d["ops"]}
+
+
+def _config(name):
+    return json.loads((HERE.parent / "e2e" / "configs" / name / "config.json").read_text())
+
+
+def test_the_fused_mlp_and_gemma_norm_ops_have_dims_from_a_config():
+    """The profile's fused rows look their bench speedup up by the spec's model_dims (an empty hint otherwise finds
+    nothing: 'unmeasured'): gemma_post_attention_norms (tokens, hidden), the fused gate_up GEMVs (tokens, H, I / tp);
+    no dense-MLP dims for a MoE config."""
+    g2, llama, moe = _config("gemma2-9b"), _config("llama3-8b"), _config("qwen3-30b-a3b")
+    assert at.lookup_dims("gemma_post_attention_norms", "", g2, 2) == (2, 3584)
+    assert at.lookup_dims("gate_up_gelu_tanh", "", g2, 1) == (1, 3584, 14336)
+    assert at.lookup_dims("gate_up_silu", "", llama, 1, tp=2) == (1, 4096, 7168)
+    assert at.lookup_dims("gate_up_silu", "", moe, 1) is None
+
+
+def test_a_gemma_step_predicts_the_fused_norm_pair_from_its_kept_bench_record():
+    """Unpatched Gemma-2-9B kernels (SGLang's two Gemma norm kernels): the fused row of gemma_post_attention_norms
+    takes its speedup from the bench record kept under results/ at the config's (1, 3584) row, not 'unmeasured'."""
+    kernels = []
+    for i in range(4):
+        kernels.append(KernelEvent("void RMSNormKernel<8, __nv_bfloat16>(...)", ts=100.0 * i, dur=2.0))
+        kernels.append(KernelEvent("void FusedAddRMSNormKernel<8, __nv_bfloat16>(...)", ts=100.0 * i + 10, dur=2.0))
+        kernels.append(KernelEvent("nvjet_gemm", ts=100.0 * i + 20, dur=50.0))
+    exclusive_times(kernels)
+    table = SpeedupTable.from_dirs([HERE.parent / "results"])
+    c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), _config("gemma2-9b"), table)
+    rows = {f["op"]: f for f in c["fused"]}
+    f = rows["gemma_post_attention_norms"]
+    assert f["replaces"] == ["gemma_rmsnorm", "gemma_fused_add_rmsnorm"] and f["speedup"] and f["speedup"] > 1.0
+    assert f["speedup_label"] != "unmeasured" and f["saved_us"] > 0

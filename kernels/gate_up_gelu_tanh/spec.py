@@ -26,7 +26,7 @@ Every shape has I a multiple of 8 (SGLang's gelu_tanh_and_mul takes another kern
 """
 from __future__ import annotations
 
-from astra_sglang.kernels.gate_up_silu.spec import corpus, fused_mlp_spec, installed_variant
+from astra_sglang.kernels.gate_up_silu.spec import corpus, fused_mlp_spec, installed_variant, model_dims
 from astra_sglang.models import MORE_MODELS
 
 # (model, H, I, TP degrees): every model SGLang runs with GeluAndMul("tanh") in Gemma2MLP / Gemma3MLP
@@ -76,3 +76,5 @@ SPEC = fused_mlp_spec(
     replaces=("sglang.srt.models.gemma2:Gemma2MLP.forward", "sglang.srt.models.gemma3_causal:Gemma3MLP.forward"),
     kernel_symbols=(r"astra_gugt::",),
 )
+
+__all__ = ["SPEC", "model_dims"]  # model_dims: gate_up_silu's (the profile's speedup lookup)

@@ -26,7 +26,7 @@ multiple of 8 and kPairs 2 or 4, the kernel's partial last CTA never occurs; it 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from astra_sglang.families.activation import act_fn
 from astra_sglang.kernels.linear import spec as _linear_spec
@@ -54,6 +54,15 @@ def corpus(models: Sequence[Tuple[str, int, int, Tuple[int, ...]]]) -> Tuple[Sha
             for t in DECODE:
                 out.append(Shape((t, hidden, inter // tp), ("decode",), f"{model} tp{tp}"))
     return dedupe_shapes(out)
+
+
+def model_dims(cfg: Dict[str, Any], tokens: int, tp: int = 1) -> Optional[Tuple[int, ...]]:
+    """(tokens, H, I / tp) of a dense model's MLP from its config.json (the profile's speedup lookup); None for a MoE
+    config, whose expert MLPs are not this op's. gate_up_gelu_tanh's too."""
+    h, inter = int(cfg.get("hidden_size") or 0), int(cfg.get("intermediate_size") or 0)
+    if not h or not inter or cfg.get("num_experts") or cfg.get("n_routed_experts") or inter % max(tp, 1):
+        return None
+    return (tokens, h, inter // max(tp, 1))
 
 
 # (tokens, H, I); every I a multiple of 8 (the module docstring says why). gate_up_gelu_tanh's too

@@ -24,7 +24,7 @@ through the Binder's **kwargs dict for fused ops.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import abi as _abi
 from astra_sglang.families import rmsnorm
@@ -48,6 +48,13 @@ ABI = _abi((("input", "inout"), ("residual", "inout"), ("weight1", "in"), ("weig
            (("eps1", "f64"), ("eps2", "f64")))
 
 _fused_inputs = rmsnorm.make_inputs_for(True, 1.0)  # input, residual, weight (the family's distributions)
+
+
+def model_dims(cfg: Dict[str, Any], tokens: int, tp: int = 1) -> Optional[Tuple[int, ...]]:
+    """(tokens, hidden) of a model's step from its config.json (the profile's speedup lookup; the norms are not
+    sharded by TP)."""
+    h = int(cfg.get("hidden_size") or 0)
+    return (tokens, h) if h else None
 
 
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
@@ -126,7 +133,8 @@ SPEC = OpSpec(
               "sglang.srt.models.gemma3_causal:Gemma3DecoderLayer.forward"),
     # only ours: SGLang's two kernels are attributed to gemma_rmsnorm and gemma_fused_add_rmsnorm
     kernel_symbols=(r"astra_gpan::",),
-    # No `fuses`: the profile would swap ALL of gemma_rmsnorm's and gemma_fused_add_rmsnorm's kernel time for this op,
-    # but only half of each member's calls are these two (post_feedforward_layernorm is a gemma_rmsnorm and
-    # input_layernorm a gemma_fused_add_rmsnorm the op leaves alone): its prediction would be twice the real share.
+    # The profile swaps ALL of the members' kernel time for this op: with the hand-off across the layer boundary (on
+    # by default) the op takes 2L - 1 of a step's 2L + 1 gemma_rmsnorm and 2L gemma_fused_add_rmsnorm calls (layer 0's
+    # input_layernorm, the last layer's post_feedforward_layernorm and the final norm stay SGLang's)
+    fuses=("gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
 )
