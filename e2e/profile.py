@@ -46,14 +46,18 @@ def _fmt_dims(dims) -> str:
     return ", ".join(parts[:3])
 
 
+# HF model types whose SGLang module has another name (Gemma-3's text model lives in gemma3_causal.py)
+_MODEL_MODULES = {"gemma3_text": "gemma3_causal", "gemma3": "gemma3_causal"}
+
+
 def _site_of_model(target: str, model_type: str) -> bool:
     """Whether a replaced target can run in a model of `model_type`: a method of SGLang's model module
     sglang.srt.models.<m> runs in model type <m> only (HF's model_type names those modules: llama, qwen3,
-    qwen3_moe); anything else, or an unknown model type, may run anywhere."""
+    qwen3_moe; _MODEL_MODULES the others); anything else, or an unknown model type, may run anywhere."""
     module = target.split(":", 1)[0]
     if not model_type or not module.startswith("sglang.srt.models."):
         return True
-    return module.rsplit(".", 1)[1] == model_type
+    return module.rsplit(".", 1)[1] == _MODEL_MODULES.get(model_type, model_type)
 
 
 def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: str,

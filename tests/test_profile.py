@@ -755,9 +755,11 @@ def test_the_fused_mlp_and_gemma_norm_ops_have_dims_from_a_config():
     assert at.lookup_dims("gate_up_silu", "", moe, 1) is None
 
 
-def test_a_gemma_step_predicts_the_fused_norm_pair_from_its_kept_bench_record():
-    """Unpatched Gemma-2-9B kernels (SGLang's two Gemma norm kernels): the fused row of gemma_post_attention_norms
-    takes its speedup from the bench record kept under results/ at the config's (1, 3584) row, not 'unmeasured'."""
+@pytest.mark.parametrize("model", ["gemma2-9b", "gemma3-12b"])
+def test_a_gemma_step_predicts_the_fused_norm_pair_from_its_kept_bench_record(model):
+    """Unpatched Gemma kernels (SGLang's two Gemma norm kernels): the fused row of gemma_post_attention_norms takes its
+    speedup from the bench record kept under results/ at the config's (1, hidden) row, not 'unmeasured'; Gemma-3's
+    model_type (gemma3_text) is its site's module (gemma3_causal)."""
     kernels = []
     for i in range(4):
         kernels.append(KernelEvent("void RMSNormKernel<8, __nv_bfloat16>(...)", ts=100.0 * i, dur=2.0))
@@ -765,7 +767,7 @@ def test_a_gemma_step_predicts_the_fused_norm_pair_from_its_kept_bench_record():
         kernels.append(KernelEvent("nvjet_gemm", ts=100.0 * i + 20, dur=50.0))
     exclusive_times(kernels)
     table = SpeedupTable.from_dirs([HERE.parent / "results"])
-    c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), _config("gemma2-9b"), table)
+    c = analyze_capture(kernels, Capture("decode", 1, 1, 2, "t.json"), _config(model), table)
     rows = {f["op"]: f for f in c["fused"]}
     f = rows["gemma_post_attention_norms"]
     assert f["replaces"] == ["gemma_rmsnorm", "gemma_fused_add_rmsnorm"] and f["speedup"] and f["speedup"] > 1.0
