@@ -26,7 +26,8 @@ Every shape has I a multiple of 8 (SGLang's gelu_tanh_and_mul takes another kern
 """
 from __future__ import annotations
 
-from astra_sglang.kernels.gate_up_silu.spec import corpus, fused_mlp_spec, installed_variant, model_dims
+from astra_sglang.kernels.gate_up_silu.spec import corpus, fused_mlp_spec, installed_variant
+from astra_sglang.kernels.gate_up_silu.spec import model_dims as _mlp_dims
 from astra_sglang.models import MORE_MODELS
 
 # (model, H, I, TP degrees): every model SGLang runs with GeluAndMul("tanh") in Gemma2MLP / Gemma3MLP
@@ -41,6 +42,8 @@ _BODY = (r"^    def forward\(self, x: torch\.Tensor\) -> torch\.Tensor:\n"
          r"        x = self\.act_fn\(gate_up\)\n"
          r"        x, _ = self\.down_proj\(x\)\n"
          r"        return x$")
+
+model_dims = _mlp_dims  # the profile's speedup lookup: (tokens, H, I / tp), as gate_up_silu's
 
 SPEC = fused_mlp_spec(
     name="gate_up_gelu_tanh",
@@ -76,5 +79,3 @@ SPEC = fused_mlp_spec(
     replaces=("sglang.srt.models.gemma2:Gemma2MLP.forward", "sglang.srt.models.gemma3_causal:Gemma3MLP.forward"),
     kernel_symbols=(r"astra_gugt::",),
 )
-
-__all__ = ["SPEC", "model_dims"]  # model_dims: gate_up_silu's (the profile's speedup lookup)
