@@ -150,6 +150,7 @@ def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
         return f"{what} runs {getattr(method, '__name__', method)!s}, not forward_cuda"
     return None
 
+
 def loaded_class(module: str, name: str) -> Optional[type]:
     """The class `name` of an already imported SGLang module, or None (the module is not loaded, or has no such
     class): adapters that recognise SGLang's layers by class never import SGLang themselves."""

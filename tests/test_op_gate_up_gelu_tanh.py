@@ -26,8 +26,9 @@ torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
-from test_op_gate_up_silu import (_class, _Down, _GateUp, _lora_like, _method, _sglang_root, _sp_on,  # noqa: E402
-                                  assert_listed_complete, assert_on_by_default_and_binds)
+from sglang_source import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
+from test_op_gate_up_silu import (_Down, _GateUp, _lora_like, _sp_on, assert_listed_complete,  # noqa: E402
+                                  assert_on_by_default_and_binds)
 
 OP = "gate_up_gelu_tanh"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")

@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES as _LINEAR_MAX_IN_FEATURES
 from astra_sglang.kernels.linear.adapter import apply_path_problem, token_precheck
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class
 
 MAX_TOKENS = 2  # the FMA GEMV's range (kernels/linear: 1-2 tokens); 3+ tokens keep SGLang's forward
 # The GEMV loop is linear's, measured to beat cuBLAS in context only up to this row length (kernels/linear/RESULTS.md).
@@ -67,8 +67,8 @@ MLPS = (("llama", "sglang.srt.models.llama", "LlamaMLP"), ("qwen2", "sglang.srt.
 def _mlp_kind(mlp, mlps=MLPS) -> Optional[str]:
     """The kind of the first of `mlps` that mlp is an instance of (whose forward this is), or None."""
     for kind, mod, cls in mlps:
-        c = getattr(sys.modules.get(mod), cls, None)
-        if isinstance(c, type) and isinstance(mlp, c):
+        c = loaded_class(mod, cls)
+        if c is not None and isinstance(mlp, c):
             return kind
     return None
 

@@ -284,13 +284,10 @@ def _state():
 _CALL_CODES: Dict[str, Any] = {}
 
 
-def _call_codes(layer):
-    """The code objects between a decoder loop's `layer(...)` and `_returns`: torch's Module call, the patch's
-    replacement (and not_covered, which calls `returns` too), and the class's installed forward where it carries this
-    op: in a real SGLang the patch goes in through its plugin HookRegistry as a REPLACE, whose functools.wraps wrapper
-    is one more frame (`return hook(*args, **kwargs)`). Another plugin's BEFORE / AFTER / AROUND hook around it is then
-    the class's forward instead, and the REPLACE wrapper under it is not in the set: no hand-off past a hook that may
-    change the result."""
+def _call_codes():
+    """The code objects between a decoder loop's `layer(...)` and `_returns` in any process: torch's Module call and
+    the patch's replacement (and not_covered, which calls `returns` too). `_installed_forward_code` adds one per
+    layer class."""
     if not _CALL_CODES:
         import types
 
@@ -303,28 +300,33 @@ def _call_codes(layer):
         torch_calls = {getattr(getattr(torch.nn.Module, n, None), "__code__", None)
                        for n in ("_call_impl", "_wrapped_call_impl")}
         _CALL_CODES["codes"] = frozenset((own | torch_calls) - {None}) if len(own) == 2 else frozenset()
-    codes = _CALL_CODES["codes"]
+    return _CALL_CODES["codes"]
+
+
+def _installed_forward_code(layer):
+    """The code of the class's installed forward where it carries this op, else None: in a real SGLang the patch goes
+    in through its plugin HookRegistry as a REPLACE, whose functools.wraps wrapper is one more frame
+    (`return hook(*args, **kwargs)`). Another plugin's BEFORE / AFTER / AROUND hook around it is then the class's
+    forward instead, and the REPLACE wrapper under it is no allowed frame: no hand-off past a hook that may change the
+    result."""
     fwd = getattr(type(layer), "forward", None)
-    code = getattr(fwd, "__code__", None)
-    if codes and code is not None and getattr(fwd, "__astra_op__", None) == ADAPTER.op:
-        return codes | {code}
-    return codes
+    return getattr(fwd, "__code__", None) if getattr(fwd, "__astra_op__", None) == ADAPTER.op else None
 
 
 def _loop_call(layer, kind: str, depth: int = 4):
     """(model, i) where `_returns`' caller (`depth` frames up: _loop_call <- _defer_problem <- _defer <- _returns) was
     reached from SGLang's decoder loop of this layer kind, calling `layer` as layers[i], through nothing but the
-    patch's frames (`_call_codes`) and torch's Module call (so the loop gets the return value unchanged); else why
-    not."""
+    patch's frames (`_call_codes`, `_installed_forward_code`) and torch's Module call (so the loop gets the return
+    value unchanged); else why not."""
     mod, cls_name = LOOPS[kind]
     cls = loaded_class(mod, cls_name)
     loop = getattr(cls.__dict__.get("forward"), "__code__", None) if cls is not None else None
-    codes = _call_codes(layer)
+    codes, installed = _call_codes(), _installed_forward_code(layer)
     if loop is None or not codes:
         return f"no {cls_name}.forward loaded, or an unknown patch / torch Module call"
     f = sys._getframe(depth)
     for _ in range(_MAX_FRAMES):
-        if f is None or f.f_code not in codes:
+        if f is None or (f.f_code not in codes and f.f_code is not installed):
             break
         f = f.f_back
     if f is None or f.f_code is not loop:
@@ -348,10 +350,11 @@ def _successor_problem(layer, succ, kind: str, h, res) -> Optional[str]:
     return _declined({"self": succ, "hidden_states": h, "residual": res})
 
 
-def _defer_problem(layer, h, res) -> Optional[str]:
+def _defer_problem(layer, h, res, st) -> Optional[str]:
     """Leave `layer`'s post_feedforward_layernorm on `h` to the next layer (recorded in the slot), where this call's
     result is known to go straight into the patched forward of layer i+1 of the same model (the module docstring):
-    None; else why the layer runs its norm. A pure function of the structure and the tensors' metadata."""
+    None; else why the layer runs its norm. A pure function of the structure and the tensors' metadata; `st` is the
+    op's live OpState (`_state()`)."""
     import torch
 
     from astra_sglang.patch.ops import bypassing, is_tracing
@@ -365,7 +368,6 @@ def _defer_problem(layer, h, res) -> Optional[str]:
         return "the MLP output or the residual is not a tensor"
     if h.shape != res.shape or h.dtype != res.dtype or h.device != res.device or h.data_ptr() == res.data_ptr():
         return "the MLP output and the residual differ in shape, dtype or device, or alias"
-    st = _state()
     if st is None:
         return "the op is not live in this process (no patcher, or disabled)"
     kind, norm_cls, eps_attr = row[0], row[3], row[4]
@@ -409,11 +411,11 @@ def _defer_problem(layer, h, res) -> Optional[str]:
 def _defer(layer, h, res) -> bool:
     """True where `_defer_problem` found none (the norm is in the slot); else the reason is kept in ACROSS_WHY (for
     validate's message) and each new one in the counters' status (a GPU session's evidence of what stopped it)."""
-    why = _defer_problem(layer, h, res)
+    st = _state()
+    why = _defer_problem(layer, h, res, st)
     if why is None:
         return True
     ACROSS_WHY["last"] = why
-    st = _state()
     seen = st.counters.status.get(ADAPTER.op, {}).get("across_layers_not_deferred", []) if st is not None else None
     if seen is not None and why not in seen:
         st.counters.set_status(ADAPTER.op, across_layers_not_deferred=sorted([*seen, why]))
