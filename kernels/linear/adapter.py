@@ -16,6 +16,7 @@ Every other call goes to the method untouched, before any work. The output is al
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, Dict, Optional
 
@@ -30,8 +31,9 @@ MAX_TOKENS = 4
 FMA_MAX_TOKENS = 2
 MMA_MAX_OUT_FEATURES = 4096
 # The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context at 1-2 tokens (0.92-1.02x);
-# 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x)
-MAX_IN_FEATURES = 12288
+# 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x). ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a
+# decode-step A/B of a long-row kernel (`e2e --step --candidate linear=F.cu --arm-env B:ASTRA_LINEAR_MAX_IN_FEATURES=N`)
+MAX_IN_FEATURES = int(os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES") or 12288)
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
