@@ -163,7 +163,8 @@ def test_expand_takes_a_decode_projection_and_allocates_like_f_linear(unquant):
     ("fp16 / bf16", {}, (1, 4096), torch.float16, None),                       # x and weight disagree
     ("does not match", {}, (1, 1024), torch.bfloat16, None),
     ("multiple of 8", {"k": 1002}, (1, 1002), torch.bfloat16, None),
-    ("in_features", {"k": 14336}, (1, 14336), torch.bfloat16, None),          # Llama-3-8B's down_proj
+    ("in_features", {"k": 16384}, (1, 16384), torch.bfloat16, None),          # longer than any row measured
+    ("tensor-core", {"k": 14336, "n": 4096}, (4, 14336), torch.bfloat16, None),  # down_proj at 4 tokens
     ("outputs", {"n": 6144}, (4, 4096), torch.bfloat16, None),                 # qkv at 4 tokens: cuBLAS as fast
 ])
 def test_expand_leaves_other_calls_to_the_method(unquant, why, proj_kw, x_shape, x_dtype, bias):
@@ -192,6 +193,9 @@ def test_declined_shapes_are_validates_n_a_not_failures():
     assert "outputs" in A.kept_by_sglang((4, 4096, 6144))
     assert A.kept_by_sglang((4, 4096, 4096)) is None and A.kept_by_sglang((2, 4096, 28672)) is None
     assert "tokens" in A.kept_by_sglang((8, 4096, 4096))  # 8 tokens: the step at batch 8 did not gain
+    # the 14336-wide down_proj: its 1-2-token calls take the 2-row CTAs; 3-4 tokens were not measured on such rows
+    assert A.kept_by_sglang((1, 14336, 4096)) is None and A.kept_by_sglang((2, 14336, 3584)) is None
+    assert "tensor-core" in A.kept_by_sglang((4, 14336, 4096)) and "16384" in A.kept_by_sglang((1, 16384, 4096))
     taken = [s.dims for s in SPEC.corpus if ADAPTER_MOD.declined(*s.dims) is None]
     assert {t for t, _, _ in taken} == {1, 2, 4}
 

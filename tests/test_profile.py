@@ -617,7 +617,9 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert _is_projection_gemm([[MAX_TOKENS, h], [h, h]], cfg)      # o_proj at 8 tokens: the tensor-core path
     assert not _is_projection_gemm([[MAX_TOKENS, h], [h, 6144]], cfg)  # qkv at 8 tokens: cuBLAS's, as fast
     assert not _is_projection_gemm([[MAX_TOKENS + 1, h], [h, h]], cfg)  # more tokens: cuBLAS's
-    assert not _is_projection_gemm([[1, 14336], [14336, h]], cfg)   # wider than MAX_IN_FEATURES
+    assert _is_projection_gemm([[2, 14336], [14336, h]], cfg)       # Llama's down_proj: the 2-row CTAs
+    assert not _is_projection_gemm([[4, 14336], [14336, h]], cfg)   # at 4 tokens: longer than MMA_MAX_IN_FEATURES
+    assert not _is_projection_gemm([[1, 16384], [16384, h]], cfg)   # wider than MAX_IN_FEATURES
     assert not _is_projection_gemm([[1, h], [h, 6144], [6144]], cfg)  # a bias
     assert not _is_projection_gemm("garbage", cfg)
 

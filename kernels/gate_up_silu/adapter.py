@@ -15,7 +15,7 @@ all-reduce and its variants stay SGLang's. patch/adapters.py holds the machinery
   not under 0.5.23's sequence parallelism (its forward all-gathers the input there), and its apply ends in F.linear
   (linear's `apply_path_problem`: unquantized, no AMX / aiter / cutedsl / gemv);
 - x and the weight share one fp16 / bf16 dtype, the weight is [2I, H] for x [tokens, H], and the shape rule holds
-  (`declined`: H a multiple of 8 and at most linear's MAX_IN_FEATURES, I a multiple of 8);
+  (`declined`: H a multiple of 8 and at most MAX_IN_FEATURES, I a multiple of 8);
 - 0.5.23's own fusions are off: DualGemm (sm_100 dual GEMM) and DenseSiluAndMulQuant (sm_100 block-FP8).
 
 Tensor parallel is taken: gate_up_proj's forward at TP > 1 is the same local F.linear on [I/tp gate; I/tp up] rows
@@ -26,14 +26,14 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Optional
 
-from astra_sglang.kernels.linear.adapter import MAX_IN_FEATURES as _LINEAR_MAX_IN_FEATURES
 from astra_sglang.kernels.linear.adapter import apply_path_problem, token_precheck
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class
 
 MAX_TOKENS = 2  # the FMA GEMV's range (kernels/linear: 1-2 tokens); 3+ tokens keep SGLang's forward
-# The GEMV loop is linear's, measured to beat cuBLAS in context only up to this row length (kernels/linear/RESULTS.md).
-# Every model in the corpus has H <= 8192, so it never binds there; wider rows are unmeasured.
-MAX_IN_FEATURES = _LINEAR_MAX_IN_FEATURES
+# The GEMV loop is linear's 4-row CTA, measured to beat cuBLAS in context up to this row length (linear's 2-row CTAs
+# for longer rows are not in this kernel; kernels/linear/RESULTS.md). Every model in the corpus has H <= 8192, so it
+# never binds there; wider rows are unmeasured.
+MAX_IN_FEATURES = 12288
 # The widest intermediate measured to win at 2 tokens (Gemma-3-27B's 21504: 1.10x in context); Gemma-2-27B's 36864
 # was 0.984x there (H200, 2026-11-27, results/2026-11-27-h200/session7/ §8), so wider rows keep SGLang's at 2 tokens.
 MAX_INTER_AT_2_TOKENS = 21504

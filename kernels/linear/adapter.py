@@ -7,7 +7,8 @@ calls from its forward. It is replaced for the whole class, so `expand` takes a 
 plain cuBLAS F.linear of a decode-sized input:
 - x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows (checked first: prefill calls leave
   at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES; from 3 tokens only
-  out_features <= MMA_MAX_OUT_FEATURES and only on Hopper (`declined` says the shape rule);
+  in_features <= MMA_MAX_IN_FEATURES, out_features <= MMA_MAX_OUT_FEATURES and only on Hopper (`declined` says the
+  shape rule);
 - no bias (the kernel has no epilogue for one);
 - apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
   and 0.5.23's opt-in Hopper gemv).
@@ -30,10 +31,13 @@ from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 MAX_TOKENS = 4
 FMA_MAX_TOKENS = 2
 MMA_MAX_OUT_FEATURES = 4096
-# The down projections of 14336-wide MLPs (Llama-3-8B, Gemma-2-9B) tie cuBLAS in context at 1-2 tokens (0.92-1.02x);
-# 12288 (Qwen3-8B's down_proj) still wins (1.08-1.09x). ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a
-# decode-step A/B of a long-row kernel (`e2e --step --candidate linear=F.cu --arm-env B:ASTRA_LINEAR_MAX_IN_FEATURES=N`)
-MAX_IN_FEATURES = int(os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES") or 12288)
+# 1-2 tokens: rows up to 14336 inputs. The 14336-wide down_proj (Llama-3-8B, Gemma-2-9B) takes the kernel's 2-row CTAs
+# (ASTRA_LONG_ROWS in kernel.cu): 1.10-1.12x cuBLAS in context at 1 token and -3.9% / -4.9% of those models' decode step
+# (H200, 2026-11-28); longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B
+# (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
+MAX_IN_FEATURES = int(os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES") or 14336)
+# 3-4 tokens (the tensor-core path) only up to 12288 inputs: it was not measured on longer rows
+MMA_MAX_IN_FEATURES = 12288
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
@@ -92,7 +96,10 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
     if in_features % 8:
         return f"in_features {in_features} is not a multiple of 8"
     if in_features > MAX_IN_FEATURES:
-        return f"in_features {in_features} > {MAX_IN_FEATURES}: cuBLAS streams such long rows as fast"
+        return f"in_features {in_features} > {MAX_IN_FEATURES}: not measured on such long rows"
+    if tokens > FMA_MAX_TOKENS and in_features > MMA_MAX_IN_FEATURES:
+        return (f"{tokens} tokens x {in_features} inputs (> {MMA_MAX_IN_FEATURES}): the tensor-core path is not "
+                f"measured on such long rows")
     if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
                 f"tensor-core path")

@@ -42,17 +42,12 @@
 #define ASTRA_PDL 1  // 0: plain launch; 1: PDL, first weights loaded before the wait, trigger right after it
 #endif
 
-#ifndef ASTRA_SPLITK_MIN
-// dev (not shipped): 1-2-token calls with in_features >= this split K over a thread-block cluster of ASTRA_SPLITK
-// CTAs (sm_90), their partial sums added in rank order through distributed shared memory: for long rows on few output
-// rows (down_proj, 14336 -> 3584 / 4096), where N / 4 CTAs fill only 1.1-1.3 waves of the GPU. 0: never.
-#define ASTRA_SPLITK_MIN 0
-#endif
-#ifndef ASTRA_SPLITK
-#define ASTRA_SPLITK 2  // CTAs per cluster (1: no split, ASTRA_SPLITK_ROWS rows per CTA)
-#endif
-#ifndef ASTRA_SPLITK_ROWS
-#define ASTRA_SPLITK_ROWS 4  // output rows per CTA (cluster) on that path
+#ifndef ASTRA_LONG_ROWS
+// 1-2-token calls with more inputs than this (the 14336-wide down_proj) take 2 output rows per CTA, not kRows: N / 4
+// CTAs of such rows fill 1.1-1.3 waves of an H200 (896 CTAs for 3584 outputs against ~792 resident), N / 2 fill 2.3-2.6.
+// In context on 1-2 x 14336 -> 3584 / 4096 (H200, 2026-11-28, both orders): 0.95-1.04x -> 1.02-1.12x over cuBLAS;
+// splitting K over a 2- or 4-CTA cluster instead was slower (0.88-1.00x). ~0u: never.
+#define ASTRA_LONG_ROWS 12288
 #endif
 
 namespace astra_lin {
@@ -106,25 +101,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Vector path: CTA b owns rows [4b, 4b + 4) for NT tokens; thread i accumulates vectors i, i + 256, ... of each row.
-template <typename T, int NT>
+// Vector path: CTA b owns rows [Rb, Rb + R) for NT tokens (R = kRows, or 2 for long rows); thread i accumulates
+// vectors i, i + 256, ... of each row.
+template <typename T, int NT, int R = kRows>
 __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                           T* __restrict__ out, int in_features, int out_features,
                                                           int out_stride) {
-  __shared__ float part[kWarps][kRows * NT];
+  __shared__ float part[kWarps][R * NT];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = in_features >> 3;
-  const int row0 = blockIdx.x * kRows;
+  const int row0 = blockIdx.x * R;
   const uint4* wv4 = reinterpret_cast<const uint4*>(w);
   const uint4* xv4 = reinterpret_cast<const uint4*>(x);
-  const uint4* wrow[kRows];
+  const uint4* wrow[R];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)  // rows past the end read the last row again; their sums are not stored
+  for (int r = 0; r < R; ++r)  // rows past the end read the last row again; their sums are not stored
     wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
 
-  float acc[kRows][NT];
+  float acc[R][NT];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
 
@@ -133,24 +129,24 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ 
   for (int v0 = 0; v0 < nvec; v0 += kThreads) {
     const int v = v0 + threadIdx.x;
     const bool live = v < nvec;
-    uint4 wv[kRows];
+    uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < R; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
     if (!waited) {  // x comes from the previous kernel: wait only now, with the first weights in flight
       pdl_wait();
       pdl_trigger();
       waited = true;
     }
     if (live) {
-      float b[kRows][8];
+      float b[R][8];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) unpack8<T>(wv[r], b[r]);
+      for (int r = 0; r < R; ++r) unpack8<T>(wv[r], b[r]);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         float a[8];
         unpack8<T>(__ldg(xv4 + static_cast<int64_t>(t) * nvec + v), a);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(a[j], b[r][j], acc[r][t]);
       }
@@ -161,14 +157,14 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ 
     pdl_trigger();
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float s = warp_sum(acc[r][t]);
       if (lane == 0) part[warp][r * NT + t] = s;
     }
   __syncthreads();
-  if (threadIdx.x < kRows * NT) {
+  if (threadIdx.x < R * NT) {
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
     float s = 0.f;
 #pragma unroll
@@ -176,118 +172,6 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const T* __restrict__ 
     if (row0 + r < out_features) out[static_cast<int64_t>(t) * out_stride + row0 + r] = from_f<T>(s);
   }
 }
-
-#if ASTRA_SPLITK_MIN > 0  // only built where the dev flag asks for it
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// the float at the same shared-memory offset in CTA `rank` of this cluster
-__device__ __forceinline__ float ld_peer(const float* smem_ptr, uint32_t rank) {
-  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-#endif
-
-// Split-K vector path (dev, ASTRA_SPLITK_MIN): a cluster of KS CTAs owns rows [RS g, RS g + RS); CTA rank q sweeps
-// the 4 KB strides q, q + KS, ... of each row (linear_kernel's loads and FMA chain otherwise), sums its warps in
-// order, and rank 0 adds the KS partial sums in rank order (deterministic) and stores. KS = 1: no cluster, RS rows
-// per CTA (more, smaller CTAs than linear_kernel's 4 rows). Hopper only.
-template <typename T, int NT, int KS, int RS>
-__global__ void __launch_bounds__(kThreads) linear_splitk_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                 T* __restrict__ out, int in_features,
-                                                                 int out_features, int out_stride) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  __shared__ float part[kWarps][RS * NT];
-  __shared__ float red[RS * NT];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nvec = in_features >> 3;
-  const int q = KS > 1 ? static_cast<int>(cluster_rank()) : 0;
-  const int row0 = (blockIdx.x / KS) * RS;
-  const uint4* wv4 = reinterpret_cast<const uint4*>(w);
-  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
-  const uint4* wrow[RS];
-#pragma unroll
-  for (int r = 0; r < RS; ++r)
-    wrow[r] = wv4 + static_cast<int64_t>(min(row0 + r, out_features - 1)) * nvec;
-  float acc[RS][NT];
-#pragma unroll
-  for (int r = 0; r < RS; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-  bool waited = !ASTRA_PDL;
-  for (int v0 = q * kThreads; v0 < nvec; v0 += KS * kThreads) {
-    const int v = v0 + threadIdx.x;
-    const bool live = v < nvec;
-    uint4 wv[RS];
-#pragma unroll
-    for (int r = 0; r < RS; ++r) wv[r] = live ? load_stream(wrow[r] + v) : make_uint4(0, 0, 0, 0);
-    if (!waited) {
-      pdl_wait();
-      pdl_trigger();
-      waited = true;
-    }
-    if (live) {
-      float b[RS][8];
-#pragma unroll
-      for (int r = 0; r < RS; ++r) unpack8<T>(wv[r], b[r]);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float a[8];
-        unpack8<T>(__ldg(xv4 + static_cast<int64_t>(t) * nvec + v), a);
-#pragma unroll
-        for (int r = 0; r < RS; ++r)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(a[j], b[r][j], acc[r][t]);
-      }
-    }
-  }
-  if (!waited) {  // a rank with no stride of its own (short rows)
-    pdl_wait();
-    pdl_trigger();
-  }
-#pragma unroll
-  for (int r = 0; r < RS; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float s = warp_sum(acc[r][t]);
-      if (lane == 0) part[warp][r * NT + t] = s;
-    }
-  __syncthreads();
-  if (threadIdx.x < RS * NT) {
-    float s = 0.f;
-#pragma unroll
-    for (int p = 0; p < kWarps; ++p) s += part[p][threadIdx.x];
-    red[threadIdx.x] = s;
-  }
-  if constexpr (KS > 1) {  // every rank's red[] is written
-    cluster_sync_arrive();
-    cluster_sync_wait();
-  } else {
-    __syncthreads();
-  }
-  if (q == 0 && threadIdx.x < RS * NT) {
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-    float s = 0.f;
-#pragma unroll
-    for (int p = 0; p < KS; ++p) s += ld_peer(&red[threadIdx.x], p);
-    if (row0 + r < out_features) out[static_cast<int64_t>(t) * out_stride + row0 + r] = from_f<T>(s);
-  }
-  if constexpr (KS > 1) {  // rank 0 has read every peer's red[]: they may exit after this
-    cluster_sync_arrive();
-    cluster_sync_wait();
-  }
-#endif
-}
-#endif  // ASTRA_SPLITK_MIN > 0
 
 // Scalar path (in_features % 8 != 0 or unaligned pointers): one warp per output row, every token, k strided by lane.
 template <typename T>
@@ -423,45 +307,27 @@ int device_major() {
 }
 
 template <typename... KArgs, typename... Args>
-cudaError_t launch_in(unsigned cluster, void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream,
-                      Args... args) {
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (ASTRA_PDL && device_major() >= 9) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = (ASTRA_PDL && device_major() >= 9) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
-}
-
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
-  return launch_in(1u, kernel, grid, threads, stream, args...);
 }
 
 template <typename T, int NT>
 cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int out_features, cudaStream_t stream) {
-#if ASTRA_SPLITK_MIN > 0
-  if constexpr (NT <= 2) {
-    if (in_features >= ASTRA_SPLITK_MIN && device_major() >= 9)
-      return launch_in(ASTRA_SPLITK, linear_splitk_kernel<T, NT, ASTRA_SPLITK, ASTRA_SPLITK_ROWS>,
-                       dim3(((out_features + ASTRA_SPLITK_ROWS - 1) / ASTRA_SPLITK_ROWS) * ASTRA_SPLITK), kThreads,
-                       stream, x, w, out, in_features, out_features, out_features);
+  if constexpr (NT <= 2) {  // long rows: 2 rows per CTA, twice the CTAs (ASTRA_LONG_ROWS says why)
+    if (static_cast<unsigned>(in_features) > static_cast<unsigned>(ASTRA_LONG_ROWS))
+      return launch(linear_kernel<T, NT, 2>, dim3((out_features + 1) / 2), kThreads, stream, x, w, out, in_features,
+                    out_features, out_features);
   }
-#endif
   const dim3 grid((out_features + kRows - 1) / kRows);
   return launch(linear_kernel<T, NT>, grid, kThreads, stream, x, w, out, in_features, out_features, out_features);
 }
