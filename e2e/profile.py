@@ -147,7 +147,15 @@ def _is_projection_gemm(dims, cfg: dict) -> bool:
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if experts and _is_router_gemm(dims, int(cfg.get("hidden_size") or 0), experts):
         return False
-    return tokens > 0 and declined(tokens, k, n) is None and n != int(cfg.get("vocab_size") or 0)
+    return tokens > 0 and declined(tokens, k, n) is None and n not in _lm_head_widths(cfg)
+
+
+def _lm_head_widths(cfg: dict) -> set:
+    """N of the lm_head's GEMM on one rank: the vocabulary, padded to a multiple of 64 (SGLang's vocab padding) and
+    split over tensor-parallel ranks (Gemma-2-9B at TP 2: 128000 per rank)."""
+    vocab = int(cfg.get("vocab_size") or 0)
+    padded = -(-vocab // 64) * 64
+    return {vocab} | {padded // tp for tp in (1, 2, 4, 8, 16) if padded % tp == 0}
 
 
 def projection_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",

@@ -614,6 +614,7 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert _is_projection_gemm([[2, h], [6144, h]], cfg)            # aten::linear's [N, K]
     assert _is_projection_gemm([[1, 1, 12288], [12288, h]], cfg)    # down_proj, [batch, seq, K]
     assert not _is_projection_gemm([[1, h], [h, v]], cfg)           # the lm_head
+    assert not _is_projection_gemm([[1, h], [h, (v + 63) // 64 * 32]], cfg)  # the lm_head on one of 2 TP ranks
     assert _is_projection_gemm([[MAX_TOKENS, h], [h, h]], cfg)      # o_proj at 8 tokens: the tensor-core path
     assert not _is_projection_gemm([[MAX_TOKENS, h], [h, 6144]], cfg)  # qkv at 8 tokens: cuBLAS's, as fast
     assert not _is_projection_gemm([[MAX_TOKENS + 1, h], [h, h]], cfg)  # more tokens: cuBLAS's
