@@ -288,13 +288,13 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
                            speedup_source=", ".join(sorted(srcs)), saved_us=saved,
                            predicted_gain=saved / (total / steps) if total else 0.0)
                 saved_total += saved
+        elif o["covered"] and o["astra"]:  # nothing left to predict, with or without a record of its shapes
+            row["speedup_label"] = "patched (astra kernel ran)"
         elif o["covered"]:
             dims = lookup_dims(o["op"], hint, cfg, cap.tokens, tp)
             sp = speedups.lookup(o["op"], dims, dtype) if speedups else None
             if sp is None:
                 row["speedup_label"] = "unmeasured"
-            elif o["astra"]:
-                row["speedup_label"] = "patched (astra kernel ran)"
             else:
                 saved = us * (1.0 - 1.0 / sp.value)
                 row.update(speedup=sp.value, speedup_label=sp.label(), speedup_source=sp.source, saved_us=saved,

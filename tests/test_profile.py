@@ -357,6 +357,8 @@ def test_patched_capture_says_astra_ran_and_predicts_nothing(tmp_path):
     c = analyze_dir(d, SpeedupTable([]))["captures"][0]
     farn = next(r for r in c["ops"] if r["op"] == "fused_add_rmsnorm")
     assert farn["astra_kernel"] and farn["predicted_gain"] == 0.0
+    # with no bench record of its shapes too (linear's rows have no config shape): it ran, it is not "unmeasured"
+    assert farn["speedup_label"] == "patched (astra kernel ran)"
 
 
 def test_outputs_table_plot_and_shapes_corpus(tmp_path):
