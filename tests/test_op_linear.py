@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from astra_sglang.errors import AstraError  # noqa: E402
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import one_error, run_cli  # noqa: E402
 
@@ -330,3 +331,15 @@ print(c["calls"], c["fallbacks"])
     assert r.returncode == 0, r.stderr[-3000:]
     calls, fallbacks = map(int, r.stdout.split()[-2:])
     assert fallbacks == 1 and calls >= 1
+
+
+def test_the_in_features_bound_reads_its_dev_switch(monkeypatch):
+    """ASTRA_LINEAR_MAX_IN_FEATURES moves the bound for a step A/B (arm A keeps cuBLAS on down_proj); a value that is
+    not a number stops with a one-line error instead of a traceback from int()."""
+    monkeypatch.delenv("ASTRA_LINEAR_MAX_IN_FEATURES", raising=False)
+    assert ADAPTER_MOD._max_in_features() == 14336 == ADAPTER_MOD.MAX_IN_FEATURES
+    monkeypatch.setenv("ASTRA_LINEAR_MAX_IN_FEATURES", " 12288 ")
+    assert ADAPTER_MOD._max_in_features() == 12288
+    monkeypatch.setenv("ASTRA_LINEAR_MAX_IN_FEATURES", "12k")
+    with pytest.raises(AstraError, match="ASTRA_LINEAR_MAX_IN_FEATURES='12k'"):
+        ADAPTER_MOD._max_in_features()

@@ -21,7 +21,19 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
+from astra_sglang.errors import AstraError
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
+
+
+def _max_in_features(default: int = 14336) -> int:
+    """MAX_IN_FEATURES below, or ASTRA_LINEAR_MAX_IN_FEATURES where set (read once, at import: a worker's setting)."""
+    v = os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES", "").strip()
+    if not v:
+        return default
+    if not v.isdigit():
+        raise AstraError(f"ASTRA_LINEAR_MAX_IN_FEATURES={v!r}: expected a whole number of input features")
+    return int(v)
+
 
 # Decode sizes (H200, RESULTS.md): at 1-2 tokens the FMA path is 1.03-2.25x cuBLAS in context; 3-4 tokens take the
 # tensor-core path, 1.06-1.65x in context where out_features <= MMA_MAX_OUT_FEATURES (o_proj, down_proj, TP-sharded
@@ -35,7 +47,7 @@ MMA_MAX_OUT_FEATURES = 4096
 # (ASTRA_LONG_ROWS in kernel.cu): 1.10-1.12x cuBLAS in context at 1 token and -3.9% / -4.9% of those models' decode step
 # (H200, 2026-11-28); longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B
 # (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
-MAX_IN_FEATURES = int(os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES") or 14336)
+MAX_IN_FEATURES = _max_in_features()
 # 3-4 tokens (the tensor-core path) only up to 12288 inputs: it was not measured on longer rows
 MMA_MAX_IN_FEATURES = 12288
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
