@@ -49,7 +49,8 @@ def declined(tokens: int, in_features: int, out_features: int, act: str = "silu_
     if in_features % 8:
         return f"in_features {in_features} is not a multiple of 8 (the kernel's scalar path is for correctness only)"
     if in_features > MAX_IN_FEATURES:
-        return f"in_features {in_features} > {MAX_IN_FEATURES}: not measured (linear's GEMV ties cuBLAS there)"
+        return (f"in_features {in_features} > {MAX_IN_FEATURES}: not measured (this GEMV is linear's 4-row CTA, which "
+                f"tied cuBLAS on longer rows)")
     if out_features % 8:
         return (f"intermediate width {out_features} is not a multiple of 8: SGLang's {act} takes another "
                 f"kernel (sgl_kernel) there")
