@@ -13,7 +13,7 @@
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
 # in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
-# (e.g. "--consumer-width 28672": the model's next GEMM).
+# (e.g. "--consumer-width 28672": the model's next GEMM). The same, as a plot: $RES/OP_variants.png.
 set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
@@ -73,4 +73,35 @@ for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_b
         for n, rows in runs.items():
             x = [rows[k][p] / rows[k][c] for k in common]
             print(f"{n:<12}{math.exp(sum(map(math.log, x)) / len(x)):8.3f}x  ({min(x):.3f}x)")
+# the plot: production over each variant per row, in context where bench timed it (else chained)
+basis = [b for b in (("in context", "context_base_us", "context_cand_us"), ("chained", "prod_us", "cand_us"))
+         if any(r.get(b[2]) is not None for rows in runs.values() for r in rows.values())]
+if basis and keys:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit(0)
+    name, p, c = basis[0]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) * max(1, len(runs)) ** 0.5), 3.6))
+    w = 0.8 / len(runs)
+    base = list(dict.fromkeys(n[:-2] if n.endswith(".2") else n for n in runs))  # a variant and its .2: one colour
+    ys_all = []
+    for i, (n, rows) in enumerate(sorted(runs.items(), key=lambda kv: base.index(kv[0].removesuffix(".2")))):
+        ys = [rows[k][p] / rows[k][c] if rows.get(k) and ok(rows[k], p, c) else float("nan") for k in keys]
+        ys_all += [y for y in ys if y == y]
+        ax.bar([j + i * w for j in range(len(keys))], ys, w, label=n, color=f"C{base.index(n.removesuffix('.2'))}",
+               hatch="//" if n.endswith(".2") else None, edgecolor="white")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    if ys_all:
+        ax.set_ylim(min(0.9, min(ys_all) - 0.05), max(ys_all) + 0.05)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))], [f"{s} {d}" for s, d in keys], rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_ylabel(f"production / variant ({name})")
+    ax.set_title(f"{op}: compile-time variants (hatched: the reverse order)", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(4, len(runs)))
+    fig.tight_layout()
+    fig.savefig(f"{res}/{op}_variants.png", dpi=110)
+    print(f"plot: {res}/{op}_variants.png")
 PY
