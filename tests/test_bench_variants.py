@@ -40,6 +40,9 @@ def test_summary_gives_each_variant_s_geomean_and_minimum_over_shared_rows(tmp_p
     assert _summary(out, "chained", 2, 2) == [["a", "1.414x", "(1.000x)"], ["b", "1.414x", "(1.000x)"]]
     assert _summary(out, "in context", 2, 2) == [["a", "1.581x", "(1.250x)"], ["b", "1.000x", "(1.000x)"]]
     assert not list(tmp_path.glob("*.log"))  # nothing was benched
+    # the same as a plot (in context, where bench timed it; matplotlib is a dependency)
+    assert f"plot: {tmp_path}/rmsnorm_variants.png" in out.stdout
+    assert (tmp_path / "rmsnorm_variants.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_an_unknown_op_is_one_error_line(tmp_path):
