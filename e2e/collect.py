@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from astra_sglang.errors import AstraError
+from astra_sglang.figures import save_figure
 
 from .stats import METRICS, _pct, ab_parity, judged, noise_floor
 
@@ -143,7 +144,7 @@ def plot(rs: List[dict], path: Path, metric: str = "output_throughput") -> Optio
         ax.set_xlabel(f"{METRICS[metric][0]}, B vs A (%); grey dot: A/A")
         ax.set_title(w, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return str(path)
 

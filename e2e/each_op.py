@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from astra_sglang.figures import save_figure
+
 from .stats import _pct, ab_parity
 
 # (metric, request-level?): throughput has only the per-round paired interval; the latency metrics are read at the
@@ -106,6 +108,6 @@ def plot(rs: List[dict], path: Path) -> Optional[str]:
         ax.set_xlabel("output throughput, B vs A (%)")
         ax.set_title(w, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return str(path)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from astra_sglang.figures import save_figure
+
 from .attribution import Match, classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
 from .trace import KernelEvent, exclusive_times, load_trace
@@ -491,7 +493,7 @@ def plot(analysis: dict, path: str, stage: str = "decode", top_ops: int = 8) -> 
     axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title="hatched: astra covers")
     fig.suptitle(f"{analysis.get('meta', {}).get('model', '')} {stage} step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

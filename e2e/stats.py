@@ -17,6 +17,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from astra_sglang.figures import save_figure
+
 ARMS = ("A", "B")
 
 
@@ -634,6 +636,6 @@ def plot(summary: dict, path: str, metrics: Sequence[str] = ("output_throughput"
             ax.tick_params(labelsize=7)
             ax.set_xlim(-0.6, 1.6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path

@@ -26,6 +26,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from astra_sglang.figures import save_figure
+
 from .stats import first_divergence, noise_floor, resolved, t_interval, t_ppf
 
 METRICS = {"gpu_ms": "GPU decode step (ms)", "decode_ms": "host decode step (ms)", "prefill_ms": "prefill (ms)"}
@@ -417,7 +419,7 @@ def plot(summary: dict, path: str) -> Optional[str]:
     ax.set_ylabel("GPU decode step Δ (%)" if prim == "gpu_ms" else "decode step latency Δ (%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..figures import save_figure
 from .executor import Timing, geomean
 
 
@@ -155,6 +156,6 @@ def _plot(path: Path, records: List[Dict[str, Any]], timings: List[Dict[str, Any
             ax3.set_ylabel("% of copy ceiling")
             ax3.set_ylim(0, 110)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return str(path)

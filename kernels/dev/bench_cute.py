@@ -182,6 +182,8 @@ def plot(res, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from astra_sglang.figures import save_figure
+
     rows = res["rows"]
     x = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(max(8.0, 0.22 * len(rows) + 2), 4.2))
@@ -196,7 +198,7 @@ def plot(res, path: Path):
     ax.set_title(f"fused_add_rmsnorm, {res['device']}, L2-cold CUDA graphs, {res['date']}", fontsize=9)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

@@ -102,6 +102,10 @@ if basis and keys:
     ax.set_title(f"{op}: compile-time variants (hatched: the reverse order)", fontsize=9)
     ax.legend(fontsize=7, ncol=min(4, len(runs)))
     fig.tight_layout()
-    fig.savefig(f"{res}/{op}_variants.png", dpi=110)
+    try:
+        from astra_sglang.figures import save_figure
+    except ImportError:  # astra not importable here: a plain PNG
+        save_figure = lambda f, path: f.savefig(path, dpi=110)  # noqa: E731
+    save_figure(fig, f"{res}/{op}_variants.png")
     print(f"plot: {res}/{op}_variants.png")
 PY
