@@ -97,7 +97,7 @@ def apply_astra_kernels(
     from astra_sglang.registry import get_op
 
     from .adapters import adapter_mismatch, get_adapter
-    from .apply import Patcher, build_kernel
+    from .apply import Patcher, build_kernels
     from .counters import CounterFile, default_dir
     from .ops import DEFAULT_CHECK_ROWS, KernelBackend, OpState
 
@@ -128,15 +128,22 @@ def apply_astra_kernels(
     built: Dict[str, Path] = {}
     problems: Dict[str, str] = {}
     for op in names:
-        spec = get_op(op)
-        ad = get_adapter(op)
-        why = adapter_mismatch(spec, ad)
+        why = adapter_mismatch(get_op(op), get_adapter(op))
         if why:
             problems[op] = why
+    # every kernel this process still needs, built side by side
+    fresh = build_kernels([o for o in names if o not in problems and o not in backends and not libs.get(o)],
+                          candidates)
+    for op in names:
+        if op in problems:
             continue
+        spec = get_op(op)
         if op not in backends:
+            lib = libs.get(op) or fresh[op]
+            if isinstance(lib, AstraError):
+                problems[op] = str(lib)
+                continue
             try:
-                lib = libs.get(op) or build_kernel(op, candidates.get(op))
                 built[op] = Path(lib)
                 backends[op] = KernelBackend(spec, lib, str(candidates.get(op) or f"kernels/{op}/kernel.cu"))
             except AstraError as e:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -141,18 +140,19 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
     env[cfg.ENV_COUNTER_DIR] = str(cdir)
     env[cfg.ENV_SELF_CHECK] = self_check
     if ops:
-        from .apply import build_kernel
+        from .apply import build_kernels
         from . import STARTUP_DIR
 
-        libs = {}
-        for op in ops:
-            t0 = time.perf_counter()
-            libs[op] = build_kernel(op, candidates.get(op), arch)
-            _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {libs[op]} "
-                      f"({time.perf_counter() - t0:.1f}s)")
-            empty = not disc.for_op(op)
-            if empty:
-                _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
+        def built(op, lib, secs):
+            if not isinstance(lib, AstraError):
+                _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {lib} ({secs:.1f}s)")
+                if not disc.for_op(op):
+                    _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
+
+        libs = build_kernels(ops, candidates, arch, progress=built)
+        failed = [lib for lib in libs.values() if isinstance(lib, AstraError)]
+        if failed:
+            raise failed[0]
         cdir.mkdir(parents=True, exist_ok=True)
         plan = cdir / "plan.json"
         plan.write_text(disc.to_json())

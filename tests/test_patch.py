@@ -1016,3 +1016,34 @@ def test_layer_write_back_skips_an_output_that_is_its_destination():
     write_back(q, q.view(1, 2, 4))  # aliased: nothing to do, no error
     write_back(q, torch.ones(1, 2, 4))
     assert torch.equal(q, torch.ones(1, 8))
+
+
+def test_build_kernels_runs_the_builds_side_by_side_and_keeps_each_failure(monkeypatch):
+    """A patched server's start built its 19 kernels one after another (115 s on an H200 node, 2026-11-28): the builds
+    now overlap; a kernel that fails is that op's AstraError, and progress still comes in the order of the ops."""
+    import threading
+    import time
+
+    from astra_sglang.errors import AstraError
+    from astra_sglang.patch import apply
+
+    live, most, lock = [0], [0], threading.Lock()
+
+    def fake_build(op, candidate=None, arch=None):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        if op == "bad":
+            raise AstraError("bad.cu does not compile for sm_90: error: x")
+        return Path(f"/cache/{op}-{candidate or 'kernel'}.so")
+
+    monkeypatch.setattr(apply, "build_kernel", fake_build)
+    seen = []
+    out = apply.build_kernels(["a", "bad", "c", "d"], {"c": "cand.cu"}, progress=lambda op, lib, s: seen.append(op))
+    assert seen == ["a", "bad", "c", "d"] and out["a"] == Path("/cache/a-kernel.so")
+    assert out["c"] == Path("/cache/c-cand.cu.so") and isinstance(out["bad"], AstraError)
+    assert most[0] > 1 or (os.cpu_count() or 1) == 1
+    assert apply.build_kernels([]) == {}
