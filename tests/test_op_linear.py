@@ -333,13 +333,15 @@ print(c["calls"], c["fallbacks"])
     assert fallbacks == 1 and calls >= 1
 
 
-def test_the_in_features_bound_reads_its_dev_switch(monkeypatch):
-    """ASTRA_LINEAR_MAX_IN_FEATURES moves the bound for a step A/B (arm A keeps cuBLAS on down_proj); a value that is
-    not a number stops with a one-line error instead of a traceback from int()."""
-    monkeypatch.delenv("ASTRA_LINEAR_MAX_IN_FEATURES", raising=False)
-    assert ADAPTER_MOD._max_in_features() == 14336 == ADAPTER_MOD.MAX_IN_FEATURES
-    monkeypatch.setenv("ASTRA_LINEAR_MAX_IN_FEATURES", " 12288 ")
-    assert ADAPTER_MOD._max_in_features() == 12288
-    monkeypatch.setenv("ASTRA_LINEAR_MAX_IN_FEATURES", "12k")
-    with pytest.raises(AstraError, match="ASTRA_LINEAR_MAX_IN_FEATURES='12k'"):
-        ADAPTER_MOD._max_in_features()
+def test_the_in_features_bounds_read_their_dev_switches(monkeypatch):
+    """ASTRA_LINEAR_MAX_IN_FEATURES / ASTRA_LINEAR_MMA_MAX_IN_FEATURES move the bounds for a step A/B (arm A keeps
+    cuBLAS on down_proj); a value that is not a number stops with a one-line error instead of a traceback."""
+    for name, default in (("ASTRA_LINEAR_MAX_IN_FEATURES", 14336), ("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)):
+        monkeypatch.delenv(name, raising=False)
+        assert ADAPTER_MOD._env_bound(name, default) == default
+        monkeypatch.setenv(name, " 16384 ")
+        assert ADAPTER_MOD._env_bound(name, default) == 16384
+        monkeypatch.setenv(name, "12k")
+        with pytest.raises(AstraError, match=f"{name}='12k'"):
+            ADAPTER_MOD._env_bound(name, default)
+    assert (ADAPTER_MOD.MAX_IN_FEATURES, ADAPTER_MOD.MMA_MAX_IN_FEATURES) == (14336, 12288)

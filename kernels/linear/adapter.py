@@ -25,13 +25,13 @@ from astra_sglang.errors import AstraError
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 
-def _max_in_features(default: int = 14336) -> int:
-    """MAX_IN_FEATURES below, or ASTRA_LINEAR_MAX_IN_FEATURES where set (read once, at import: a worker's setting)."""
-    v = os.environ.get("ASTRA_LINEAR_MAX_IN_FEATURES", "").strip()
+def _env_bound(name: str, default: int) -> int:
+    """A shape bound below, or the environment's value where set (read once, at import: a worker's setting)."""
+    v = os.environ.get(name, "").strip()
     if not v:
         return default
     if not v.isdigit():
-        raise AstraError(f"ASTRA_LINEAR_MAX_IN_FEATURES={v!r}: expected a whole number of input features")
+        raise AstraError(f"{name}={v!r}: expected a whole number of input features")
     return int(v)
 
 
@@ -47,9 +47,10 @@ MMA_MAX_OUT_FEATURES = 4096
 # (ASTRA_LONG_ROWS in kernel.cu): 1.10-1.12x cuBLAS in context at 1 token and -3.9% / -4.9% of those models' decode step
 # (H200, 2026-11-28); longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B
 # (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
-MAX_IN_FEATURES = _max_in_features()
-# 3-4 tokens (the tensor-core path) only up to 12288 inputs: it was not measured on longer rows
-MMA_MAX_IN_FEATURES = 12288
+MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 14336)
+# 3-4 tokens (the tensor-core path) only up to 12288 inputs: not measured in a step on longer rows (in the bench,
+# 4 x 14336 -> 3584 read 1.09x and -> 4096 1.008x). ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev): a batch-4 step A/B
+MMA_MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
