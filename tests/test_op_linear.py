@@ -345,3 +345,18 @@ def test_the_in_features_bounds_read_their_dev_switches(monkeypatch):
         with pytest.raises(AstraError, match=f"{name}='12k'"):
             ADAPTER_MOD._env_bound(name, default)
     assert (ADAPTER_MOD.MAX_IN_FEATURES, ADAPTER_MOD.MMA_MAX_IN_FEATURES) == (14336, 12288)
+
+
+def test_the_rows_the_adapter_took_last_run_on_the_two_row_ctas():
+    """MAX_IN_FEATURES went 12288 -> 14336 because the kernel runs such rows on 2-row CTAs (1.10x in context; the
+    4-row CTAs tied cuBLAS there, 0.95x on 1 x 14336 -> 3584): every 1-2-token row above 12288 the adapter takes
+    must be above kernel.cu's ASTRA_LONG_ROWS."""
+    import re
+
+    from astra_sglang.registry import op_dir
+
+    src = (op_dir("linear") / "kernel.cu").read_text()
+    long_rows = int(re.search(r"#define ASTRA_LONG_ROWS (\d+)", src).group(1))
+    assert long_rows <= 12288 < ADAPTER_MOD.MAX_IN_FEATURES
+    assert "if (static_cast<unsigned>(in_features) > static_cast<unsigned>(ASTRA_LONG_ROWS))" in src
+    assert "linear_kernel<T, NT, 2>" in src
