@@ -40,6 +40,23 @@ def _candidates(items: Sequence[str]) -> Dict[str, Path]:
     return out
 
 
+_NO_SGLANG = ("sglang is not installed here: install it (`pip install --no-deps sglang` is enough to scan it) or pass "
+              "--sglang-src PATH")
+
+
+def _sglang_pkg(sglang_src: Optional[Path]) -> Optional[Path]:
+    """The sglang package under --sglang-src (None without one), or the error that there is none: checked before any
+    long work."""
+    if not sglang_src:
+        return None
+    src = Path(sglang_src)
+    pkg = src / "sglang" if (src / "sglang" / "__init__.py").exists() else (
+        src / "python" / "sglang" if (src / "python" / "sglang" / "__init__.py").exists() else src)
+    if not (pkg / "__init__.py").exists():
+        raise AstraError(f"--sglang-src {src}: no sglang package there (expected {src}/sglang/__init__.py)")
+    return pkg
+
+
 def _discovery(ops: List[str], sglang_src: Optional[Path]):
     from astra_sglang.registry import get_op
 
@@ -47,17 +64,12 @@ def _discovery(ops: List[str], sglang_src: Optional[Path]):
     from .discover import discover_for_specs
 
     specs = [get_op(o) for o in ops]
-    if sglang_src:
-        src = Path(sglang_src)
-        pkg = src / "sglang" if (src / "sglang" / "__init__.py").exists() else (
-            src / "python" / "sglang" if (src / "python" / "sglang" / "__init__.py").exists() else src)
-        if not (pkg / "__init__.py").exists():
-            raise AstraError(f"--sglang-src {src}: no sglang package there (expected {src}/sglang/__init__.py)")
+    pkg = _sglang_pkg(sglang_src)
+    if pkg is not None:
         return discover_for_specs(specs, roots={"sglang": pkg})
     disc = discovery_cached(specs)
     if disc is None:
-        raise AstraError("sglang is not installed here: install it (`pip install --no-deps sglang` is enough to "
-                         "scan it) or pass --sglang-src PATH")
+        raise AstraError(_NO_SGLANG)
     return disc
 
 
@@ -127,7 +139,7 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
         cdir = Path(tempfile.mkdtemp(prefix="astra-sglang-counters-"))
 
     disc = None
-    if ops:
+    if ops and dry_run:
         disc = _discovery(ops, sglang_src)
     if dry_run:
         _dry_run(ops, candidates, disc, self_check, cdir, python_exe, server_args, arch, as_json)
@@ -140,19 +152,32 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
     env[cfg.ENV_COUNTER_DIR] = str(cdir)
     env[cfg.ENV_SELF_CHECK] = self_check
     if ops:
-        from .apply import build_kernels
+        from concurrent.futures import ThreadPoolExecutor
+
         from . import STARTUP_DIR
+        from .apply import build_kernels
 
-        def built(op, lib, secs):
-            if not isinstance(lib, AstraError):
-                _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {lib} ({secs:.1f}s)")
-                if not disc.for_op(op):
-                    _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
+        _sglang_pkg(sglang_src)  # a wrong --sglang-src says so before the builds start
+        if not sglang_src:
+            from .discover import find_package_dir
 
-        libs = build_kernels(ops, candidates, arch, progress=built)
+            if find_package_dir("sglang") is None:
+                raise AstraError(_NO_SGLANG)
+        # nvcc runs in subprocesses, the scan of SGLang's sources in this one (~20-30 s cold): side by side
+        _progress(f"building {len(ops)} kernel(s) while scanning SGLang for their call sites")
+        times = {}
+        with ThreadPoolExecutor(1) as bg:
+            pending = bg.submit(build_kernels, ops, candidates, arch,
+                                lambda op, lib, secs: times.__setitem__(op, secs))
+            disc = _discovery(ops, sglang_src)
+            libs = pending.result()
         failed = [lib for lib in libs.values() if isinstance(lib, AstraError)]
         if failed:
             raise failed[0]
+        for op in ops:
+            _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {libs[op]} ({times[op]:.1f}s)")
+            if not disc.for_op(op):
+                _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
         cdir.mkdir(parents=True, exist_ok=True)
         plan = cdir / "plan.json"
         plan.write_text(disc.to_json())

@@ -1047,3 +1047,56 @@ def test_build_kernels_runs_the_builds_side_by_side_and_keeps_each_failure(monke
     assert out["c"] == Path("/cache/c-cand.cu.so") and isinstance(out["bad"], AstraError)
     assert most[0] > 1 or (os.cpu_count() or 1) == 1
     assert apply.build_kernels([]) == {}
+
+
+def test_patch_serve_builds_while_it_scans_sglang_and_checks_the_source_first(monkeypatch, capsys, tmp_path):
+    """`patch --serve` starts the kernel builds, then scans SGLang's sources for call sites in the meantime (both
+    ~20-30 s cold); a --sglang-src with no sglang in it is one error line before any build starts."""
+    import threading
+
+    from cli_run import one_error, run_cli
+
+    from astra_sglang.patch import apply, cli as patch_cli
+
+    building, scanning, order = threading.Event(), threading.Event(), []
+
+    def fake_builds(ops, candidates=None, arch=None, progress=None):
+        order.append("build")
+        building.set()
+        assert scanning.wait(10), "the scan did not run while the builds did"
+        out = {op: Path(f"/cache/{op}.so") for op in ops}
+        for op in ops:
+            progress(op, out[op], 1.5)
+        return out
+
+    class Disc:
+        def for_op(self, op):
+            return [] if op == "rmsnorm" else [object()]
+
+        def to_json(self):
+            return "{}"
+
+    def fake_discovery(ops, src):
+        order.append("scan")
+        scanning.set()
+        assert building.wait(10), "the builds did not run while the scan did"
+        return Disc()
+
+    monkeypatch.setattr(apply, "build_kernels", fake_builds)
+    monkeypatch.setattr(patch_cli, "_discovery", fake_discovery)
+    monkeypatch.setattr(patch_cli, "_run_forwarding_signals", lambda cmd, env: 0)
+    monkeypatch.setattr(patch_cli, "read_counters", lambda d: [], raising=False)
+    (tmp_path / "src" / "sglang").mkdir(parents=True)
+    (tmp_path / "src" / "sglang" / "__init__.py").write_text("")
+    code, _, err = run_cli(["patch", "--serve", "--ops", "silu_and_mul,rmsnorm", "--sglang-src", str(tmp_path / "src"),
+                            "--counter-dir", str(tmp_path / "cnt"), "--arch", "sm_90", "--python", "python-x",
+                            "--", "--port", "1"], capsys)
+    assert sorted(order) == ["build", "scan"]
+    assert "silu_and_mul: kernels/silu_and_mul/kernel.cu -> /cache/silu_and_mul.so (1.5s)" in err
+    assert "WARNING rmsnorm: no call site" in err and "WARNING silu_and_mul" not in err
+
+    order.clear()
+    code, _, err = run_cli(["patch", "--serve", "--ops", "silu_and_mul", "--sglang-src", str(tmp_path / "none"),
+                            "--arch", "sm_90", "--python", "python-x", "--", "--port", "1"], capsys)
+    assert code == 2 and order == []
+    one_error(err, "--sglang-src", "no sglang package there")
