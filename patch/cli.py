@@ -44,10 +44,14 @@ _NO_SGLANG = ("sglang is not installed here: install it (`pip install --no-deps 
               "--sglang-src PATH")
 
 
-def _sglang_pkg(sglang_src: Optional[Path]) -> Optional[Path]:
-    """The sglang package under --sglang-src (None without one), or the error that there is none: checked before any
-    long work."""
+def _sglang_source(sglang_src: Optional[Path]) -> Optional[Path]:
+    """The sglang package discovery scans: the one under --sglang-src, or None for the installed one; the error where
+    there is none (cheap: checked before any long work)."""
     if not sglang_src:
+        from .discover import find_package_dir
+
+        if find_package_dir("sglang") is None:
+            raise AstraError(_NO_SGLANG)
         return None
     src = Path(sglang_src)
     pkg = src / "sglang" if (src / "sglang" / "__init__.py").exists() else (
@@ -64,7 +68,7 @@ def _discovery(ops: List[str], sglang_src: Optional[Path]):
     from .discover import discover_for_specs
 
     specs = [get_op(o) for o in ops]
-    pkg = _sglang_pkg(sglang_src)
+    pkg = _sglang_source(sglang_src)
     if pkg is not None:
         return discover_for_specs(specs, roots={"sglang": pkg})
     disc = discovery_cached(specs)
@@ -157,25 +161,22 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
         from . import STARTUP_DIR
         from .apply import build_kernels
 
-        _sglang_pkg(sglang_src)  # a wrong --sglang-src says so before the builds start
-        if not sglang_src:
-            from .discover import find_package_dir
+        _sglang_source(sglang_src)  # no SGLang to scan says so before the builds start
 
-            if find_package_dir("sglang") is None:
-                raise AstraError(_NO_SGLANG)
+        def built(op, lib, secs):
+            if not isinstance(lib, AstraError):
+                _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {lib} ({secs:.1f}s)")
+
         # nvcc runs in subprocesses, the scan of SGLang's sources in this one (~20-30 s cold): side by side
         _progress(f"building {len(ops)} kernel(s) while scanning SGLang for their call sites")
-        times = {}
         with ThreadPoolExecutor(1) as bg:
-            pending = bg.submit(build_kernels, ops, candidates, arch,
-                                lambda op, lib, secs: times.__setitem__(op, secs))
+            pending = bg.submit(build_kernels, ops, candidates, arch, built)
             disc = _discovery(ops, sglang_src)
             libs = pending.result()
         failed = [lib for lib in libs.values() if isinstance(lib, AstraError)]
         if failed:
             raise failed[0]
         for op in ops:
-            _progress(f"{op}: {candidates.get(op) or f'kernels/{op}/kernel.cu'} -> {libs[op]} ({times[op]:.1f}s)")
             if not disc.for_op(op):
                 _progress(f"WARNING {op}: no call site in this SGLang; its counters will stay at 0")
         cdir.mkdir(parents=True, exist_ok=True)
