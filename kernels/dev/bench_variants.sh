@@ -54,9 +54,10 @@ def ok(r, p, c):  # both times measured and positive (bench leaves a hiccup's no
     return (r.get(p) or 0) > 0 and (r.get(c) or 0) > 0
 def cell(v, w):
     return f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 1) + "-"
-for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_base_us", "context_cand_us")):
-    if not any(r.get(c) is not None for rows in runs.values() for r in rows.values()):
-        continue
+# the bases bench timed: chained, and in context where it timed that
+measured = [b for b in (("chained", "prod_us", "cand_us"), ("in context", "context_base_us", "context_cand_us"))
+            if any(r.get(b[2]) is not None for rows in runs.values() for r in rows.values())]
+for basis, p, c in measured:
     print(f"# {basis}, µs per call (prod: the production kernel timed in the same run)")
     print(f"{'shape':<14}{'dtype':<6}" + "".join(f"{'prod':>9}{n[:9]:>10}{'x':>6}" for n in runs))
     for k in keys:
@@ -74,16 +75,14 @@ for basis, p, c in (("chained", "prod_us", "cand_us"), ("in context", "context_b
             x = [rows[k][p] / rows[k][c] for k in common]
             print(f"{n:<12}{math.exp(sum(map(math.log, x)) / len(x)):8.3f}x  ({min(x):.3f}x)")
 # the plot: production over each variant per row, in context where bench timed it (else chained)
-basis = [b for b in (("in context", "context_base_us", "context_cand_us"), ("chained", "prod_us", "cand_us"))
-         if any(r.get(b[2]) is not None for rows in runs.values() for r in rows.values())]
-if basis and keys:
+if measured and keys:
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit(0)
-    name, p, c = basis[0]
+    name, p, c = measured[-1]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) * max(1, len(runs)) ** 0.5), 3.6))
     w = 0.8 / len(runs)
     base = list(dict.fromkeys(n[:-2] if n.endswith(".2") else n for n in runs))  # a variant and its .2: one colour
