@@ -30,12 +30,19 @@
 #ifndef ASTRA_QKN_ORDER
 #define ASTRA_QKN_ORDER 1
 #endif
+#ifndef ASTRA_QKN_TRIG_FIRST
+#define ASTRA_QKN_TRIG_FIRST 0
+#endif
 
 namespace astra_qkn {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-constexpr int kThreads = 256;
+// dev: threads per block (a decode step's few rows spread over more SMs with fewer threads a block)
+#ifndef ASTRA_QKN_THREADS
+#define ASTRA_QKN_THREADS 256
+#endif
+constexpr int kThreads = ASTRA_QKN_THREADS;
 // Production's unit: the elements one of its threads sums in one chain (qknorm.cuh: head_dim <= 256 takes a warp per
 // row, head_dim / 32 elements a lane; 512 and 1024 take a CTA of head_dim / 8 threads, 8 elements each).
 template <int D> constexpr int kUnit = D <= 256 ? D / 32 : 8;
@@ -112,8 +119,13 @@ __global__ void __launch_bounds__(kThreads) qknorm_kernel(T* __restrict__ q, T* 
 #pragma unroll
   for (int i = 0; i < NV; ++i) w[i] = load<T, VEC>(wp + (i * LANES + lane) * VEC);
 
+#if ASTRA_QKN_TRIG_FIRST  // dev: release the dependents before the wait (they still wait for this grid's stores)
+  pdl_trigger();
+  pdl_wait();
+#else
   pdl_wait();
   pdl_trigger();
+#endif
 
   T* x = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(h) * D
               : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(h - hq) * D;
