@@ -229,8 +229,9 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "earlier --aa run of the same kind (step or server): its CI half-widths are the noise floor each Δ is "
               "judged against.")
 @click.option("--candidate", "candidate_items", multiple=True, metavar="OP=FILE.cu",
-              help="The patched arm serves OP with this kernel instead of kernels/OP/kernel.cu (repeatable): "
-                   "a candidate's serving A/B before it ships.")
+              help="The patched arm (B) serves OP with this kernel instead of kernels/OP/kernel.cu (repeatable): "
+                   "a candidate's serving A/B before it ships. With --step --base-ops, arm A keeps the shipped kernel "
+                   "(--base-ops all --ops all --candidate OP=F.cu: the candidate against it).")
 @click.option("--base-ops", default="none", show_default=True,
               help="--step: ops patched in arm A too (comma-separated or 'all'), so the Δ is what --ops adds on top "
               "of them (a fused op against the ops it replaces). No profile prediction then.")

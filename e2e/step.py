@@ -171,7 +171,8 @@ class Session:
             spec = {"name": name, "model_path": str(model_dir), "tokenizer_path": tokenizer, "ops": ops,
                     "counter_dir": str(out / f"counters-{arm}"), "server_args": server_args(port_base + i),
                     "max_bs": max_bs, "self_check": self_check, "gpu_pad_us": gpu_pad_us, "tp": tp,
-                    "candidates": {o: str(p) for o, p in (candidates or {}).items()} if ops != "none" else {}}
+                    # arm B's alone: with --base-ops arm A is patched too, and serves the shipped kernels
+                    "candidates": {o: str(p) for o, p in (candidates or {}).items()} if arm == "B" else {}}
             _say(f"{name} (ops {ops if isinstance(ops, str) else ','.join(ops)}): starting worker")
             self.workers[name] = WorkerProc(name, spec, python, module, out / f"worker-{name}.log",
                                             {**env, **env_of_arm(arm_env, arm)}, cwd)
@@ -294,10 +295,11 @@ def env_of_arm(arm_env: Optional[Dict[str, Dict[str, str]]], arm: str) -> Dict[s
 
 
 def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none",
-             arm_env: Optional[Dict[str, Dict[str, str]]] = None) -> Dict[str, object]:
+             arm_env: Optional[Dict[str, Dict[str, str]]] = None, candidates: bool = False) -> Dict[str, object]:
     """Arm -> its ops. A (and A2) run `base_ops` (default: unpatched), B runs `ops`: with a base, the Δ is what
     `ops` adds on top of it (one fused op against the ops it replaces, both patched in one run). With `arm_env`
-    giving A and B different environments, the ops may be the same (the Δ is the switch's)."""
+    giving A and B different environments, or with `candidates` (arm B's alone), the ops may be the same (the Δ is
+    the switch's, or the candidate's against the shipped kernel)."""
     patched, base = _op_list(ops), _op_list(base_ops or "none")
     if aa:
         return {"A": base, "A2": base}
@@ -306,7 +308,7 @@ def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none",
                          + (" (and no op reads an --arm-env switch in an unpatched arm)" if arm_env else ""))
     same_ops = base == patched or (not isinstance(base, str) and not isinstance(patched, str)
                                    and set(base) == set(patched))
-    if base != "none" and same_ops and env_of_arm(arm_env, "A") == env_of_arm(arm_env, "B"):
+    if base != "none" and same_ops and not candidates and env_of_arm(arm_env, "A") == env_of_arm(arm_env, "B"):
         raise AstraError("--base-ops equals --ops: the arms would be the same")
     return {"A": base, "A2": base, "B": patched} if calibrate else {"A": base, "B": patched}
 
@@ -356,7 +358,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         raise AstraError(f"--skip-steps {skip_steps} leaves no decode step of --output-len {output_len}")
     if tp < 1:
         raise AstraError("--tp must be >= 1")
-    arms = arms_for(ops, aa, calibrate, base_ops, arm_env)
+    arms = arms_for(ops, aa, calibrate, base_ops, arm_env, bool(candidates))
     floors = load_floors(aa_floor)
     src = resolve_model_path(model_path)
     out = Path(out).resolve()
@@ -380,7 +382,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
             "arms": ", ".join(f"{a}: ops {o if isinstance(o, str) else ','.join(o)}" for a, o in arms.items()),
             **({"arm environment": arm_env_text} if arm_env_text else {}),
             "processes per arm": procs, "tensor parallel": tp,
-            "candidates (patched arms)": ", ".join(f"{o}={p}" for o, p in (candidates or {}).items()) or "none", "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
+            "candidates (arm B)": ", ".join(f"{o}={p}" for o, p in (candidates or {}).items()) or "none", "waves": " | ".join(",".join(map(str, w)) for w in wave_list),
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
             "rounds": rounds, "warm-up rounds (dropped)": warmup_rounds, "steps dropped per run": skip_steps,
             "spin pad before each timed replay (µs)": gpu_pad_us, "server args (first process)": " ".join(sargs(0)),

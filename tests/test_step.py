@@ -238,6 +238,8 @@ def test_arms_sizes_kv_and_server_args():
         arms_for("all", False, False, "all", {"A": {"K": "1"}, "B": {"K": "1"}})
     with pytest.raises(AstraError, match="--ops none"):
         arms_for("none", False, False, "none", env)
+    # a candidate (arm B's alone) makes the same ops two arms
+    assert arms_for("all", False, False, "all", None, True) == {"A": "all", "B": "all"}
     for bad in ("C:K=1", "B:K", "K=1", "B:=1"):
         with pytest.raises(AstraError, match="--arm-env"):
             parse_arm_env([bad])
@@ -477,6 +479,20 @@ def test_step_candidate_reaches_the_patched_arms_only(tmp_path):
     assert specs["B-p1"]["candidates"] == {"fused_add_rmsnorm": str(cand.resolve())}
     assert specs["A-p1"]["candidates"] == {}
     assert "fused_add_rmsnorm=" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_step_candidate_against_the_shipped_kernel_in_a_patched_arm_a(tmp_path):
+    # --base-ops equal to --ops: arm A serves the shipped kernel, arm B the candidate (the Δ is the candidate's)
+    cand = tmp_path / "long_rows.cu"
+    cand.write_text("// a candidate\n")
+    log = tmp_path / "specs.jsonl"
+    r = _step(tmp_path, "--ops", "fused_add_rmsnorm", "--base-ops", "fused_add_rmsnorm", "--procs", "1",
+              "--no-profile", "--candidate", f"fused_add_rmsnorm={cand}", env={"FAKE_SPEC_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    specs = {s["name"]: s for s in map(json.loads, log.read_text().splitlines())}
+    assert specs["A-p1"]["ops"] == specs["B-p1"]["ops"]
+    assert specs["A-p1"]["candidates"] == {}
+    assert specs["B-p1"]["candidates"] == {"fused_add_rmsnorm": str(cand.resolve())}
 
 
 @pytest.mark.parametrize("item,msg", [("nope=x.cu", "unknown op"), ("fused_add_rmsnorm=/no/such.cu", "no such file"),
