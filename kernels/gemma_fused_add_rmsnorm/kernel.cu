@@ -50,6 +50,12 @@
 // was measured with.
 #define ASTRA_ONE_MAX 1024u
 #endif
+#ifndef ASTRA_LATE_TOKENS
+// With ASTRA_PDL 2, calls of this many tokens up to 256 trigger the next kernel after their stores (production's
+// placement) and skip the L2 prefetch, as rmsnorm does. In context on 128-256 x 4096 / 5120 (bf16, H200, 2026-11-28,
+// both orders, as the compile-time variant ASTRA_PDL=1): 1.109x / 1.111x -> 1.132x / 1.148x over production. ~0u: never.
+#define ASTRA_LATE_TOKENS 128u
+#endif
 #ifndef ASTRA_PF_MAX
 #define ASTRA_PF_MAX (8u << 20)  // L2 prefetch before the PDL wait when input+residual fit in this
 #endif
@@ -154,6 +160,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // CL with n_fi == 0 (rows over 4096 vectors only): CTA rank r owns vectors [r*slice, (r+1)*slice),
 // thread x the vectors r*slice + x + k*R, one chain: not FlashInfer's order.
 enum Layout { kOne = 0, kTwo = 1, kPacked = 2, kCluster = 3 };
+enum Flags { kPrefetch = 1, kLateTrigger = 2 };  // gemma_fused_add_rmsnorm_kernel's `flags` (ASTRA_PDL 2)
 template <int L> constexpr int kSlots = L == kOne ? 1 : L == kTwo ? 2 : 4;
 
 // Slot k of a thread of warp `warp`: FlashInfer's warp vw and round i, and whether the slot continues
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
     __maxnreg__(L == kTwo ? 48 : L == kPacked ? 72 : L == kCluster ? (sizeof(T) == 4 ? 64 : 128) : 64)
     gemma_fused_add_rmsnorm_kernel(T* __restrict__ input, T* __restrict__ residual, const T* __restrict__ weight,
                                    uint32_t tokens, uint32_t nv, uint32_t n_fi, uint32_t slice, float fd, float eps,
-                                   int prefetch) {
+                                   int flags) {
   constexpr int K = kSlots<L>;
   constexpr bool CL = L == kCluster;
   __shared__ float red[32];
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
       if (ok[k]) w[k] = ldg<T, W>(weight + vec(k) * W);
   }
 #if ASTRA_PDL >= 2
-  if (prefetch) {
+  if (flags & kPrefetch) {
     // The weight is shared by every row: only the first row's CTA(s) prefetch it (one request per
     // line; every CTA prefetching it measured 2x slower on many-row shapes: L2 hot spot).
     const bool pf_w = threadIdx.y == 0 && blockIdx.x < (CL ? gridDim.x / tokens : 1u);
@@ -260,7 +267,7 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
   pdl_wait();
 #endif
 #if ASTRA_PDL == 2
-  pdl_trigger();
+  if (!(flags & kLateTrigger)) pdl_trigger();
 #endif
   Vec<T, W> a[K], b[K];
 #pragma unroll
@@ -331,6 +338,8 @@ __global__ void __launch_bounds__(kSlots<L> >= 4 ? 512 : 1024)
 #endif
 #if ASTRA_PDL == 1
   pdl_trigger();
+#elif ASTRA_PDL == 2
+  if (flags & kLateTrigger) pdl_trigger();
 #endif
 }
 
@@ -522,7 +531,9 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   const uint32_t nv = uint32_t(d / W);
   const DevInfo info = dev_info();
   const bool pdl = (ASTRA_PDL != 0) && info.major >= 9;
-  const int prefetch = (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX)) ? 1 : 0;
+  const bool late = tokens >= uint32_t(ASTRA_LATE_TOKENS) && tokens <= 256u;
+  const int flags = late ? kLateTrigger
+                         : (uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX) ? kPrefetch : 0);
   const float fd = float(d);  // mean of squares = sum / d, divided as FlashInfer does: sum * (1/d) rounds
   // differently where 1/d is inexact (d not a power of two) and flips bf16 outputs (Gemma-2 greedy tokens diverged)
 
@@ -534,7 +545,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   if (!row_plan(nv, clusters, p, one_max)) return launch_smem<T, W>(in, res, w, tokens, nv, fd, eps, pdl, stream);
   if (p.cl > 1)
     return launch(gemma_fused_add_rmsnorm_kernel<T, W, kCluster>, dim3(tokens * p.cl), dim3(p.R, 1), p.cl, stream, pdl,
-                  in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
+                  in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, flags);
   // Rows per CTA: up to 256 threads per CTA, but keep at least one CTA per SM while tokens allow.
   uint32_t rows = 1;
   while (p.R * rows * 2 <= 256 && uint64_t(tokens) >= uint64_t(info.sms) * rows * 2) rows *= 2;
@@ -542,7 +553,7 @@ cudaError_t run_w(T* in, T* res, const T* w, int64_t tokens64, int64_t d, float 
   auto kernel = p.layout == kOne ? gemma_fused_add_rmsnorm_kernel<T, W, kOne>
                 : p.layout == kTwo ? gemma_fused_add_rmsnorm_kernel<T, W, kTwo>
                                    : gemma_fused_add_rmsnorm_kernel<T, W, kPacked>;
-  return launch(kernel, grid, block, 1, stream, pdl, in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, prefetch);
+  return launch(kernel, grid, block, 1, stream, pdl, in, res, w, tokens, nv, p.n_fi, p.slice, fd, eps, flags);
 }
 
 template <typename T>
