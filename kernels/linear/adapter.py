@@ -7,8 +7,8 @@ calls from its forward. It is replaced for the whole class, so `expand` takes a 
 plain cuBLAS F.linear of a decode-sized input:
 - x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows (checked first: prefill calls leave
   at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES; from 3 tokens only
-  in_features <= MMA_MAX_IN_FEATURES, out_features <= MMA_MAX_OUT_FEATURES and only on Hopper (`declined` says the
-  shape rule);
+  out_features <= MMA_MAX_OUT_FEATURES, in_features <= MMA_MAX_IN_FEATURES unless out_features <=
+  MMA_LONG_MAX_OUT_FEATURES, and only on Hopper (`declined` says the shape rule);
 - no bias (the kernel has no epilogue for one);
 - apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
   and 0.5.23's opt-in Hopper gemv).
@@ -48,9 +48,13 @@ MMA_MAX_OUT_FEATURES = 4096
 # (H200, 2026-11-28); longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B
 # (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
 MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 14336)
-# 3-4 tokens (the tensor-core path) only up to 12288 inputs: not measured in a step on longer rows (in the bench,
-# 4 x 14336 -> 3584 read 1.09x and -> 4096 1.008x). ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev): a batch-4 step A/B
+# 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MAX_IN_FEATURES where out_features <=
+# MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path taking the 14336-wide down_proj (H200,
+# 2026-11-28, results/2026-11-28-h200x2/session14): Gemma-2-9B (-> 3584) -2.53%, Llama-3-8B (-> 4096) +0.37% (slower);
+# in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x. ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev) moves the first
+# bound for a batch-4 step A/B (then every width up to MMA_MAX_OUT_FEATURES).
 MMA_MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)
+MMA_LONG_MAX_OUT_FEATURES = 3584
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
@@ -110,9 +114,9 @@ def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
         return f"in_features {in_features} is not a multiple of 8"
     if in_features > MAX_IN_FEATURES:
         return f"in_features {in_features} > {MAX_IN_FEATURES}: not measured on such long rows"
-    if tokens > FMA_MAX_TOKENS and in_features > MMA_MAX_IN_FEATURES:
-        return (f"{tokens} tokens x {in_features} inputs (> {MMA_MAX_IN_FEATURES}): the tensor-core path is not "
-                f"measured on such long rows")
+    if tokens > FMA_MAX_TOKENS and in_features > MMA_MAX_IN_FEATURES and out_features > MMA_LONG_MAX_OUT_FEATURES:
+        return (f"{tokens} tokens x {in_features} inputs (> {MMA_MAX_IN_FEATURES}) x {out_features} outputs "
+                f"(> {MMA_LONG_MAX_OUT_FEATURES}): the tensor-core path only ties cuBLAS on such long rows")
     if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
                 f"tensor-core path")
