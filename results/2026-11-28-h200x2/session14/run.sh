@@ -12,8 +12,12 @@
 #                   the tensor-core path taking the 14336-wide down_proj (B: ASTRA_LINEAR_MMA_MAX_IN_FEATURES=14336; GPU 1)
 #   bash run.sh e   GPU 0: the batch-4 A/B on Llama-3-8B; GPU 1: server A/B Gemma-2-9B, SGLang unpatched against
 #                   --ops all (the patched server's start: kernels built side by side)
+# A second hold, after the norms' late trigger and linear's 3-4-token rule shipped (and e2e --step gave a candidate to
+# arm B alone; part s's Qwen3-8B run had been refused as two identical arms):
+#   bash run.sh v   GPU 0: the Qwen3-8B step A/B of part s again. GPU 1: the three norms as shipped (check + decode
+#                   corpus, bf16), and linear's check on 3-4 x 14336 -> 3584
 set -uo pipefail
-PART=${1:?k, s or e}
+PART=${1:?k, s, e or v}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s14/$PART; mkdir -p $O
 bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
@@ -63,6 +67,22 @@ e)
   ( cd /tmp && CUDA_VISIBLE_DEVICES=1 timeout 560 $AS e2e --model-path $OLDPWD/e2e/configs/gemma2-9b --out $O/server-gemma2-9b \
       --ops all --workload bs1:8:128:128:1 --rounds 3 --max-total-tokens 16384 --port 30700 > $O/server-gemma2-9b.log 2>&1
     echo "server A/B rc=$? at $(el)s"; grep -i -E "startup|throughput|identical" $O/server-gemma2-9b/report.md | head -12 ) &
+  wait ;;
+v)
+  { echo "#define ASTRA_LONG_ROWS 12287u"; cat kernels/linear/kernel.cu; } > $O/long12288.cu
+  step $O/q3 "qwen3-8b:qwen3-8b:540:--base-ops=all --ops=all --candidate=linear=$O/long12288.cu" &
+  (
+    export CUDA_VISIBLE_DEVICES=1
+    N3="gemma_rmsnorm fused_add_rmsnorm gemma_fused_add_rmsnorm"
+    RES=$O/norms DEADLINE=300 DTYPES=bf16 EXTRACT=1 OPS="$N3 linear" bash kernels/gpu_run.sh check > $O/norms-check.log 2>&1
+    RES=$O/norms DEADLINE=300 DTYPES=bf16 OPS="$N3" bash kernels/gpu_run.sh decode > $O/norms-decode.log 2>&1
+    source kernels/astra_env.sh
+    timeout 120 $AS check linear --workspace $WS/installed/linear --candidate kernels/linear/kernel.cu --dtype bf16,fp16 \
+      --shapes 3x14336x3584,4x14336x3584,4x14336x2048,3x14344x3576 --json $O/check-linear-mma-long.json \
+      > $O/check-linear-mma-long.log 2>&1
+    echo "check linear 3-4 x 14336 rc=$? at $(el)s: $(tail -1 $O/check-linear-mma-long.log)"
+    cat $O/norms/summary.txt
+  ) &
   wait ;;
 esac
 echo "all done at $(el)s"
