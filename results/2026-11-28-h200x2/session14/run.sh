@@ -74,14 +74,14 @@ v)
   (
     export CUDA_VISIBLE_DEVICES=1
     N3="gemma_rmsnorm fused_add_rmsnorm gemma_fused_add_rmsnorm"
-    RES=$O/norms DEADLINE=300 DTYPES=bf16 EXTRACT=1 OPS="$N3 linear" bash kernels/gpu_run.sh check > $O/norms-check.log 2>&1
-    RES=$O/norms DEADLINE=300 DTYPES=bf16 OPS="$N3" bash kernels/gpu_run.sh decode > $O/norms-decode.log 2>&1
+    RES=$O/norms-check DEADLINE=300 DTYPES=bf16 EXTRACT=1 OPS="$N3 linear" bash kernels/gpu_run.sh check > $O/norms-check.log 2>&1
+    RES=$O/norms-decode DEADLINE=300 DTYPES=bf16 OPS="$N3" bash kernels/gpu_run.sh decode > $O/norms-decode.log 2>&1
     source kernels/astra_env.sh
     timeout 120 $AS check linear --workspace $WS/installed/linear --candidate kernels/linear/kernel.cu --dtype bf16,fp16 \
       --shapes 3x14336x3584,4x14336x3584,4x14336x2048,3x14344x3576 --json $O/check-linear-mma-long.json \
       > $O/check-linear-mma-long.log 2>&1
     echo "check linear 3-4 x 14336 rc=$? at $(el)s: $(tail -1 $O/check-linear-mma-long.log)"
-    cat $O/norms/summary.txt
+    cat $O/norms-check/summary.txt $O/norms-decode/summary.txt
   ) &
   wait ;;
 esac
