@@ -49,6 +49,11 @@
 // splitting K over a 2- or 4-CTA cluster instead was slower (0.88-1.00x). ~0u: never.
 #define ASTRA_LONG_ROWS 12288
 #endif
+#ifndef ASTRA_LONG_ROWS_1
+// 1-token calls with more inputs than this take the 2-row CTAs too: Qwen3-8B's 12288-wide down_proj. Decode step,
+// 2-row CTAs on 12288 inputs at 1-2 tokens (H200, 2026-11-28): batch 1 -1.29%, batch 2 +0.54% (slower), so 1 token only.
+#define ASTRA_LONG_ROWS_1 12287
+#endif
 
 namespace astra_lin {
 namespace {
@@ -324,7 +329,7 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_
 template <typename T, int NT>
 cudaError_t launch_group(const T* x, const T* w, T* out, int in_features, int out_features, cudaStream_t stream) {
   if constexpr (NT <= 2) {  // long rows: 2 rows per CTA, twice the CTAs (ASTRA_LONG_ROWS says why)
-    if (static_cast<unsigned>(in_features) > static_cast<unsigned>(ASTRA_LONG_ROWS))
+    if (static_cast<unsigned>(in_features) > static_cast<unsigned>(NT == 1 ? ASTRA_LONG_ROWS_1 : ASTRA_LONG_ROWS))
       return launch(linear_kernel<T, NT, 2>, dim3((out_features + 1) / 2), kThreads, stream, x, w, out, in_features,
                     out_features, out_features);
   }

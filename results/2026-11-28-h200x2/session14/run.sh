@@ -16,8 +16,11 @@
 # arm B alone; part s's Qwen3-8B run had been refused as two identical arms):
 #   bash run.sh v   GPU 0: the Qwen3-8B step A/B of part s again. GPU 1: the three norms as shipped (check + decode
 #                   corpus, bf16), and linear's check on 3-4 x 14336 -> 3584
+# A third hold, after ASTRA_LONG_ROWS_1 shipped (1-token calls on 12288 inputs take the 2-row CTAs: v's batch 1 is the
+# rule's own A/B; its batch 2 ran 2-token calls, which the rule leaves as they were):
+#   bash run.sh w   validate linear (3-4 x 14336 -> 3584 now taken) and the three norms in SGLang's own layers
 set -uo pipefail
-PART=${1:?k, s, e or v}
+PART=${1:?k, s, e, v or w}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s14/$PART; mkdir -p $O
 bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
@@ -84,6 +87,10 @@ v)
     cat $O/norms-check/summary.txt $O/norms-decode/summary.txt
   ) &
   wait ;;
+w)
+  timeout 500 $AS validate --ops linear,gemma_rmsnorm,fused_add_rmsnorm,gemma_fused_add_rmsnorm --json $O/validate.json \
+    > $O/validate.log 2>&1
+  echo "validate rc=$? at $(el)s"; grep -E "FAIL|passed" $O/validate.log | tail -6 ;;
 esac
 echo "all done at $(el)s"
 tar -C /tmp/s14 -cJf $OUT/$PART.tar.xz $PART
