@@ -7,13 +7,17 @@ small consumer GEMM, did not show this.
 
 For every covered op, this module pairs each of its kernels with the next kernel on the same stream,
 in arm A's and arm B's decode traces. It then compares, per pair:
-  - the op's own duration;
-  - the next kernel's duration;
-  - the span from the op's start to the next kernel's end (the op plus its consumer, overlap and gap
+  - the op's exposed time: from its start, or from the end of the kernel before it where that is later,
+    to its end;
+  - the next kernel's exposed time, likewise;
+  - the span from the op's exposed start to the next kernel's end (the op plus its consumer, gap
     included): the op's effect on what follows.
-Δ µs/step is the change of that span, times the calls per step. The span, not the op's own duration,
-is the fair measure: a kernel launched with PDL starts while the one before it still runs and waits
-in griddepcontrol.wait, so its duration includes that wait.
+Δ µs/step is the change of that span, times the calls per step. Exposed, not the kernels' durations: a
+kernel launched with PDL starts while the one before it still runs and waits in griddepcontrol.wait, so
+its duration includes the time of the kernel before it. Counted as the op's, that wait made the op
+look slower whenever its producer got slower or launched it earlier (Llama-3-8B, batch 4, H200,
+2026-11-28: fused_add_rmsnorm 5.8 → 19.6 µs and +903 µs/step of spans in a step that was 17 µs
+slower).
 
     python -m astra_sglang.e2e.neighbours PROFILE_DIR [--base A]   # a step or profile capture dir
 """
@@ -47,10 +51,20 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
     out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
     for ks in by_stream.values():
         ks.sort(key=lambda k: k.ts)
-        for p, n in zip(ks, ks[1:]):
+        # a kernel's exposed start: its start, or the end of every kernel before it on the stream where that is
+        # later. A PDL-launched kernel starts early and waits in griddepcontrol.wait; that wait is the kernel
+        # before it still running, and counting it again made a faster producer look like a slower op.
+        starts, frontier = [], float("-inf")
+        for k in ks:
+            starts.append(max(k.ts, frontier))
+            frontier = max(frontier, k.ts + k.dur)
+        for i in range(len(ks) - 1):
+            p, n = ks[i], ks[i + 1]
             m = match(p.name)
             if m.covered:
-                out[(m.op, match(n.name).op)].append((p.dur, n.dur, n.ts + n.dur - p.ts))
+                p_end, n_end = p.ts + p.dur, n.ts + n.dur
+                out[(m.op, match(n.name).op)].append((max(0.0, p_end - starts[i]), max(0.0, n_end - starts[i + 1]),
+                                                      n_end - starts[i]))
     return out
 
 
@@ -62,13 +76,14 @@ def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: 
     for key in sorted(set(pa) & set(pb)):
         xa, xb = pa[key], pb[key]
         mean = lambda xs, i: statistics.fmean(x[i] for x in xs)  # noqa: E731
-        per_step = len(xa) / max(steps, 1)
-        row = {"op": key[0], "next": key[1], "calls_per_step": per_step,
+        na, nb = len(xa) / max(steps, 1), len(xb) / max(steps, 1)
+        row = {"op": key[0], "next": key[1], "calls_per_step": na, "calls_per_step_b": nb,
                "op_us": (mean(xa, 0), mean(xb, 0)), "next_us": (mean(xa, 1), mean(xb, 1)),
                "span_us": (mean(xa, 2), mean(xb, 2))}
-        row["op_delta_step_us"] = (row["op_us"][1] - row["op_us"][0]) * per_step
-        row["next_delta_step_us"] = (row["next_us"][1] - row["next_us"][0]) * per_step
-        row["span_delta_step_us"] = (row["span_us"][1] - row["span_us"][0]) * per_step
+        # per step, each arm's own count: an op that takes more calls in B (a raised bound) adds them here, and
+        # the kernels it took them from leave the rows of the op they belonged to
+        for name in ("op", "next", "span"):
+            row[f"{name}_delta_step_us"] = row[f"{name}_us"][1] * nb - row[f"{name}_us"][0] * na
         rows.append(row)
     return sorted(rows, key=lambda r: -abs(r["span_delta_step_us"]))
 
@@ -77,7 +92,9 @@ def table(rows: Sequence[dict]) -> str:
     lines = ["| op → next kernel | calls/step | op µs A → B | next µs A → B | span µs A → B | "
              "Δ op µs/step | Δ next µs/step | Δ span µs/step |", "|---|---:|---|---|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['op']} → {r['next']} | {r['calls_per_step']:.0f} | "
+        na, nb = r["calls_per_step"], r.get("calls_per_step_b", r["calls_per_step"])
+        calls = f"{na:.0f}" if round(na) == round(nb) else f"{na:.0f} → {nb:.0f}"
+        lines.append(f"| {r['op']} → {r['next']} | {calls} | "
                      f"{r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | {r['next_us'][0]:.2f} → {r['next_us'][1]:.2f} | "
                      f"{r['span_us'][0]:.2f} → {r['span_us'][1]:.2f} | {r['op_delta_step_us']:+.1f} | "
                      f"{r['next_delta_step_us']:+.1f} | {r['span_delta_step_us']:+.1f} |")
@@ -125,11 +142,10 @@ def report(results: Sequence[dict]) -> str:
     if not results:
         return ""
     md = ["", "### The kernel after each covered op, in the decode graph (arm A vs the patched arm)", "",
-          "Δ span: the op's start to the next kernel's end, per step. A kernel faster alone that slows its "
-          "consumer shows here (e2e/neighbours.py). An op µs of a PDL-launched kernel includes its wait on the "
-          "kernel before it (it starts early, then griddepcontrol.wait), so compare spans, not op µs: "
-          "moe_align's 1.26 → 4.66 µs (H200, 2026-11-24) was that wait plus the second kernel SGLang runs "
-          "and astra does not.", ""]
+          "Δ span: the op's exposed start to the next kernel's end, per step. A kernel faster alone that slows "
+          "its consumer shows here (e2e/neighbours.py). Times are exposed: a PDL-launched kernel starts while "
+          "the one before it still runs, and its time here starts where that one ends, so its wait in "
+          "griddepcontrol.wait is not counted twice.", ""]
     for r in results:
         md += [f"**{r['base']} → {r['arm']}, batch {r['batch_size']}**", "", table(r["rows"])]
     return "\n".join(md)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from astra_sglang.e2e.neighbours import compare_dir, consumer_effects, pairs
+from astra_sglang.e2e.neighbours import compare_dir, consumer_effects, pairs, table
 from astra_sglang.e2e.trace import KernelEvent
 
 NORM_A = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)"
@@ -44,6 +44,38 @@ def test_a_faster_op_that_slows_its_consumer_is_a_loss():
     assert (r["op"], r["next"], r["calls_per_step"]) == ("fused_add_rmsnorm", "gemm", 1.0)
     assert r["op_delta_step_us"] == pytest.approx(-0.5) and r["next_delta_step_us"] == pytest.approx(5.0)
     assert r["span_delta_step_us"] == pytest.approx(4.5)
+
+
+def pdl_step(producer_us: float, norm_early_us: float, steps: int = 2):
+    """steps x (producer GEMM, norm, consumer GEMM): the norm launched with PDL starts norm_early_us before the
+    producer ends and waits; its own work is 1.5 us after that."""
+    ks, t = [], 0.0
+    for _ in range(steps):
+        ks.append(KernelEvent(GEMM, t, producer_us, stream=7))
+        t += producer_us
+        ks.append(KernelEvent(NORM_B, t - norm_early_us, norm_early_us + 1.5, stream=7))
+        t += 1.5
+        ks.append(KernelEvent(GEMM, t, 40.0, stream=7))
+        t += 40.0
+    return ks
+
+
+def test_a_pdl_wait_on_the_producer_is_not_the_ops_time():
+    # the norm waits 14 us on a slower producer in B: the same 1.5 us of its own, the same span to the consumer's end
+    rows = consumer_effects(pdl_step(12.0, 0.5), pdl_step(26.0, 14.0), steps=2)
+    r = next(x for x in rows if x["op"] == "fused_add_rmsnorm")
+    assert r["op_us"] == pytest.approx((1.5, 1.5)) and r["span_us"] == pytest.approx((41.5, 41.5))
+    assert r["span_delta_step_us"] == pytest.approx(0.0)
+
+
+def test_an_op_taking_more_calls_counts_each_arms_calls():
+    # B's op runs twice a step where A's ran once: the Δ per step is B's two calls against A's one
+    a = step(NORM_A, 3.0, 70.0, steps=2)
+    b = step(NORM_B, 2.5, 70.0, steps=4)
+    r = consumer_effects(a, b, steps=2)[0]
+    assert (r["calls_per_step"], r["calls_per_step_b"]) == (1.0, 2.0)
+    assert r["op_delta_step_us"] == pytest.approx(2 * 2.5 - 3.0)
+    assert "1 → 2" in table(consumer_effects(a, b, steps=2))
 
 
 def _capture_dir(tmp_path, config=None, norm_b=NORM_B):
