@@ -491,6 +491,27 @@ def fold_event(rep: BenchReport, ev: Dict[str, Any], total_rows: int, say: Calla
     return True
 
 
+def mark_served(rep: BenchReport) -> None:
+    """Each row's `kept`: why the op's patch adapter leaves that shape to SGLang by design, or "" where the patch
+    takes it; rows stay unmarked (None) for an op without an adapter or a shape that is not plain dims."""
+    from ..registry import has_part
+
+    if not has_part(rep.op, "adapter"):
+        return
+    try:
+        from ..patch.adapters import get_adapter
+
+        adapter = get_adapter(rep.op)
+    except Exception:  # an adapter that does not import here (bench needs no SGLang): the rows stay unmarked
+        return
+    for r in rep.rows:
+        try:
+            dims = tuple(int(x) for x in r.shape.split("x"))
+            r.kept = adapter.kept_by_sglang(dims) or ""
+        except Exception:
+            r.kept = None
+
+
 def bench(
     op: str,
     workspace: Any,
@@ -616,6 +637,7 @@ def bench(
     rows = [ev["row"] for ev in wr.events if ev.get("event") == "row" and ev.get("row")]
     p = wr.payload or {}
     rep.rows = [BenchRow(**r) for r in (p.get("rows") or rows)]
+    mark_served(rep)
     for k in ("device", "sm_count", "l2_bytes", "ceiling_gbps", "read_ceiling_gbps", "ceiling_source", "launch_floor_us",
               "software"):
         if k in p:

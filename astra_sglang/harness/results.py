@@ -129,6 +129,9 @@ class BenchRow:
     # production is an installed callable that returns its outputs: the copies into the ABI buffers, timed
     # alone (µs per call), already taken out of prod_us (chained) and context_base_us (in context)
     prod_binding_us: Optional[float] = None
+    # why the patch leaves this shape to SGLang by design (the op's adapter: max_tokens, keeps); "" where the patch
+    # takes it; None where the op has no adapter (or the bench predates this field)
+    kept: Optional[str] = None
 
     @property
     def pct_of_ceiling(self) -> Optional[float]:
@@ -260,6 +263,7 @@ class BenchReport:
         d["geomean"] = self.geomean
         d["max_spread"] = self.max_spread
         d["headroom_geomean"] = self.headroom_geomean
+        d["served_geomean"] = self.served_geomean
         for r, rd in zip(self.rows, d["rows"]):
             rd["pct_of_ceiling"] = r.pct_of_ceiling
             rd["headroom"] = r.headroom
@@ -293,6 +297,24 @@ class BenchReport:
         return (f"rows: {sum(1 for r in sp if not r.noise and r.speedup >= 1)} faster, {sum(1 for r in sp if r.noise)} "
                 f"within noise, {len(slower)} slower" + (f" ({named})" if slower else "")
                 + f"; min {low.speedup:.3f}x ({low.shape} {low.dtype})")
+
+    @property
+    def served_geomean(self) -> Optional[float]:
+        """Geomean over the rows the patch takes (the adapter's rule), where the bench marked them."""
+        return geomean(r.speedup for r in self.rows if r.speedup and r.kept == "")
+
+    def served_line(self) -> str:
+        """The rows serving sees: where the adapter leaves some corpus rows to SGLang by design (linear's 8-token and
+        wide-output rows), the geomean and minimum over the rows it takes; "" where every row is taken or unmarked."""
+        marked = [r for r in self.rows if r.speedup and r.kept is not None]
+        if not any(r.kept for r in marked):
+            return ""
+        taken = [r for r in marked if not r.kept]
+        if not taken:
+            return f"served: none of the {len(marked)} rows (the adapter leaves every one to SGLang)"
+        low = min(taken, key=lambda r: r.speedup)
+        return (f"served: geomean {self.served_geomean:.3f}x over the {len(taken)} of {len(marked)} rows the patch "
+                f"takes (the adapter leaves the rest to SGLang); min {low.speedup:.3f}x ({low.shape} {low.dtype})")
 
     def table(self) -> str:
         has_c = any(r.cand_us is not None for r in self.rows)
@@ -369,6 +391,9 @@ class BenchReport:
                             + (f", attainable in context {gh:.3f}x" if gh else ""))
             if g:
                 foot.append(self.verdict_line())
+                sl = self.served_line()
+                if sl:
+                    foot.append(sl)
         if has_ctx:
             width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
             foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM"
