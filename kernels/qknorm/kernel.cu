@@ -31,18 +31,15 @@
 #define ASTRA_QKN_ORDER 1
 #endif
 #ifndef ASTRA_QKN_TRIG_FIRST
-#define ASTRA_QKN_TRIG_FIRST 0
+#define ASTRA_QKN_TRIG_FIRST 0  // dev: 1 releases the dependents before the PDL wait (not yet measured)
 #endif
 
 namespace astra_qkn {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-// dev: threads per block (a decode step's few rows spread over more SMs with fewer threads a block)
-#ifndef ASTRA_QKN_THREADS
-#define ASTRA_QKN_THREADS 256
-#endif
-constexpr int kThreads = ASTRA_QKN_THREADS;
+// 64-thread blocks (a decode step's few rows over more SMs) were slower in context: 1.064x -> 1.021x (H200, 2026-11-28)
+constexpr int kThreads = 256;
 // Production's unit: the elements one of its threads sums in one chain (qknorm.cuh: head_dim <= 256 takes a warp per
 // row, head_dim / 32 elements a lane; 512 and 1024 take a CTA of head_dim / 8 threads, 8 elements each).
 template <int D> constexpr int kUnit = D <= 256 ? D / 32 : 8;
