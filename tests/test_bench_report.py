@@ -196,6 +196,23 @@ def test_the_footer_says_what_serving_sees_where_the_adapter_keeps_rows():
     assert "none of the 2 rows" in rep.served_line()
 
 
+def test_the_footer_splits_off_the_floor_every_kernel_pays():
+    """fused_add_rmsnorm, 2026-11-28: 1.239x in context, but 1.362x over the floor; 16 of 28 rows carry a 1.5-1.9 us
+    floor (the cost of any kernel between the GEMMs), where the same saving reads 1.160x."""
+    rep = _report()
+    for r, (base, cand, floor) in zip(rep.rows, ((3.38, 2.93, 1.49), (1.95, 1.43, 0.32))):
+        r.context_base_us, r.context_cand_us, r.context_floor_us = base, cand, floor
+        r.context_speedup, r.context_floor_spread_us = base / cand, 0.01
+    a, b = rep.rows
+    assert a.over_floor == pytest.approx((3.38 - 1.49) / (2.93 - 1.49))
+    assert b.over_floor == pytest.approx((1.95 - 0.32) / (1.43 - 0.32))
+    line = next(x for x in rep.table().splitlines() if x.startswith("over the floor"))
+    assert "over 2 rows" in line and "1 rows have a floor >= 1 us" in line and f"{3.38 / 2.93:.3f}x" in line
+    assert rep.to_dict()["rows"][0]["over_floor"] == pytest.approx(a.over_floor)
+    b.context_cand_us = 0.35                                     # within 0.05 us of the floor: no ratio
+    assert b.over_floor is None
+
+
 def test_bench_marks_the_rows_the_adapter_keeps():
     from astra_sglang.harness.bench import mark_served
 

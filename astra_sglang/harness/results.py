@@ -191,6 +191,16 @@ class BenchRow:
             return None
         return base / floor
 
+    @property
+    def over_floor(self) -> Optional[float]:
+        """Production's in-context time above the floor over the candidate's: the kernels' own share, without the cost
+        every kernel in that place pays (1.5-1.9 us on some shapes, H200, kernels/NOTES.md fourteenth session). None
+        where a time is missing or either is within 0.05 us of the floor (no ratio then)."""
+        base, cand, floor = self.context_base_us, self.context_cand_us, self.context_floor_us
+        if base is None or cand is None or floor is None or min(base, cand) - floor < 0.05:
+            return None
+        return (base - floor) / (cand - floor)
+
     def set_installed(self, samples: Sequence[float], mismatches: Dict[str, int]) -> None:
         self.installed_us, self.installed_spread = median(samples), spread(samples)
         self.installed_mismatches = dict(mismatches)
@@ -267,6 +277,7 @@ class BenchReport:
         for r, rd in zip(self.rows, d["rows"]):
             rd["pct_of_ceiling"] = r.pct_of_ceiling
             rd["headroom"] = r.headroom
+            rd["over_floor"] = r.over_floor
         return d
 
     def to_json(self, path: Union[str, Path]) -> Path:
@@ -407,6 +418,14 @@ class BenchReport:
                 hl = self.headroom_line()
                 if hl:
                     foot.append(hl)
+                of = [r.over_floor for r in self.rows if r.over_floor]
+                if of and has_c:
+                    high = [r for r in self.rows if r.context_speedup and r.context_floor_us is not None
+                            and r.context_floor_us >= 1.0]
+                    foot.append(f"over the floor ((ctx prod - floor) / (ctx cand - floor), the kernels' own share): "
+                                f"geomean {geomean(of):.3f}x over {len(of)} rows"
+                                + (f"; {len(high)} rows have a floor >= 1 us, in context there "
+                                   f"{geomean(r.context_speedup for r in high):.3f}x" if high else ""))
         if self.production.startswith("installed"):
             b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
             foot.append(f"production: {self.production}"
