@@ -101,7 +101,7 @@ for ph in ${phases//,/ }; do
     timeout $lim $AS bench $op --workspace "$ws" --candidate "kernels/$op/kernel.cu" --shapes $ph --replays $reps \
       ${dt:+--dtype $dt} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
-    summary "$ph $op rc=$rc: $(grep -E '^geomean|^rows:|^served:|refused|error' "$R/${ph}_$op.log" | head -4 | tr '\n' ' ' | cut -c1-480)"
+    summary "$ph $op rc=$rc: $(grep -E '^geomean|^rows:|^served:|^over the floor|refused|error' "$R/${ph}_$op.log" | head -5 | tr '\n' ' ' | cut -c1-640)"
   done
 done
 tgz=$RES/results-${phases//,/-}.tgz
