@@ -6,7 +6,11 @@ a PDL-launched touch kernel in the op's place, cost 0.1-0.4 us on some shapes an
 2026-11-28, kernels/NOTES.md). This prints, per shape, the kernels each GEMM launches and the marginal time of a
 plain one-block kernel between them (CUDA graph of N repeats, with minus without, medians of interleaved replays):
 
-    python kernels/dev/floor_probe.py [--hidden 4096,5120,3584,7168,8192] [--tokens 1,64] [--consumer-width 4096]
+    python kernels/dev/floor_probe.py [--hidden 4096,5120,3584,7168,8192] [--tokens 1,64] [--producer-k 4096]
+        [--consumer-width 4096]
+
+--producer-k / --consumer-width set the GEMMs to a model's own (o_proj's input, qkv's or gate_up's output) to see
+whether the model's neighbours carry the same floor as bench's (producer 4096 -> hidden, consumer hidden -> 4096).
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", default="4096,5120,3584,7168,8192")
     ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--producer-k", type=int, default=4096)
     ap.add_argument("--consumer-width", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--replays", type=int, default=40)
@@ -81,13 +86,13 @@ def main(argv=None) -> int:
         print("error: no CUDA GPU (floor_probe times GEMMs on the GPU)", file=sys.stderr)
         return 2
     bf = dict(device="cuda", dtype=torch.bfloat16)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; producer T x 4096 -> H, consumer H -> "
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; producer T x {a.producer_k} -> H, consumer H -> "
           f"{a.consumer_width}; one-block kernel between them")
     print(f"{'shape':>10}  {'between us':>10}  producer kernels | consumer kernels")
     for t in tokens:
         for h in hidden:
-            x_in = torch.randn(t, 4096, **bf)
-            w1 = torch.randn(h, 4096, **bf) / 64
+            x_in = torch.randn(t, a.producer_k, **bf)
+            w1 = torch.randn(h, a.producer_k, **bf) / a.producer_k ** 0.5
             mid = torch.empty(t, h, **bf)
             w2 = torch.randn(a.consumer_width, h, **bf) / h ** 0.5
             y = torch.empty(t, a.consumer_width, **bf)
