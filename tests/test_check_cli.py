@@ -77,12 +77,13 @@ def test_bench_rejects_unknown_shape_selector(tmp_path, capsys):
     assert e.value.code == 2 and "no shapes tagged" in capsys.readouterr().err
 
 
-def test_bench_rejects_a_consumer_width_below_one(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--consumer-width", "--producer-k"])
+def test_bench_rejects_a_neighbour_size_below_one(tmp_path, capsys, flag):
     ws = _fake_ws(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(["bench", "silu_and_mul", "--workspace", str(ws), "--consumer-width", "0"])
+        main(["bench", "silu_and_mul", "--workspace", str(ws), flag, "0"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err[-1] == "error: --consumer-width must be at least 1, not 0"
+    assert e.value.code == 2 and err[-1] == f"error: {flag} must be at least 1, not 0"
     assert not (ws / "bench").exists()
 
 

@@ -181,7 +181,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
-                                           restore if inout else None, job.get("consumer_width"), helpers)
+                                           restore if inout else None, job.get("consumer_width"), helpers,
+                                           job.get("producer_k"))
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -234,7 +235,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
                     replays: int, before, consumer_width: Optional[int] = None,
-                    helpers: Optional[Helpers] = None) -> str:
+                    helpers: Optional[Helpers] = None, producer_k: Optional[int] = None) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
     touch kernel is timed in the same place too: the in-context floor no kernel there can beat, so production's
@@ -246,7 +247,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], consumer_k=consumer_width)
+        nb = Neighbours(spec, sets[0], k=int(producer_k or CONTEXT_K), consumer_k=consumer_width)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
@@ -532,6 +533,7 @@ def bench(
     context: bool = True,
     baseline: str = "extracted",
     consumer_width: Optional[int] = None,
+    producer_k: Optional[int] = None,
     on_row: Optional[Callable[[BenchReport], None]] = None,
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
@@ -553,8 +555,9 @@ def bench(
     say = progress or (lambda s: None)
     if replays < 1:
         raise AstraError(f"--replays must be at least 1, not {replays}")
-    if consumer_width is not None and consumer_width < 1:
-        raise AstraError(f"--consumer-width must be at least 1, not {consumer_width}")
+    for flag, v in (("--consumer-width", consumer_width), ("--producer-k", producer_k)):
+        if v is not None and v < 1:
+            raise AstraError(f"{flag} must be at least 1, not {v}")
     if l2 not in ("cold", "warm"):
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
     spec = get_op(op)
@@ -619,15 +622,17 @@ def bench(
             return fail(f"compile error: {first_error_line(cb.log)}")
     helpers = build_helpers(ws.manifest.get("arch") or "sm_90")
     width = int(consumer_width or CONTEXT_K)   # the in-context consumer GEMM's output width, decided once
+    pk = int(producer_k or CONTEXT_K)          # and the producer GEMM's inner size
     job = {
         "mode": "bench", "op": op, "prod": prod_ref, "prod_binding": prod_ref.startswith("installed:"), "cand": f"lib:{cb.library}" if cb else None,
         "shapes": [{"dims": list(s.dims), "tags": list(s.tags)} for s in shape_list], "dtypes": dts,
         "l2": l2, "replays": replays, "seed": seed, "prod_attrs": ws.attrs,
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
-        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width,
+        "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width, "producer_k": pk,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
     }
     rep.context_consumer_width = width if context else 0
+    rep.context_producer_k = pk if context else 0
     def row_done(ev: Dict[str, Any]) -> None:
         if fold_event(rep, ev, len(shape_list) * len(dts), say) and on_row is not None:
             rep.seconds = time.monotonic() - t0

@@ -234,6 +234,7 @@ class BenchReport:
     installed: str = ""  # --baseline installed: the SGLang callable timed beside the extracted baseline
     production: str = ""  # what production is: the extracted baseline or SGLang's installed callable
     context_consumer_width: int = 0  # output width of the in-context consumer GEMM (0: not timed in context)
+    context_producer_k: int = 0  # inner size of the in-context producer GEMM (0: not timed in context, or older)
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -407,7 +408,8 @@ class BenchReport:
                     foot.append(sl)
         if has_ctx:
             width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
-            foot.append("in context: the op between a producer GEMM writing its inputs and a consumer GEMM"
+            inner = f" of inner size {self.context_producer_k}" if self.context_producer_k else ""
+            foot.append(f"in context: the op between a producer GEMM{inner} writing its inputs and a consumer GEMM"
                         f"{width} reading its outputs (F.linear, cuBLAS via torch, as SGLang's linear layers), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")

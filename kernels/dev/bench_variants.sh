@@ -13,7 +13,8 @@
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
 # in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
-# (e.g. "--consumer-width 28672": the model's next GEMM). The same, as a plot: $RES/OP_variants.png.
+# (e.g. "--consumer-width 28672 --producer-k 4096": the model's next GEMM and its o_proj's input). The same, as a
+# plot: $RES/OP_variants.png.
 set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
