@@ -1,5 +1,5 @@
 """Why the in-context floor is bimodal: the cuBLAS kernels of bench's neighbour GEMMs, and what one kernel between them
-costs, per hidden size. GPU only; torch alone (no workspace, no SGLang).
+costs, per hidden size. GPU only; torch and bench's timer (no workspace, no SGLang).
 
 bench times an op between a producer GEMM (tokens x 4096 -> hidden) and a consumer GEMM (hidden -> 4096). Its floor,
 a PDL-launched touch kernel in the op's place, cost 0.1-0.4 us on some shapes and 1.5-1.9 us on others (H200,
@@ -15,7 +15,6 @@ whether the model's neighbours carry the same floor as bench's (producer 4096 ->
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 
@@ -31,37 +30,14 @@ def kernel_names(fn) -> list:
     return [e.name for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()]
 
 
-def graph_of(fn, n: int):
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    return g
-
-
 def marginal_us(with_op, alone, n: int, replays: int) -> float:
-    """Median over interleaved replays of (with - alone) per call."""
-    import torch
+    """Per call, the median over interleaved replays of (with - alone): bench's own graphs, timer and statistic."""
+    from astra_sglang.harness.stats import marginal
+    from astra_sglang.harness.timer import graph_of, time_graphs
 
-    gs = [graph_of(with_op, n), graph_of(alone, n)]
-    times = [[], []]
-    for r in range(replays):
-        for i in (r % 2, 1 - r % 2):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            gs[i].replay()
-            b.record()
-            b.synchronize()
-            times[i].append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(w - o for w, o in zip(*times))
+    ms = time_graphs([graph_of(lambda i: with_op(), n), graph_of(lambda i: alone(), n)], replays)
+    per = [[m * 1e3 / n for m in series] for series in ms]
+    return marginal(per[0], per[1])["median"]
 
 
 def main(argv=None) -> int:
