@@ -95,6 +95,12 @@ def error_code(t, dims, dtype, scalars):
     return 1  # cudaErrorInvalidValue
 
 
+def refuses_wide(t, dims, dtype, scalars):
+    """A production that takes only narrow rows and returns an error code on the others, as SGLang's JIT
+    activation kernel returns cudaErrorMisalignedAddress (716) on a hidden size its vectors do not divide."""
+    return 716 if dims[-1] > 100 else good(t, dims, dtype, scalars)
+
+
 def hang(t, dims, dtype, scalars):
     time.sleep(3600)
     return 0

@@ -230,12 +230,38 @@ def test_merge_state_conventions_and_special_values(prod, attrs):
     assert not ok and "never wrote 12 of 12 elements of s_out" in reason
 
 
-def test_skipped_shapes_are_notes_not_passes():
-    ok, reason, failures, details, notes, *_ = _run("silu_and_mul", "good", "good", SILU_SHAPES, ["fp16"],
-                                                    skip={"5x136 fp16": "production routes it elsewhere"})
-    assert ok
-    assert {d["shape"] for d in details} == {"3x64"}
+def test_a_shape_production_does_not_take_is_judged_against_the_reference_alone():
+    """astra may serve a shape production's variant does not take: the candidate is still judged there, at its dtype's
+    floor. Only the baseline check (no candidate) skips it."""
+    skip = {"5x136 fp16": "production routes it elsewhere"}
+    ok, reason, failures, details, notes, *_ = _run("silu_and_mul", "good", "good", SILU_SHAPES, ["fp16"], skip=skip)
+    assert ok, reason
+    alone = [d for d in details if d["shape"] == "5x136"]
+    assert alone and all(d["ref_only"] and d["prod_err"] is None and d["tol"] == pytest.approx(2e-3) for d in alone)
+    assert notes == ["5x136 fp16: production routes it elsewhere; the candidate is judged against the fp64 reference "
+                     "alone"]
+    ok, reason, *_ = _run("silu_and_mul", "good", "noisy", SILU_SHAPES[1:], ["fp16"], skip=skip)
+    assert not ok and "the fp16 floor: production does not take this case" in reason
+    ok, reason, failures, details, notes, *_ = _run("silu_and_mul", "good", None, SILU_SHAPES, ["fp16"], skip=skip)
+    assert ok and {d["shape"] for d in details} == {"3x64"}
     assert notes == ["5x136 fp16: skipped (production routes it elsewhere)"]
+
+
+def test_production_refusing_a_case_at_run_time_leaves_the_candidate_judged():
+    """On the H200 SGLang's JIT gelu_and_mul returned 716 on every odd width, and check said PASS with 0 comparisons."""
+    ok, reason, failures, details, notes, *_ = _run("silu_and_mul", "refuses_wide", "good", SILU_SHAPES, ["fp16"])
+    assert ok, reason
+    assert {d["shape"] for d in details if d.get("ref_only")} == {"5x136"}
+    assert any("5x136 fp16 normal: production returned cudaError 716; the candidate is judged against the fp64 "
+               "reference alone" in n for n in notes)
+    ok, reason, *_ = _run("silu_and_mul", "refuses_wide", "noisy", SILU_SHAPES[1:], ["fp16"])
+    assert not ok and "5x136 fp16 normal: candidate's out error" in reason
+
+
+def test_a_check_that_compared_nothing_does_not_pass():
+    ok, reason, failures, details, *_ = _run("silu_and_mul", "refuses_wide", None, SILU_SHAPES[1:], ["fp16"])
+    assert not ok and not details
+    assert reason.startswith("nothing was compared: 5x136 fp16 normal: production returned cudaError 716")
 
 
 def test_check_candidate_static_rejection_needs_no_gpu(tmp_path):

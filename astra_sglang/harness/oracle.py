@@ -43,8 +43,13 @@ def run_case(
     baseline_only: bool = False,
     prod_attrs: Optional[Dict[str, Any]] = None,
     stage: Callable[[str], None] = lambda s: None,
+    reference_only: bool = False,
 ) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
     """Run candidate and production on one fresh input draw. Returns (details, failures, notes).
+
+    reference_only: production does not take this case (its variant's `supports`), so only the candidate runs and is
+    judged against the fp64 reference at its dtype's floor. The same happens when production refuses the case at run
+    time (an error code): the candidate may still serve the shape, so it is never left unjudged.
 
     prod_attrs: the workspace's variant attrs: production gets its inputs converted to the
     variant's convention (spec.to_variant_abi) and is judged against the reference under its
@@ -60,6 +65,8 @@ def run_case(
     notes: List[str] = []
     outs: Dict[str, Dict[str, Any]] = {}
     who_list = [("production", prod, bufs_p)] if baseline_only else [("candidate", cand, bufs_c), ("production", prod, bufs_p)]
+    if reference_only and not baseline_only:
+        who_list = who_list[:1]
     for who, impl, bufs in who_list:
         abi_in = to_prod_abi(spec, inputs, prod_attrs) if who == "production" else inputs
         bufs.load(abi_in)
@@ -73,9 +80,13 @@ def run_case(
             raise FatalCaseError(f"{label}: {who} crashed the CUDA context: {msg}") from e
         if rc != 0:
             name = cuda_error_name(rc)
-            if who == "production":
+            if who == "production" and baseline_only:
                 notes.append(f"{label}: production returned {name}; case skipped")
                 return [], [], notes
+            if who == "production":  # the candidate already ran: judge it against the reference alone
+                notes.append(f"{label}: production returned {name}; the candidate is judged against the fp64 "
+                             "reference alone")
+                break
             failures.append(f"{label}: candidate returned {name}")
             return [], failures, notes
         dmg = bufs.guard_damage()
@@ -156,10 +167,13 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
           ref: Dict[str, Any], ref_p: Dict[str, Any], baseline_only: bool = False,
           again: str = "") -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
     """The tolerance rule on every output: outs["candidate"] / outs["production"] against the fp64
-    references (numerics.py). Returns (details, failures, notes); `again` is appended to failures."""
+    references (numerics.py). Returns (details, failures, notes); `again` is appended to failures.
+    Without outs["production"] (production does not take the case) the candidate is held to its dtype's floor."""
     failures: List[str] = []
     notes: List[str] = []
     details: List[Dict[str, Any]] = []
+    if "production" not in outs:
+        return judge_reference_only(spec, label, dims, dtype, dist, run_index, outs["candidate"], ref, again)
     for name, r in ref.items():
         rp = rel_err(outs["production"][name], ref_p[name])
         short = SHORT_DTYPE.get(dtype_name(outs["production"][name]), dtype)
@@ -197,8 +211,43 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             "identical": None if baseline_only else identical_fraction(outs["candidate"][name],
                                                                        outs["production"][name]),
         })
+    _mark_failed(details, failures)
+    return details, failures, notes
+
+
+def judge_reference_only(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int, cand: Dict[str, Any],
+                         ref: Dict[str, Any], again: str = "") -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
+    """The candidate alone against the fp64 reference, at its output dtype's floor (no production error to scale
+    it by): the cases production does not take. Detail rows carry prod_err None and ref_only True."""
+    failures: List[str] = []
+    details: List[Dict[str, Any]] = []
+    for name, r in ref.items():
+        out = cand[name]
+        short = SHORT_DTYPE.get(dtype_name(out), dtype)
+        rc_ = rel_err(out, r)
+        tol = tolerance(spec, short, None)
+        mism = nonfinite_mismatch(out, r)
+        if rc_["nan"]:
+            failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
+        elif rc_["err"] > tol:
+            failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} (the {short} "
+                            f"floor: production does not take this case, so the fp64 reference alone judges it){again}")
+        if mism:
+            failures.append(f"{label}: candidate's {name} differs from the reference at {mism} positions where the "
+                            f"reference is ±inf/NaN{again}")
+        details.append({
+            "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
+            "cand_err": rc_["err"], "prod_err": None, "tol": tol, "ok": rc_["err"] <= tol and not mism,
+            "cand_norm": rc_["norm"], "prod_norm": None, "nan": rc_["nan"], "ref_nonfinite": int(rc_["ref_nonfinite"]),
+            "identical": None, "ref_only": True,
+        })
+    _mark_failed(details, failures)
+    return details, failures, []
+
+
+def _mark_failed(details: List[Dict[str, Any]], failures: List[str]) -> None:
+    """A detail row whose tensor a failure names is not ok (the NaN and non-finite failures included)."""
     if failures:
         for d in details:
             if any(f"{d['tensor']} " in f or f"{d['tensor']}:" in f for f in failures):
                 d["ok"] = False
-    return details, failures, notes

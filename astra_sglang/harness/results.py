@@ -52,7 +52,10 @@ class CheckResult:
             n = len({(d["shape"], d["dtype"]) for d in self.details})
             missed = sum(1 for x in self.notes if "not checked" in x)
             skipped = sum(1 for x in self.notes if ": skipped (" in x)
+            alone = len({(d["shape"], d["dtype"]) for d in self.details if d.get("ref_only")})
             extra = "".join([f", {skipped} skipped (production does not take them)" if skipped else "",
+                             f", {alone} judged against the fp64 reference alone (production does not take them)"
+                             if alone else "",
                              f", {missed} NOT CHECKED (harness out of memory)" if missed else ""])
             return (f"PASS {self.op} {who}: {n} shape×dtype cases, {len(self.details)} comparisons{extra} "
                     f"({self.seconds:.1f}s)")
