@@ -40,6 +40,10 @@ SPEC = activation.spec(
         ),
     ),
     corpus=activation.corpus(CORPUS, "gelu", prefill=(4096,), prefill_tp=(1,)),
+    # erff under --use_fast_math (both production paths): production's own fp32 error reached 7.3e-5 in check on the
+    # H200 (2026-11-28), 2x that is the least fp32 tolerance; the widths production's JIT kernel refuses are judged by
+    # it alone (the candidate's: 1.06e-5 on 7 x 1001).
+    fp32_floor=1.5e-4,
     edge_shapes=activation.edge_shapes(Shape((16384, 24576), ("edge", "largest"), "gemma-7b prefill")),
     replaces=(
         "sgl_kernel:gelu_and_mul",

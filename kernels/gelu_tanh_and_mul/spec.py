@@ -43,6 +43,11 @@ SPEC = activation.spec(
         ),
     ),
     corpus=activation.corpus(CORPUS, "gelu_tanh", prefill=(4096,), prefill_tp=(1,)),
+    # Both production paths take tanh from the hardware's tanh.approx.f32 (the JIT kernel's tanhf under
+    # --use_fast_math, FlashInfer's math::tanh in sgl_kernel): production's own fp32 error reached 1.79e-3 in check
+    # on the H200 (2026-11-28), 2x that is the least fp32 tolerance; the widths production's JIT kernel refuses are
+    # judged by it alone (the candidate's: 5.9e-4 on 7 x 1001).
+    fp32_floor=4e-3,
     edge_shapes=activation.edge_shapes(Shape((16384, 18432), ("edge", "largest"), "gemma-2-27b tp2 prefill")),
     replaces=(
         "sgl_kernel:gelu_tanh_and_mul",
