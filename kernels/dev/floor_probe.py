@@ -11,6 +11,9 @@ plain one-block kernel between them (CUDA graph of N repeats, with minus without
 
 --producer-k / --consumer-width set the GEMMs to a model's own (o_proj's input, qkv's or gate_up's output) to see
 whether the model's neighbours carry the same floor as bench's (producer 4096 -> hidden, consumer hidden -> 4096).
+
+What it showed (H200, 2026-11-28, results/2026-11-28-h200x2/session15/floor/): the floor is low where the producer ends
+with cuBLAS's split-K reduce kernel and high where it ends with one nvjet GEMM kernel, for the models' pairs too.
 """
 from __future__ import annotations
 
