@@ -443,3 +443,19 @@ def test_an_op_s_own_serving_dtypes_are_its_default_and_others_are_said():
     # one rule for bench, validate and the script: the same answers as default_dtypes for the model's dtypes
     assert out.stdout.split() == [",".join(default_dtypes(get_op(op).dtypes, get_op(op).serving_dtypes, ["bf16"]))
                                   for op in ("moe_grouped_router", "rmsnorm", "moe_align")]
+
+
+def test_the_footer_says_which_gemms_were_the_neighbours():
+    """bench --neighbours astra: the op between the GEMMs a patched server runs (astra's linear where its adapter
+    takes the shape). The footer counts the rows where each of the two was astra's; cublas says F.linear."""
+    rep = _report()
+    for r in rep.rows:
+        r.context_base_us, r.context_cand_us, r.context_speedup = 2.0, 1.5, 2.0 / 1.5
+    rep.context_neighbours = "cublas"
+    assert "(F.linear, cuBLAS via torch" in rep.table()
+    rep.context_neighbours = "astra"
+    rep.rows[0].context_gemms, rep.rows[1].context_gemms = "linear / linear", "cuBLAS / cuBLAS"
+    line = next(x for x in rep.table().splitlines() if x.startswith("in context: the op between"))
+    assert "--neighbours astra" in line and "producer astra's on 1 of 2 rows, consumer on 1" in line
+    back = BenchReport.from_dict(rep.to_dict())
+    assert back.context_neighbours == "astra" and back.rows[0].context_gemms == "linear / linear"

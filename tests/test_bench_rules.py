@@ -318,6 +318,45 @@ def test_in_context_neighbours_are_linear_layers_around_the_op(consumer_k):
     assert CONTEXT_K == 4096
 
 
+def test_neighbours_run_the_gemm_a_patched_server_runs_where_it_takes_the_shape():
+    """bench --neighbours astra: a GEMM that does not decline the producer's (consumer's) shape runs it instead of
+    F.linear, with the producer's activation, weight and the op's input as (x, w, out); `kinds` says which ran."""
+    from astra_sglang.harness.timer import Neighbours
+
+    spec, dims, fresh, sets = _spec_and_sets(n=1, dims=(3, 64))
+    s = {k: v.float() for k, v in sets[0].items()}
+    calls = []
+
+    class Gemm:   # takes the producer (3 x 32 -> 128) and declines the consumer (3 x 64 -> 48)
+        @staticmethod
+        def declines(tokens, in_features, out_features, dtype):
+            return None if (tokens, in_features, out_features) == (3, 32, 128) else "not this one"
+
+        def __call__(self, x, w, out):
+            calls.append((tuple(x.shape), tuple(w.shape), tuple(out.shape)))
+            out.copy_(x @ w.T * 2)   # not F.linear's result: shows which one ran
+
+    nb = Neighbours(spec, s, k=32, consumer_k=48, gemm=Gemm())
+    assert nb.kinds == ("linear", "cuBLAS")
+    nb.produce(s, 1)
+    assert calls == [((3, 32), (128, 32), (3, 128))] and torch.allclose(s["input"], 2 * nb.a[1] @ nb.b.T)
+    s["out"].copy_(torch.randn_like(s["out"]))
+    nb.consume(s)
+    assert len(calls) == 1 and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
+    assert Neighbours(spec, s, k=32).kinds == ("cuBLAS", "cuBLAS")
+
+
+def test_the_astra_neighbour_follows_linears_adapter():
+    """Which GEMMs a patched server runs as astra's linear: the adapter's rule (tokens, widths), fp16 / bf16 only."""
+    from astra_sglang.harness.neighbour_gemm import linear_declines
+
+    assert linear_declines(1, 4096, 6144, torch.bfloat16) is None
+    assert linear_declines(2, 14336, 4096, torch.float16) is None
+    assert "tokens" in linear_declines(64, 4096, 4096, torch.bfloat16)
+    assert "fp16 / bf16" in linear_declines(1, 4096, 4096, torch.float32)
+    assert "multiple of 8" in linear_declines(1, 4100, 4096, torch.bfloat16)
+
+
 def test_in_context_neighbours_of_an_integer_op_use_bf16_activations_of_its_rows():
     """moe_align reads int32 expert ids and writes int32 sorted ids: a GEMM can do neither (torch refuses:
     "normal_kernel_cuda not implemented for 'Int'", so every in-context row went unmeasured). The producer then

@@ -87,6 +87,19 @@ def test_bench_rejects_a_neighbour_size_below_one(tmp_path, capsys, flag):
     assert not (ws / "bench").exists()
 
 
+def test_bench_rejects_unknown_neighbours(tmp_path, capsys):
+    ws = _fake_ws(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "silu_and_mul", "--workspace", str(ws), "--neighbours", "nvjet"])
+    assert e.value.code == 2 and "--neighbours" in capsys.readouterr().err
+    from astra_sglang.errors import AstraError
+    from astra_sglang.harness.bench import bench
+    from astra_sglang.build.workspace import Workspace
+
+    with pytest.raises(AstraError, match="--neighbours must be cublas or astra, not 'nvjet'"):
+        bench("silu_and_mul", Workspace.open("silu_and_mul", path=ws), None, neighbours="nvjet")
+
+
 def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):
     from astra_sglang.harness.bench import bench
     from astra_sglang.errors import AstraError

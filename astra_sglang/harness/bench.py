@@ -65,6 +65,11 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
     uuid = str(getattr(props, "uuid", ""))
     emit("stage", msg=f"device {dev_name}: {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB")
     helpers = Helpers(job["helper_lib"])
+    gemm = None
+    if job.get("neighbour_linear"):  # --neighbours astra: the GEMMs a patched server runs around the op
+        from .neighbour_gemm import AstraLinear
+
+        gemm = AstraLinear(job["neighbour_linear"])
     key = ceiling_key(dev_name, uuid, torch.version.cuda or "")
     cached = load_cached_ceiling(Path(job["ceiling_cache"]), key) if not job.get("remeasure") else None
     if cached:
@@ -182,7 +187,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
                                            restore if inout else None, job.get("consumer_width"), helpers,
-                                           job.get("producer_k"))
+                                           job.get("producer_k"), gemm)
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -235,8 +240,9 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
                     replays: int, before, consumer_width: Optional[int] = None,
-                    helpers: Optional[Helpers] = None, producer_k: Optional[int] = None) -> str:
-    """Time each implementation between a producer and a consumer GEMM (timer.Neighbours) on input set 0,
+                    helpers: Optional[Helpers] = None, producer_k: Optional[int] = None, gemm: Any = None) -> str:
+    """Time each implementation between a producer and a consumer GEMM (timer.Neighbours; `gemm`: astra's linear
+    where the patched server runs it, neighbour_gemm.py) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
     touch kernel is timed in the same place too: the in-context floor no kernel there can beat, so production's
     time over it is the most any candidate could gain (`BenchRow.headroom`). Returns a note when it could not be
@@ -247,9 +253,10 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], k=int(producer_k or CONTEXT_K), consumer_k=consumer_width)
+        nb = Neighbours(spec, sets[0], k=int(producer_k or CONTEXT_K), consumer_k=consumer_width, gemm=gemm)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    row.context_gemms = " / ".join(nb.kinds)
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
 
     def alone(i: int) -> None:
@@ -535,6 +542,7 @@ def bench(
     consumer_width: Optional[int] = None,
     producer_k: Optional[int] = None,
     on_row: Optional[Callable[[BenchReport], None]] = None,
+    neighbours: str = "cublas",
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
 
@@ -543,6 +551,9 @@ def bench(
 
     baseline="installed" also times the installed SGLang callable the patch replaces (installed.py)
     beside the extracted production kernel, and counts the elements where the two differ in bits.
+
+    neighbours="astra": the in-context GEMMs are astra's shipped linear wherever its adapter takes their shape (what a
+    patched server runs there), else cuBLAS; "cublas": F.linear always (an unpatched server's GEMMs).
 
     Never raises for anything the candidate does: a failure leaves report.ok False with the reason.
     Raises AstraError for usage errors."""
@@ -560,6 +571,8 @@ def bench(
             raise AstraError(f"{flag} must be at least 1, not {v}")
     if l2 not in ("cold", "warm"):
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
+    if neighbours not in ("cublas", "astra"):
+        raise AstraError(f"--neighbours must be cublas or astra, not {neighbours!r}")
     spec = get_op(op)
     if baseline not in ("extracted", "installed"):
         raise AstraError(f"--baseline must be extracted or installed, not {baseline!r}")
@@ -621,6 +634,15 @@ def bench(
         if not cb.ok:
             return fail(f"compile error: {first_error_line(cb.log)}")
     helpers = build_helpers(ws.manifest.get("arch") or "sm_90")
+    linear_lib = ""
+    if context and neighbours == "astra":
+        from ..patch.apply import build_kernel
+
+        say("building astra's linear (the in-context neighbour GEMMs)")
+        try:
+            linear_lib = str(build_kernel("linear", arch=ws.manifest.get("arch") or None))
+        except AstraError as e:
+            return fail(f"--neighbours astra: {e}")
     width = int(consumer_width or CONTEXT_K)   # the in-context consumer GEMM's output width, decided once
     pk = int(producer_k or CONTEXT_K)          # and the producer GEMM's inner size
     job = {
@@ -630,9 +652,11 @@ def bench(
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
         "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width, "producer_k": pk,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
+        "neighbour_linear": linear_lib,
     }
     rep.context_consumer_width = width if context else 0
     rep.context_producer_k = pk if context else 0
+    rep.context_neighbours = neighbours if context else ""
     def row_done(ev: Dict[str, Any]) -> None:
         if fold_event(rep, ev, len(shape_list) * len(dts), say) and on_row is not None:
             rep.seconds = time.monotonic() - t0

@@ -111,12 +111,15 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
               "(default 4096): the model's next GEMM, e.g. 2 x intermediate / TP after a post-attention norm.")
 @click.option("--producer-k", type=int, help="Inner size of the in-context producer GEMM (default 4096): the model's "
               "own, e.g. o_proj's heads x head_dim before a post-attention norm.")
+@click.option("--neighbours", type=click.Choice(["cublas", "astra"]), default="cublas", show_default=True,
+              help="The in-context GEMMs: cublas (F.linear, an unpatched server's) or astra (the shipped linear where "
+                   "its adapter takes the shape, as a patched server runs it; else cuBLAS).")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds without progress before the run counts as hung.")
 def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, out, no_plot, no_recheck,
-              remeasure_ceiling, baseline, no_context, consumer_width, producer_k, ncu, ncu_shape, timeout):
+              remeasure_ceiling, baseline, no_context, consumer_width, producer_k, neighbours, ncu, ncu_shape, timeout):
     """Time OP's production kernel (and a candidate) as L2-cold CUDA graphs, chained and in context: table,
     JSON, plot. Decode rows (<= 256 tokens) take their speedup from the in-context time."""
     from .bench import bench
@@ -130,7 +133,7 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress,
                 context=not no_context, baseline=baseline, consumer_width=consumer_width, producer_k=producer_k,
-                on_row=lambda partial: partial.to_json(out))
+                neighbours=neighbours, on_row=lambda partial: partial.to_json(out))
     rep.to_json(out)
     click.echo(rep.table())
     click.echo(f"  wrote {out}", err=True)

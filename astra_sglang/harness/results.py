@@ -117,6 +117,7 @@ class BenchRow:
     context_spread_us: Optional[float] = None  # p90 - p10 of the marginal times (the larger of the two)
     context_speedup: Optional[float] = None  # context_base_us / context_cand_us
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
+    context_gemms: str = ""  # what ran as producer / consumer GEMM: "cuBLAS / cuBLAS", "linear / cuBLAS", ...
     # the touch kernel's marginal time in the same place (timer.py): no kernel there can take less
     context_floor_us: Optional[float] = None
     context_floor_spread_us: Optional[float] = None
@@ -238,6 +239,7 @@ class BenchReport:
     production: str = ""  # what production is: the extracted baseline or SGLang's installed callable
     context_consumer_width: int = 0  # output width of the in-context consumer GEMM (0: not timed in context)
     context_producer_k: int = 0  # inner size of the in-context producer GEMM (0: not timed in context, or older)
+    context_neighbours: str = ""  # "cublas" or "astra" (bench --neighbours); "" not timed in context, or older
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -317,6 +319,16 @@ class BenchReport:
     def served_geomean(self) -> Optional[float]:
         """Geomean over the rows the patch takes (the adapter's rule), where the bench marked them."""
         return geomean(r.speedup for r in self.rows if r.speedup and r.kept == "")
+
+    def gemms_said(self) -> str:
+        """What the in-context GEMMs were, for the footer."""
+        if self.context_neighbours != "astra":
+            return "F.linear, cuBLAS via torch, as SGLang's linear layers"
+        rows = [r for r in self.rows if r.context_gemms]
+        n_p = sum(1 for r in rows if r.context_gemms.startswith("linear"))
+        n_c = sum(1 for r in rows if r.context_gemms.endswith("linear"))
+        return (f"--neighbours astra: astra's linear where its adapter takes the GEMM, as a patched server runs it, "
+                f"else cuBLAS; producer astra's on {n_p} of {len(rows)} rows, consumer on {n_c}")
 
     def served_line(self) -> str:
         """The rows serving sees: where the adapter leaves some corpus rows to SGLang by design (linear's 8-token and
@@ -413,7 +425,7 @@ class BenchReport:
             width = f" of output width {self.context_consumer_width}" if self.context_consumer_width else ""
             inner = f" of inner size {self.context_producer_k}" if self.context_producer_k else ""
             foot.append(f"in context: the op between a producer GEMM{inner} writing its inputs and a consumer GEMM"
-                        f"{width} reading its outputs (F.linear, cuBLAS via torch, as SGLang's linear layers), one CUDA "
+                        f"{width} reading its outputs ({self.gemms_said()}), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
             if has_f:

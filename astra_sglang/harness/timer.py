@@ -373,10 +373,13 @@ class Neighbours:
     A GEMM cannot write integers (moe_align's expert ids) nor read them as activations: where the op's first
     input (output) is not floating point, the producer writes (the consumer reads) a bf16 activation of the op's
     rows instead. The GEMMs then keep the stream order, the launch gaps and the L2 traffic of a model's graph
-    (router GEMM -> align -> expert GEMM) but not the data dependency."""
+    (router GEMM -> align -> expert GEMM) but not the data dependency.
+
+    `gemm` (neighbour_gemm.AstraLinear, bench --neighbours astra): the GEMM a patched server runs instead of cuBLAS
+    where it does not decline the shape (`gemm.declines(tokens, in, out, dtype)` None); `kinds` says which ran."""
 
     def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
-                 consumer_k: Optional[int] = None):
+                 consumer_k: Optional[int] = None, gemm: Any = None):
         import torch
 
         ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
@@ -405,6 +408,11 @@ class Neighbours:
         y_rows = dst.shape[0] if self.dst_scratch is None else rows
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
+        takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
+        self.prod_gemm = gemm if takes(rows, k, self.width_in, act) else None
+        self.cons_gemm = gemm if takes(y_rows, self.width_out, kc, out_dtype) else None
+        # what ran as the producer / consumer, for the row: "linear" (astra's) or "cuBLAS"
+        self.kinds = tuple("linear" if g is not None else "cuBLAS" for g in (self.prod_gemm, self.cons_gemm))
 
     def produced(self, tensors: Dict[str, Any]):
         """The tensor the producer GEMM writes: the op's first input (or its bf16 stand-in)."""
@@ -414,13 +422,21 @@ class Neighbours:
         import torch
 
         t = self.produced(tensors)
-        torch.nn.functional.linear(self.a[i % 2], self.b, out=t.view(t.shape[0], self.width_in))
+        out = t.view(t.shape[0], self.width_in)
+        if self.prod_gemm is not None:
+            self.prod_gemm(self.a[i % 2], self.b, out)
+        else:
+            torch.nn.functional.linear(self.a[i % 2], self.b, out=out)
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
 
         t = tensors[self.dst_name] if self.dst_scratch is None else self.dst_scratch
-        torch.nn.functional.linear(t.view(t.shape[0], self.width_out), self.c, out=self.y)
+        x = t.view(t.shape[0], self.width_out)
+        if self.cons_gemm is not None:
+            self.cons_gemm(x, self.c, self.y)
+        else:
+            torch.nn.functional.linear(x, self.c, out=self.y)
 
 
 def plan_context_calls(gemm_bytes: int, op_est_us: float, gbps: float, target_us: float = CONTEXT_TARGET_US,

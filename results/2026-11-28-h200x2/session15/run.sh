@@ -18,10 +18,23 @@
 #                   Gemma-2-9B server A/B, as part s
 #   bash run.sh c   (4x H200) server A/Bs at concurrency 4 (16 prompts, 128 in / 128 out), as part s, one model a GPU:
 #                   Qwen3-8B, Llama-3-8B, Gemma-2-9B, and the Qwen3-30B-A3B-shaped MoE model (20 layers)
+#   bash run.sh n   (1x H200, no wheelhouse: bench needs no SGLang) fused_add_rmsnorm at 1-4 tokens in context, the
+#                   neighbour GEMMs cuBLAS (--neighbours cublas) and then astra's linear (--neighbours astra), in one call
 set -uo pipefail
-PART=${1:?f, s, t or c}
+PART=${1:?f, s, t, c or n}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s15/$PART; mkdir -p $O
+export WS=astra-work/ws
+if [ $PART = n ]; then
+  source kernels/astra_env.sh; AS="python3 -m astra_sglang.cli"; fw=$WS/flashinfer/fused_add_rmsnorm
+  for nb in cublas astra; do
+    timeout 100 $AS bench fused_add_rmsnorm --workspace $fw --candidate kernels/fused_add_rmsnorm/kernel.cu --dtype bf16 \
+      --shapes 1x4096,1x5120,1x7168,1x8192,2x4096,4x4096,4x5120 --replays 20 --neighbours $nb --no-recheck \
+      --out $O/fanorm-$nb.json > $O/fanorm-$nb.log 2>&1
+    echo "neighbours $nb rc=$? at $(el)s"; grep -E "^ *[0-9]+x|geomean|in context: the op|floor" $O/fanorm-$nb.log | cut -c1-220
+  done
+  tar -C /tmp/s15 -cJf $OUT/$PART.tar.xz $PART; exit 0
+fi
 bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
 export PYTHONPATH=/tmp/e2e-site PYTHONUNBUFFERED=1 WS=astra-work/ws
 echo "installed at $(el)s"
