@@ -10,6 +10,8 @@
 #                                                           would start late)
 #   EXTRACT=1 bash kernels/gpu_run.sh                      (extract a missing workspace from the SGLang installed
 #                                                           here first, e.g. PYTHONPATH=/tmp/e2e-site)
+#   NEIGHBOURS=astra bash kernels/gpu_run.sh decode        (the in-context GEMMs a patched server runs: astra's
+#                                                           linear where it takes them; bench --neighbours)
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces
@@ -99,7 +101,7 @@ for ph in ${phases//,/ }; do
     lim=$(( DEADLINE + 60 - $(el) )); [ $lim -le 540 ] || lim=540   # a late bench still ends near the deadline
     dt=$(dtypes_of $op)
     timeout $lim $AS bench $op --workspace "$ws" --candidate "kernels/$op/kernel.cu" --shapes $ph --replays $reps \
-      ${dt:+--dtype $dt} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
+      ${dt:+--dtype $dt} ${NEIGHBOURS:+--neighbours $NEIGHBOURS} --out "$R/${ph}_$op.json" > "$R/${ph}_$op.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     summary "$ph $op rc=$rc: $(grep -E '^geomean|^rows:|^served:|^over the floor|refused|error' "$R/${ph}_$op.log" | head -5 | tr '\n' ' ' | cut -c1-640)"
   done
