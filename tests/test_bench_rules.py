@@ -344,6 +344,8 @@ def test_neighbours_run_the_gemm_a_patched_server_runs_where_it_takes_the_shape(
     nb.consume(s)
     assert len(calls) == 1 and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
     assert Neighbours(spec, s, k=32).kinds == ("cuBLAS", "cuBLAS")
+    strided = dict(s, input=torch.randn(3, 256)[:, ::2])   # a column view: F.linear keeps the producer
+    assert Neighbours(spec, strided, k=32, consumer_k=48, gemm=Gemm()).kinds == ("cuBLAS", "cuBLAS")
 
 
 def test_the_astra_neighbour_follows_linears_adapter():

@@ -409,8 +409,11 @@ class Neighbours:
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
         takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
-        self.prod_gemm = gemm if takes(rows, k, self.width_in, act) else None
-        self.cons_gemm = gemm if takes(y_rows, self.width_out, kc, out_dtype) else None
+        # astra's linear writes and reads contiguous rows only; a strided op tensor keeps F.linear, as serving would
+        src_ok = self.src_scratch is not None or src.is_contiguous()
+        dst_ok = self.dst_scratch is not None or dst.is_contiguous()
+        self.prod_gemm = gemm if src_ok and takes(rows, k, self.width_in, act) else None
+        self.cons_gemm = gemm if dst_ok and takes(y_rows, self.width_out, kc, out_dtype) else None
         # what ran as the producer / consumer, for the row: "linear" (astra's) or "cuBLAS"
         self.kinds = tuple("linear" if g is not None else "cuBLAS" for g in (self.prod_gemm, self.cons_gemm))
 
