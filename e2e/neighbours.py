@@ -6,7 +6,8 @@ per call, and the cuBLAS GEMM after it took 5.4 µs longer. Bench's in-context t
 small consumer GEMM, did not show this.
 
 For every covered op, this module pairs each of its kernels with the next kernel on the same stream,
-in arm A's and arm B's decode traces. It then compares, per pair:
+in arm A's and arm B's decode traces (a cuBLAS split-K GEMM and its reduce kernel count as one call). It then
+compares, per pair:
   - the op's exposed time: from its start, or from the end of the kernel before it where that is later,
     to its end;
   - the next kernel's exposed time, likewise;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -35,6 +37,7 @@ from .attribution import Match, classify
 from .trace import KernelEvent, load_trace
 
 Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
+_SPLITK_REDUCE = re.compile(r"splitKreduce", re.IGNORECASE)   # cuBLAS's second kernel of a split-K GEMM
 
 
 def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
@@ -50,22 +53,37 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
             by_stream[k.stream].append(k)
     out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
     for ks in by_stream.values():
-        ks.sort(key=lambda k: k.ts)
-        # a kernel's exposed start: its start, or the end of every kernel before it on the stream where that is
-        # later. A PDL-launched kernel starts early and waits in griddepcontrol.wait; that wait is the kernel
-        # before it still running, and counting it again made a faster producer look like a slower op.
-        starts, frontier = [], float("-inf")
-        for k in ks:
-            starts.append(max(k.ts, frontier))
-            frontier = max(frontier, k.ts + k.dur)
-        for i in range(len(ks) - 1):
-            p, n = ks[i], ks[i + 1]
+        calls = _calls(sorted(ks, key=lambda k: k.ts))
+        for (p, p_start, p_end), (n, n_start, n_end) in zip(calls, calls[1:]):
             m = match(p.name)
             if m.covered:
-                p_end, n_end = p.ts + p.dur, n.ts + n.dur
-                out[(m.op, match(n.name).op)].append((max(0.0, p_end - starts[i]), max(0.0, n_end - starts[i + 1]),
-                                                      n_end - starts[i]))
+                out[(m.op, match(n.name).op)].append((max(0.0, p_end - p_start), max(0.0, n_end - n_start),
+                                                      n_end - p_start))
     return out
+
+
+def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float]]:
+    """One stream's kernels, in order, as calls: (the call's first kernel, its exposed start, its end).
+
+    A kernel's exposed start is its start, or the end of every kernel before it on the stream where that is
+    later. A PDL-launched kernel starts early and waits in griddepcontrol.wait; that wait is the kernel before it
+    still running, and counting it again made a faster producer look like a slower op.
+
+    cuBLAS's split-K GEMM is two kernels, the GEMM then `cublasLt::splitKreduce_kernel`. Every split-K GEMM shares
+    the reduce kernel's name, so the profile cannot call it a projection. It is one call here, named by its GEMM
+    kernel, so a cuBLAS projection pairs as `linear` whether cuBLAS split it or not. Otherwise astra's linear in arm
+    B pairs with the norm after it, and the same calls in arm A (GEMM, reduce, norm) had no pair at all."""
+    calls: List[Tuple[KernelEvent, float, float]] = []
+    frontier = float("-inf")
+    for k in ks:
+        start = max(k.ts, frontier)
+        frontier = max(frontier, k.ts + k.dur)
+        if calls and _SPLITK_REDUCE.search(k.name) and not _SPLITK_REDUCE.search(calls[-1][0].name):
+            first, first_start, _ = calls[-1]
+            calls[-1] = (first, first_start, k.ts + k.dur)
+        else:
+            calls.append((k, start, k.ts + k.dur))
+    return calls
 
 
 def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",

@@ -150,3 +150,34 @@ def test_the_table_classifies_as_the_profile_does_sglangs_router_gemm_included(t
     assert ("fused_add_rmsnorm", "moe_gate") in rows and ("fused_add_rmsnorm", "gemm") not in rows
     gate = rows[("moe_gate", "moe_router")]
     assert gate["op_us"] == pytest.approx((5.0, 2.8)) and gate["op_delta_step_us"] == pytest.approx(-2.2)
+
+
+REDUCE = "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true>(...)"
+LINEAR_B = "void astra_lin::(anonymous namespace)::linear_fma_kernel<__nv_bfloat16, 2, 1>(...)"
+
+
+def test_a_split_k_gemm_is_one_call_named_by_its_gemm_kernel():
+    """cuBLAS's split-K GEMM ends in a reduce kernel whose name every split-K GEMM shares (the profile cannot call it
+    a projection). In A, down_proj ran as GEMM + reduce before the norm, and the (linear, norm) pair B's astra linear
+    made had no counterpart: B's row counted 2 calls a step against A's 1 (Llama-3-8B, batch 4, H200, 2026-11-28)."""
+    from astra_sglang.e2e.attribution import Match, classify
+
+    def match(name):   # as profile.op_classifier names a model's projection GEMM kernels
+        return Match("linear", "op", True, "astra" in name) if name in (GEMM, LINEAR_B) else classify(name)
+
+    a, b, t = [], [], 0.0
+    for _ in range(2):   # per step: o_proj (one nvjet kernel) -> norm, down_proj (split-K: nvjet + reduce) -> norm
+        for ks, seq in ((a, ((GEMM, 6.0), (NORM_A, 2.0), (GEMM, 8.0), (REDUCE, 1.0), (NORM_A, 2.0))),
+                        (b, ((LINEAR_B, 5.0), (NORM_B, 1.5), (LINEAR_B, 7.0), (NORM_B, 1.5)))):
+            u = t
+            for name, dur in seq:
+                ks.append(KernelEvent(name, u, dur, stream=7))
+                u += dur
+        t += 100.0
+    pa = pairs(a, match=match)
+    assert len(pa[("linear", "fused_add_rmsnorm")]) == 4        # both projections, the split one included
+    assert sorted(x[0] for x in pa[("linear", "fused_add_rmsnorm")]) == [6.0, 6.0, 9.0, 9.0]  # GEMM + its reduce
+    assert ("gemm", "fused_add_rmsnorm") not in pa
+    r = next(x for x in consumer_effects(a, b, steps=2, match=match) if x["op"] == "linear")
+    assert (r["calls_per_step"], r["calls_per_step_b"]) == (2.0, 2.0)
+    assert r["op_delta_step_us"] == pytest.approx((5.0 + 7.0) - (6.0 + 9.0))
