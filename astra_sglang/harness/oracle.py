@@ -172,16 +172,15 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
     failures: List[str] = []
     notes: List[str] = []
     details: List[Dict[str, Any]] = []
-    if "production" not in outs:
-        return judge_reference_only(spec, label, dims, dtype, dist, run_index, outs["candidate"], ref, again)
+    prod = outs.get("production")   # None: production does not take the case; the dtype's floor judges alone
     for name, r in ref.items():
-        rp = rel_err(outs["production"][name], ref_p[name])
-        short = SHORT_DTYPE.get(dtype_name(outs["production"][name]), dtype)
+        rp = rel_err(prod[name], ref_p[name]) if prod is not None else None
+        short = SHORT_DTYPE.get(dtype_name((prod if prod is not None else outs["candidate"])[name]), dtype)
         if baseline_only:
             rc_ = rp
             limit = BASELINE_SLACK * tolerance(spec, short, None)
             tol = limit
-            mism = nonfinite_mismatch(outs["production"][name], ref_p[name])
+            mism = nonfinite_mismatch(prod[name], ref_p[name])
             ok = rp["err"] <= limit
             if not ok:
                 failures.append(f"{label}: production's {name} disagrees with the fp64 reference: error "
@@ -191,58 +190,31 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
                 notes.append(f"{label}: production's {name} differs from the reference at {mism} non-finite positions")
         else:
             rc_ = rel_err(outs["candidate"][name], r)
-            prod_err = rp["err"]
+            prod_err = rp["err"] if rp else None
             tol = tolerance(spec, short, prod_err)
-            mism = nonfinite_mismatch(outs["candidate"][name], r, outs["production"][name])
+            mism = nonfinite_mismatch(outs["candidate"][name], r, prod[name] if prod is not None else None)
             ok = rc_["err"] <= tol and not mism
             if rc_["nan"]:
                 failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
             elif rc_["err"] > tol:
-                failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} "
-                                f"(production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)){again}")
+                why = (f"production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)" if rp else
+                       f"the {short} floor: production does not take this case, so the fp64 reference alone judges it")
+                failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} ({why}){again}")
             if mism:
-                failures.append(f"{label}: candidate's {name} differs from reference and production at {mism} "
-                                f"positions where the reference is ±inf/NaN{again}")
+                failures.append(f"{label}: candidate's {name} differs from reference"
+                                + (" and production" if rp else "") + f" at {mism} positions where the reference is "
+                                f"±inf/NaN{again}")
         details.append({
             "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
-            "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"], "tol": tol, "ok": ok,
-            "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"],
-            "nan": rc_["nan"], "ref_nonfinite": int(rp["ref_nonfinite"]),
-            "identical": None if baseline_only else identical_fraction(outs["candidate"][name],
-                                                                       outs["production"][name]),
+            "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"] if rp else None, "tol": tol,
+            "ok": ok, "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"] if rp else None,
+            "nan": rc_["nan"], "ref_nonfinite": int((rp or rc_)["ref_nonfinite"]),
+            "identical": None if baseline_only or prod is None else identical_fraction(outs["candidate"][name],
+                                                                                        prod[name]),
+            **({} if rp else {"ref_only": True}),
         })
     _mark_failed(details, failures)
     return details, failures, notes
-
-
-def judge_reference_only(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int, cand: Dict[str, Any],
-                         ref: Dict[str, Any], again: str = "") -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
-    """The candidate alone against the fp64 reference, at its output dtype's floor (no production error to scale
-    it by): the cases production does not take. Detail rows carry prod_err None and ref_only True."""
-    failures: List[str] = []
-    details: List[Dict[str, Any]] = []
-    for name, r in ref.items():
-        out = cand[name]
-        short = SHORT_DTYPE.get(dtype_name(out), dtype)
-        rc_ = rel_err(out, r)
-        tol = tolerance(spec, short, None)
-        mism = nonfinite_mismatch(out, r)
-        if rc_["nan"]:
-            failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
-        elif rc_["err"] > tol:
-            failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} (the {short} "
-                            f"floor: production does not take this case, so the fp64 reference alone judges it){again}")
-        if mism:
-            failures.append(f"{label}: candidate's {name} differs from the reference at {mism} positions where the "
-                            f"reference is ±inf/NaN{again}")
-        details.append({
-            "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
-            "cand_err": rc_["err"], "prod_err": None, "tol": tol, "ok": rc_["err"] <= tol and not mism,
-            "cand_norm": rc_["norm"], "prod_norm": None, "nan": rc_["nan"], "ref_nonfinite": int(rc_["ref_nonfinite"]),
-            "identical": None, "ref_only": True,
-        })
-    _mark_failed(details, failures)
-    return details, failures, []
 
 
 def _mark_failed(details: List[Dict[str, Any]], failures: List[str]) -> None:
