@@ -409,7 +409,7 @@ class Neighbours:
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
         takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
-        # astra's linear writes and reads contiguous rows only; a strided op tensor keeps F.linear, as serving would
+        # astra's linear takes contiguous rows only (its ABI): a strided op tensor keeps F.linear
         src_ok = self.src_scratch is not None or src.is_contiguous()
         dst_ok = self.dst_scratch is not None or dst.is_contiguous()
         self.prod_gemm = gemm if src_ok and takes(rows, k, self.width_in, act) else None
