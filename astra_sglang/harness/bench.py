@@ -232,7 +232,8 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     recheck.update(ok=False, reason=recheck["reason"] or f[0])
                 # the parent's partial JSON keeps the re-checks so far: a run cut by its deadline still says
                 emit("recheck", recheck=recheck, failures=f)
-            del sets, prod_sets, pristine, gset, first
+            # dropped, not del'd: the timed closures above name them (pyflakes reads a del as undefining them)
+            sets = prod_sets = pristine = gset = first = None
             torch.cuda.empty_cache()
     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
                          ceiling.get("read_gbps"))
@@ -307,7 +308,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         row.context_installed_us = marg["installed"]["median"]
     row.context_failed = verify_context_graphs(spec, graphs[1:1 + len(impls)], impls, sets, prod_sets, nb, dims,
                                                dtype, n)
-    del graphs, nb
+    graphs = nb = None   # freed before the next row (not del'd: the timed closures name nb)
     torch.cuda.synchronize()
     return unmeasurable_context(row) or floor_note
 

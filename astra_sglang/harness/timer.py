@@ -306,7 +306,7 @@ def measure_ceiling(helpers: Helpers, nbytes: int = CEILING_BYTES, calls: int = 
     if not torch.equal(src[:4096], dst[:4096]) or not torch.equal(src[-4096:], dst[-4096:]):
         raise RuntimeError("the copy kernel did not copy")
     per_call_s = median(ms) / 1e3 / calls
-    del dst, g
+    dst = g = None   # freed (not del'd: the timed closure names dst)
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
 
     def read(i: int) -> None:
@@ -317,7 +317,7 @@ def measure_ceiling(helpers: Helpers, nbytes: int = CEILING_BYTES, calls: int = 
     g = graph_of(read, calls)
     rms = time_graphs([g], replays)[0]
     read_s = median(rms) / 1e3 / calls
-    del src, sink, g
+    src = sink = g = None
     torch.cuda.empty_cache()
     return {"gbps": 2 * nbytes / per_call_s / 1e9, "bytes": nbytes, "spread": max(spread(ms), spread(rms)),
             "read_gbps": nbytes / read_s / 1e9,
