@@ -3,7 +3,8 @@
 A bench JSON (`astra-sglang bench --out`) of the shipped kernel (its "candidate" is kernels/<op>/kernel.cu;
 other candidates are experiments) has "op", "date" and "rows" of {"shape": "32x4096",
 "dtype": "bf16", "speedup": 1.31, ...}; where the bench also timed SGLang's installed callable in context, the
-speedup over that is the one used (serving_speedup). Lookup: the newest file (by its "date") that has a row
+speedup over that is the one used (serving_speedup). Benches timed between astra's linears (`--neighbours astra`) are not read: the profile scales the op time of an
+unpatched step, whose neighbours are cuBLAS. Lookup: the newest file (by its "date") that has a row
 for the op, the dtype and the exact shape; failing that, the row of the same trailing dims whose
 token count is nearest within a factor of NEAREST_MAX_RATIO (reported as "~" with the shape it came
 from); else unmeasured. The bound: a 64-token row says nothing about 1 token (other launch regime, and
@@ -63,6 +64,10 @@ def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
         return None
     if not is_shipped_candidate(str(d["op"]), d.get("candidate")) or d.get("shipped") is False:
         return None   # an experiment, or a kernels/<op>/kernel.cu trial that was reverted (marked "shipped": false)
+    if d.get("context_neighbours") == "astra":
+        # timed between astra's linears (bench --neighbours astra): production's kernel there is not what the
+        # unpatched step ran, so the ratio would not scale the op time the profile measured in it
+        return None
     rows = [dict(r, speedup=serving_speedup(r)) for r in d["rows"]
             if isinstance(r, dict) and "shape" in r and isinstance(r.get("speedup"), (int, float))]
     return (str(d["op"]), str(d.get("date", "")), rows, str(d.get("variant") or "")) if rows else None

@@ -232,6 +232,18 @@ def test_speedup_lookup_reads_records_kept_compressed(tmp_path):
     assert s.value == 1.25 and s.source.endswith("bench.json.xz")
 
 
+def test_a_bench_between_astras_linears_does_not_scale_the_unpatched_step(tmp_path):
+    """bench --neighbours astra times production's kernel between astra's linears, where the unpatched step never
+    ran it (fused_add_rmsnorm 1 x 4096: 2.06x there, 1.44x between cuBLAS GEMMs, H200 2026-11-28): the newest such
+    record must not become the profile's speedup."""
+    _bench(tmp_path / "cublas.json", "2026-11-28T14:00", [{"shape": "1x4096", "dtype": "bf16", "speedup": 1.44}])
+    d = json.loads((tmp_path / "cublas.json").read_text())
+    (tmp_path / "astra.json").write_text(json.dumps(dict(d, date="2026-11-28T14:01", context_neighbours="astra",
+                                                         rows=[dict(d["rows"][0], speedup=2.06)])))
+    s = SpeedupTable.from_dirs([tmp_path]).lookup("fused_add_rmsnorm", (1, 4096))
+    assert s.value == 1.44 and s.source.endswith("cublas.json")
+
+
 def test_the_newest_shipped_benches_in_results_are_all_read():
     """Every bench record of a shipped kernel under results/, plain or compressed, reaches the table (the
     compression of 2026-11-28 hid twelve of them, linear's newest bench among them, until the table read .xz)."""
