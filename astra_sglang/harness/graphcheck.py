@@ -147,11 +147,16 @@ def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Se
 
 
 def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequence[Dict[str, Any]],
-                         refs, prod_attrs: Optional[Dict[str, Any]], label: str) -> Tuple[List[str], Dict[str, float]]:
+                         refs, prod_attrs: Optional[Dict[str, Any]], label: str,
+                         reference_only: bool = False) -> Tuple[List[str], Dict[str, float], str]:
     """Production's errors on `fresh` (one eager call per set in one guarded buffer set, outputs kept):
-    the tolerance the candidate's graph replay is judged with."""
+    the tolerance the candidate's graph replay is judged with. Returns (failures, errors, refused). Where production
+    does not take the shape (reference_only, or an error code: `refused` says which) there are no errors, so the
+    candidate is held to its dtype's floor."""
     import torch
 
+    if reference_only:
+        return [], {}, ""
     scalars = spec.scalars(tuple(dims))
     kept = []
     for t in fresh:
@@ -159,9 +164,10 @@ def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequ
         rc = prod(bufs.views, dims, dtype, scalars)
         torch.cuda.synchronize()
         if rc:
-            return [f"{label}: production returned cudaError {rc}"], {}
+            return [], {}, (f"{label}: production returned cudaError {rc}; the candidate is judged against the fp64 "
+                            "reference alone")
         kept.append({n: v.clone() for n, v in bufs.views.items()})
-    return judge_sets(spec, "production", kept, fresh, refs, dtype, prod_attrs, label, dims=dims)
+    return (*judge_sets(spec, "production", kept, fresh, refs, dtype, prod_attrs, label, dims=dims), "")
 
 
 def check_as_timed(ctx, dims, dtype: str, reference_only: bool = False) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
@@ -202,12 +208,10 @@ def check_as_timed(ctx, dims, dtype: str, reference_only: bool = False) -> Tuple
         fresh = fresh_inputs(spec, dims, dtype, dist, [case_seed(ctx.seed, dims, dtype, "graph", rnd, j)
                                                        for j in range(n_sets)])
         refs = set_references(spec, fresh, dims, [1] * n_sets, ctx.prod_attrs)
-        f, perrs = [], {}
-        if not reference_only:
-            f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, fresh, refs, ctx.prod_attrs, label)
-        if f and "production returned" in f[0]:  # production refuses the shape: the floor judges the candidate
-            notes.append(f"{f[0]}; the candidate is judged against the fp64 reference alone")  # f[0] names the case
-            f, perrs = [], {}
+        f, perrs, refused = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, fresh, refs, ctx.prod_attrs,
+                                                 label, reference_only)
+        if refused:
+            notes.append(refused)
         if f:
             return details, [], notes + [f"{f[0]} (in-graph case skipped)"]
         refill(spec, sets, None, fresh, None)
@@ -250,11 +254,8 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str, reference_only: 
     label = f"{skey} {dtype} {dist} on a non-default stream behind queued work that writes its inputs"
     fresh = make_case_inputs(spec, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, "stream"), "cuda")
     refs = set_references(spec, [fresh], dims, [1], ctx.prod_attrs)
-    f, perrs = [], {}
-    if not reference_only:
-        f, perrs = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label)
-    if f and "production returned" in f[0]:
-        f, perrs = [], {}
+    f, perrs, _refused = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label,
+                                              reference_only)
     if f:
         return []
     roles = _roles(spec)
