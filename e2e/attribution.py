@@ -19,6 +19,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 # astra's shipped kernels live in namespaces astra_<short>:: (kernels/<op>/kernel.cu)
 ASTRA_NAMESPACE = re.compile(r"\bastra_[a-z0-9_]+::")  # astra_farn::, astra_gelu_tanh::, astra_kv_k::
+# cuBLAS's second kernel of a split-K GEMM (cublasLt::splitKreduce_kernel): its name is every split-K GEMM's, so
+# the profile and the neighbour table count it with the GEMM kernel before it
+SPLITK_REDUCE = re.compile(r"splitKreduce", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .attribution import Match, classify
+from .attribution import SPLITK_REDUCE, Match, classify
 from .trace import KernelEvent, load_trace
 
 Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
-_SPLITK_REDUCE = re.compile(r"splitKreduce", re.IGNORECASE)   # cuBLAS's second kernel of a split-K GEMM
 
 
 def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
@@ -78,7 +76,7 @@ def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float]]:
     for k in ks:
         start = max(k.ts, frontier)
         frontier = max(frontier, k.ts + k.dur)
-        if calls and _SPLITK_REDUCE.search(k.name) and not _SPLITK_REDUCE.search(calls[-1][0].name):
+        if calls and SPLITK_REDUCE.search(k.name) and not SPLITK_REDUCE.search(calls[-1][0].name):
             first, first_start, _ = calls[-1]
             calls[-1] = (first, first_start, k.ts + k.dur)
         else:

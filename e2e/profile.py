@@ -9,7 +9,6 @@ predicted step gain (Amdahl: saved = t_op * (1 - 1/speedup), gain = saved / step
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from astra_sglang.figures import save_figure
 
-from .attribution import Match, classify, lookup_dims, shape_hints, short_name
+from .attribution import SPLITK_REDUCE, Match, classify, lookup_dims, shape_hints, short_name
 from .speedups import SpeedupTable
 from .trace import KernelEvent, exclusive_times, load_trace
 
@@ -211,9 +210,6 @@ def _linear_saved(per_kernel: Dict[str, dict], linear_dims: Dict[str, set], spee
     return (saved, srcs) if found else (None, ())
 
 
-# cuBLAS's second kernel of a split-K GEMM (cublasLt::splitKreduce_kernel): its name is every split-K GEMM's
-_SPLITK_REDUCE = re.compile(r"splitKreduce", re.IGNORECASE)
-
 
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
                     shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
@@ -241,7 +237,7 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
         m = match(k.name)
         prev = last_on_stream.get((k.device, k.stream))
         last_on_stream[(k.device, k.stream)] = (k.name, m)
-        if prev and _SPLITK_REDUCE.search(k.name) and prev[1].op in ("linear", "moe_gate") and not prev[1].astra:
+        if prev and SPLITK_REDUCE.search(k.name) and prev[1].op in ("linear", "moe_gate") and not prev[1].astra:
             # cuBLAS's split-K reduction of the projection GEMM just before it: part of that F.linear (the bench's
             # installed baseline times both), so it counts as that op's, with that GEMM's name and call
             pk = per_kernel[prev[0]]
