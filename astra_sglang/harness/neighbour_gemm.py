@@ -35,9 +35,7 @@ class AstraLinear:
                       ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
         f.restype = ctypes.c_int
 
-    @staticmethod
-    def declines(tokens: int, in_features: int, out_features: int, dtype: Any) -> Optional[str]:
-        return linear_declines(tokens, in_features, out_features, dtype)
+    declines = staticmethod(linear_declines)   # what timer.Neighbours asks of a neighbour GEMM
 
     def __call__(self, x, w, out) -> None:
         import ctypes
