@@ -11,7 +11,8 @@
 #                   all,-fused_add_rmsnorm --ops all): fused_add_rmsnorm's gain in the real graph, between astra's linears
 #   bash run.sh g   (2x H200, wheelhouse as part s) the same for Gemma-2-9B's two standalone norms (arm A every default op but
 #                   gemma_fused_add_rmsnorm and gemma_rmsnorm; GPU 1) and for Qwen3-8B's fused_add_rmsnorm, batch 1 and 2
-#   bash run.sh m   (2x H200, wheelhouse as part s) issue 15's losing rows, compile-time variants (bench_variants.sh):
+#   bash run.sh m   (2x H200, wheelhouse as part s but re-split to 12 MiB parts, .whl/wh31: the tracked tree had grown
+#                   past 50 MiB; LIMIT=seconds caps the benches) issue 15's losing rows, compile-time variants (bench_variants.sh):
 #                   GPU 0: moe_combine's 1- and 8-token rows (SGLang's torch.compile'd route), against the installed
 #                   callable too (--baseline installed): shipped, trigger after the stores (ASTRA_PDL=1), no L2 prefetch
 #                   (ASTRA_PF_MAX=0u), plain launch (ASTRA_PDL=0). GPU 1: moe_grouped_router's rows without a shared
@@ -54,11 +55,11 @@ m)
   ( export CUDA_VISIBLE_DEVICES=1
     $AS extract moe_grouped_router --variant installed --arch sm_90 --out $WS/installed --no-build > $O/extract.log 2>&1 \
       || tail -3 $O/extract.log
-    RES=$O/grouped BOTH_ORDERS=1 timeout $(( 560 - $(el) )) bash kernels/dev/bench_variants.sh moe_grouped_router \
+    RES=$O/grouped BOTH_ORDERS=1 timeout $(( ${LIMIT:-560} - $(el) )) bash kernels/dev/bench_variants.sh moe_grouped_router \
       $WS/installed/moe_grouped_router 1x256x8x8x4x0,8x256x8x8x4x0,256x256x8x8x4x0,1x384x8x1x1x0,256x384x8x1x1x0 fp32 \
       default= pdl0="-DASTRA_PDL=0" > $O/grouped.log 2>&1
     echo "grouped router variants at $(el)s" ) &
-  RES=$O/combine BENCH_ARGS="--baseline installed" timeout $(( 560 - $(el) )) bash kernels/dev/bench_variants.sh \
+  RES=$O/combine BENCH_ARGS="--baseline installed" timeout $(( ${LIMIT:-560} - $(el) )) bash kernels/dev/bench_variants.sh \
     moe_combine $WS/jit_topk_sum/moe_combine 1x8x2048,1x8x4096,1x8x7168,1x9x7168,1x4x2880,8x8x2048,8x4x2880 bf16 \
     default= pdl1="-DASTRA_PDL=1" pf0="-DASTRA_PF_MAX=0u" pdl0="-DASTRA_PDL=0" > $O/combine.log 2>&1
   echo "combine variants at $(el)s"; wait
