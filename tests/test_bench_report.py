@@ -459,3 +459,22 @@ def test_the_footer_says_which_gemms_were_the_neighbours():
     assert "--neighbours astra" in line and "producer astra's on 1 of 2 rows, consumer on 1" in line
     back = BenchReport.from_dict(rep.to_dict())
     assert back.context_neighbours == "astra" and back.rows[0].context_gemms == "linear / linear"
+
+
+def test_the_floor_is_the_lower_of_a_pdl_and_a_plain_touch(tmp_path):
+    """moe_combine, H200 2026-11-28: behind cuBLAS's nvjet GEMM a plain-launched kernel took 1.27 µs where the
+    PDL-launched touch kernel took 1.60: the floor is the lower of the two touches, and says which it was."""
+    from astra_sglang.harness.bench import lower_floor
+
+    pdl, plain = {"median": 1.60, "spread": 0.05}, {"median": 1.02, "spread": 0.04}
+    assert lower_floor([pdl, plain]) == (plain, "plain")
+    assert lower_floor([plain | {"median": 0.3}, plain]) == ({"median": 0.3, "spread": 0.04}, "PDL")
+    assert lower_floor([pdl]) == (pdl, "PDL")  # the plain touch's capture failed: the PDL one alone
+    rows = [_floored("1x4096", 2.0, 1.6, 1.25), _floored("64x4096", 3.0, 2.9, 1.0)]
+    rows[1].set_context_floor(*lower_floor([pdl, plain]))
+    rep = BenchReport(op="moe_combine", rows=rows, ceiling_gbps=4000.0, replays=5)
+    foot = next(x for x in rep.table().splitlines() if x.startswith("floor: "))
+    assert "lower of a PDL and a plain launch" in foot and "plain launch was lower on 1 of 2 rows" in foot
+    back = BenchReport.from_json(rep.to_json(tmp_path / "r.json"))
+    assert [r.context_floor_launch for r in back.rows] == ["PDL", "plain"]
+    assert back.rows[1].context_floor_us == pytest.approx(1.02)

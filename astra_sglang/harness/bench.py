@@ -15,8 +15,9 @@ Method (DESIGN.md, Timing):
   timed region; production variants with their own convention (FlashInfer's base-2 lse) get
   converted copies of the inputs, made once, outside it too;
 - decode rows are also timed in context (a producer GEMM -> op -> consumer GEMM graph beside the GEMMs
-  alone), and so is the touch kernel (waits for the producer, reads one byte): its marginal time there is
-  the floor no kernel in that place beats, and production's time over it the most a candidate can gain;
+  alone), and so is the touch kernel (waits for the producer, reads one byte), PDL-launched and plainly:
+  the lower marginal time is the floor no kernel in that place beats, and production's time over it the
+  most a candidate can gain;
 - L2-warm timing (one input set, repeated) is an option;
 - after timing, the candidate is re-checked on fresh inputs in the very buffers it was timed
   on (catches results cached by pointer or warm-up detection).
@@ -27,7 +28,7 @@ import datetime as _dt
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..build.cache import cache_root
 from ..build.workspace import open_workspace
@@ -245,7 +246,8 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours; `gemm`: astra's linear
     where the patched server runs it, neighbour_gemm.py) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
-    touch kernel is timed in the same place too: the in-context floor no kernel there can beat, so production's
+    touch kernel is timed in the same place too, PDL-launched and plainly: the lower is the in-context floor no
+    kernel there can beat, so production's
     time over it is the most any candidate could gain (`BenchRow.headroom`). Returns a note when it could not be
     measured ('' otherwise)."""
     import torch
@@ -280,25 +282,28 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         except RuntimeError as e:
             return f"in-context timing not measured: {who} could not be captured/run: {str(e).splitlines()[0]}"
     floor_note = ""
+    touches = 0
     if helpers is not None:
         scratch = torch.empty(16, dtype=torch.uint8, device="cuda")
 
-        def touched(i: int) -> None:
+        def touched(i: int, pdl: bool = True) -> None:
             nb.produce(sets[0], i)
-            rc = helpers.touch(nb.produced(sets[0]), scratch)
+            rc = helpers.touch(nb.produced(sets[0]), scratch, pdl)
             if rc:
                 raise RuntimeError(f"touch kernel returned cudaError {rc}")
             nb.consume(sets[0])
 
-        try:
-            graphs.append(graph_of(touched, n))
+        try:  # PDL-launched and plain: behind a producer that never releases early the plain launch is cheaper
+            for pdl in (True, False):
+                graphs.append(graph_of(lambda i, pdl=pdl: touched(i, pdl), n))
+                touches += 1
         except RuntimeError as e:  # the floor is a bound, not the measurement: the row is timed without it
             floor_note = f"in-context floor not measured: {str(e).splitlines()[0]}"
     ms = time_graphs(graphs, replays, before)
     per = [[m * 1e3 / n for m in series] for series in ms]
     marg = {who: marginal(p, per[0]) for (who, _), p in zip(impls, per[1:])}
-    if len(per) > len(impls) + 1:
-        row.set_context_floor(marginal(per[-1], per[0]))
+    if touches:
+        row.set_context_floor(*lower_floor([marginal(p, per[0]) for p in per[1 + len(impls):]]))
     if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
         marg["production"] = {**marg["production"],
                               "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}
@@ -311,6 +316,14 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     graphs = nb = None   # freed before the next row (not del'd: the timed closures name nb)
     torch.cuda.synchronize()
     return unmeasurable_context(row) or floor_note
+
+
+def lower_floor(touches: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, Any], str]:
+    """The in-context floor from the touch kernel's marginal times, PDL-launched first, then plain (either may be
+    missing when its capture failed): the lower median, and how that touch was launched."""
+    launches = ("PDL", "plain")[:len(touches)]
+    i = min(range(len(touches)), key=lambda j: touches[j]["median"])
+    return touches[i], launches[i]
 
 
 def unmeasurable_context(row: Any) -> str:

@@ -118,9 +118,11 @@ class BenchRow:
     context_speedup: Optional[float] = None  # context_base_us / context_cand_us
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
     context_gemms: str = ""  # what ran as producer / consumer GEMM: "cuBLAS / cuBLAS", "linear / cuBLAS", ...
-    # the touch kernel's marginal time in the same place (timer.py): no kernel there can take less
+    # the touch kernel's marginal time in the same place (timer.py), the lower of a PDL and a plain launch: no kernel
+    # there can take less
     context_floor_us: Optional[float] = None
     context_floor_spread_us: Optional[float] = None
+    context_floor_launch: str = ""  # which touch gave the floor: "PDL" or "plain" ("" in records before 2026-11-28)
     timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
     failed: str = ""  # why this row's implementation was refused ("" = accepted)
     context_failed: str = ""  # the in-context graph's outputs did not match (a failure of its own)
@@ -181,10 +183,11 @@ class BenchRow:
             # keeps its chained speedup and says so, rather than showing it under the in-context basis
             self.timing_basis = "chained"
 
-    def set_context_floor(self, floor: Dict[str, Any]) -> None:
-        """Record the touch kernel's in-context marginal time (a stats.marginal dict)."""
+    def set_context_floor(self, floor: Dict[str, Any], launch: str = "PDL") -> None:
+        """Record the touch kernel's in-context marginal time (a stats.marginal dict) and how it was launched."""
         self.context_floor_us = floor["median"]
         self.context_floor_spread_us = floor["spread"]
+        self.context_floor_launch = launch
 
     @property
     def headroom(self) -> Optional[float]:
@@ -429,9 +432,12 @@ class BenchReport:
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
             if has_f:
-                foot.append("floor: the touch kernel in the same place (PDL-launched, waits for the producer, reads one "
-                            "byte): no kernel there takes less; attainable = ctx prod / floor, the most any kernel "
-                            "could gain")
+                plain = sum(r.context_floor_launch == "plain" for r in self.rows)
+                floors = sum(r.context_floor_us is not None for r in self.rows)
+                foot.append("floor: the touch kernel in the same place (waits for the producer, reads one byte), the "
+                            "lower of a PDL and a plain launch: no kernel there takes less; attainable = ctx prod / "
+                            "floor, the most any kernel could gain"
+                            + (f"; the plain launch was lower on {plain} of {floors} rows" if plain else ""))
                 hl = self.headroom_line()
                 if hl:
                     foot.append(hl)
