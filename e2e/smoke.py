@@ -41,7 +41,7 @@ def main() -> int:
                             cwd=str(Path(a.log).resolve().parent))
     rc = 1
     try:
-        waited = wait_ready("127.0.0.1", a.port, a.timeout, lambda: proc.poll() is None)
+        wait_ready("127.0.0.1", a.port, a.timeout, lambda: proc.poll() is None)
         print(f"server ready after {time.monotonic() - t0:.1f}s", flush=True)
         prompt = list(range(1000, 1032))
         r = generate_stream("127.0.0.1", a.port, prompt, 16)

@@ -55,8 +55,6 @@ def run_case(
     variant's convention (spec.to_variant_abi) and is judged against the reference under its
     own semantics (reference_kwargs); the candidate implements the op's own ABI and contract.
     Raises FatalCaseError when a launch leaves the CUDA context unusable."""
-    import torch
-
     label = label or f"{'x'.join(map(str, dims))} {dtype} {dist}"
     rerun = run_index == 1  # the same distribution as run 0, fresh values, same buffers
     scalars = spec.scalars(tuple(dims))
