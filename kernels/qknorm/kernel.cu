@@ -24,6 +24,10 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#ifndef ASTRA_QKN_PDL
+#define ASTRA_QKN_PDL 1  // dev: 0 launches without PDL (griddepcontrol then does nothing): kernels/NOTES.md lead 00
+#endif
+
 // 1: the sum of squares in production's order wherever the lane's vector holds whole production units (16-byte
 // vectors, the aligned case): check 104 of 104 comparisons bit-identical to SGLang, decode corpus in context 1.060x ->
 // 1.084x in one run (H200, 2026-11-27, results/2026-11-27-h200/session10). 0: one chain per lane (92 of 104).
@@ -194,7 +198,7 @@ cudaError_t launch(void* q, void* k, const void* qw, const void* kw, uint32_t ro
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = ASTRA_QKN_PDL ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, qknorm_kernel<T, D, VEC>, static_cast<T*>(q), static_cast<T*>(k),
                             static_cast<const T*>(qw), static_cast<const T*>(kw), rows, heads, hq, qs, ks, eps);
 }
