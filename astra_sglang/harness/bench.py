@@ -247,8 +247,8 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     where the patched server runs it, neighbour_gemm.py) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
     touch kernel is timed in the same place too, PDL-launched and plainly: the lower is the in-context floor no
-    kernel there can beat, so production's time over it is the most any candidate could gain (`BenchRow.headroom`). Returns a note when it could not be
-    measured ('' otherwise)."""
+    kernel there can beat, so production's time over it is the most any candidate could gain (`BenchRow.headroom`).
+    Returns a note when it could not be measured ('' otherwise)."""
     import torch
 
     from .rules import timing_basis
