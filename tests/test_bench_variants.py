@@ -72,3 +72,18 @@ def test_both_orders_reads_each_variant_again_as_name_2(tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr
     assert [c[:2] for c in _summary(out, "in context", 1, 4)] == [["a", "2.000x"], ["b", "1.000x"], ["b.2", "1.000x"],
                                                                    ["a.2", "1.600x"]]
+
+
+def test_past_the_deadline_a_variant_is_skipped_and_the_tables_still_print(tmp_path):
+    """Session 16's part m ran under an outer `timeout`, which cut off the tables with every JSON written. DEADLINE
+    skips the variants that would start late (nothing is built or benched here: DEADLINE=0) and still prints."""
+    (tmp_path / "rmsnorm_a.json").write_text(json.dumps({"rows": [_row("1x4096", 2.0, 1.0, 2.0, 1.6)]}))
+    (tmp_path / "rmsnorm_b.json").write_text(json.dumps({"rows": [_row("1x4096", 2.0, 2.0, 2.0, 2.0)]}))
+    env = {**os.environ, "DEADLINE": "0", "RES": str(tmp_path)}
+    env.pop("SUMMARY_ONLY", None)
+    out = subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a=", "b=-DX=1"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "a: skipped (deadline 0s)" in out.stdout and "b: skipped (deadline 0s)" in out.stdout
+    assert not list(tmp_path.glob("*.log"))  # nothing was benched
+    assert _summary(out, "in context", 1, 2) == [["a", "1.250x", "(1.250x)"], ["b", "1.000x", "(1.000x)"]]

@@ -8,6 +8,8 @@
 #
 # NAME=@FILE.cu times another source instead (e.g. old=@.kwork/old/silu_and_mul.cu, the last committed kernel).
 # SUMMARY_ONLY=1 benches nothing and prints the tables of the JSONs already in $RES (e.g. from an earlier run).
+# DEADLINE=SECONDS: a variant that would start later than that is skipped (and said), and the one running then gets at
+# most 60 s more, so the tables below always print; an outer `timeout` instead can cut them off with every JSON written.
 # BOTH_ORDERS=1 benches the variants again in the reverse order, as NAME.2: a decode row's in-context time moves
 # ~9% between runs, so a gain under ~5% shows in both orders or is noise (kernels/NOTES.md, tenth session).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
@@ -23,6 +25,7 @@ RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 [ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
 specs=("$@")
+T0=$(date +%s)
 if [ -n "${BOTH_ORDERS:-}" ]; then
   for ((i = $# - 1; i >= 0; i--)); do s=${specs[$i]}; specs+=("${s%%=*}.2=${s#*=}"); done
 fi
@@ -37,7 +40,13 @@ for spec in "${specs[@]}"; do
     for d in $flags; do d=${d#-D}; echo "#define ${d%%=*} ${d#*=}"; done >"$f"
     cat "kernels/$op/kernel.cu" >>"$f"
   fi
-  timeout 300 $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
+  left=300
+  if [ -n "${DEADLINE:-}" ]; then
+    el=$(( $(date +%s) - T0 ))
+    if [ "$el" -ge "$DEADLINE" ]; then echo "$name: skipped (deadline ${DEADLINE}s)"; continue; fi
+    [ $(( DEADLINE + 60 - el )) -lt $left ] && left=$(( DEADLINE + 60 - el ))
+  fi
+  timeout $left $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
     ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
 python3 - "$RES" "$op" "${specs[@]}" <<'PY'
