@@ -281,7 +281,6 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         except RuntimeError as e:
             return f"in-context timing not measured: {who} could not be captured/run: {str(e).splitlines()[0]}"
     floor_note = ""
-    touches = 0
     if helpers is not None:
         scratch = torch.empty(16, dtype=torch.uint8, device="cuda")
 
@@ -295,14 +294,14 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         try:  # PDL-launched and plain: behind a producer that never releases early the plain launch is cheaper
             for pdl in (True, False):
                 graphs.append(graph_of(lambda i, pdl=pdl: touched(i, pdl), n))
-                touches += 1
         except RuntimeError as e:  # the floor is a bound, not the measurement: the row is timed without it
             floor_note = f"in-context floor not measured: {str(e).splitlines()[0]}"
     ms = time_graphs(graphs, replays, before)
     per = [[m * 1e3 / n for m in series] for series in ms]
     marg = {who: marginal(p, per[0]) for (who, _), p in zip(impls, per[1:])}
+    touches = per[1 + len(impls):]   # the touch graphs that could be captured, PDL first
     if touches:
-        row.set_context_floor(*lower_floor([marginal(p, per[0]) for p in per[1 + len(impls):]]))
+        row.set_context_floor(*lower_floor([marginal(p, per[0]) for p in touches]))
     if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
         marg["production"] = {**marg["production"],
                               "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}

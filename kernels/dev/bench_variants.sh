@@ -25,7 +25,7 @@ RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 [ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
 specs=("$@")
-T0=$(date +%s)
+T0=$(date +%s) DEADLINE=${DEADLINE:-100000}
 if [ -n "${BOTH_ORDERS:-}" ]; then
   for ((i = $# - 1; i >= 0; i--)); do s=${specs[$i]}; specs+=("${s%%=*}.2=${s#*=}"); done
 fi
@@ -40,12 +40,9 @@ for spec in "${specs[@]}"; do
     for d in $flags; do d=${d#-D}; echo "#define ${d%%=*} ${d#*=}"; done >"$f"
     cat "kernels/$op/kernel.cu" >>"$f"
   fi
-  left=300
-  if [ -n "${DEADLINE:-}" ]; then
-    el=$(( $(date +%s) - T0 ))
-    if [ "$el" -ge "$DEADLINE" ]; then echo "$name: skipped (deadline ${DEADLINE}s)"; continue; fi
-    [ $(( DEADLINE + 60 - el )) -lt $left ] && left=$(( DEADLINE + 60 - el ))
-  fi
+  el=$(( $(date +%s) - T0 ))
+  if [ "$el" -ge "$DEADLINE" ]; then echo "$name: skipped (deadline ${DEADLINE}s)"; continue; fi
+  left=$(( DEADLINE + 60 - el )); [ $left -le 300 ] || left=300   # as kernels/gpu_run.sh's DEADLINE
   timeout $left $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
     ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
