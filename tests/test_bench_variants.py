@@ -87,3 +87,12 @@ def test_past_the_deadline_a_variant_is_skipped_and_the_tables_still_print(tmp_p
     assert "a: skipped (deadline 0s)" in out.stdout and "b: skipped (deadline 0s)" in out.stdout
     assert not list(tmp_path.glob("*.log"))  # nothing was benched
     assert _summary(out, "in context", 1, 2) == [["a", "1.250x", "(1.250x)"], ["b", "1.000x", "(1.000x)"]]
+
+
+def test_a_deadline_that_is_not_whole_seconds_is_one_error_line(tmp_path):
+    env = {**os.environ, "DEADLINE": "8m", "RES": str(tmp_path)}
+    env.pop("SUMMARY_ONLY", None)
+    out = subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a="], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == "error: DEADLINE takes whole seconds, not '8m'"
+    assert not list(tmp_path.glob("*.log"))

@@ -21,11 +21,13 @@ set -uo pipefail
 [ $# -ge 5 ] || { echo "usage: bash kernels/dev/bench_variants.sh OP WORKSPACE SHAPES DTYPES NAME=\"FLAGS\" ..." >&2; exit 2; }
 op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
 [ -f "kernels/$op/kernel.cu" ] || { echo "error: no kernels/$op/kernel.cu (run from the repository root; 'astra-sglang ops' lists the ops)" >&2; exit 2; }
+DEADLINE=${DEADLINE:-100000}
+[[ $DEADLINE =~ ^[0-9]+$ ]] || { echo "error: DEADLINE takes whole seconds, not '$DEADLINE'" >&2; exit 2; }
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 [ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
 specs=("$@")
-T0=$(date +%s) DEADLINE=${DEADLINE:-100000}
+T0=$(date +%s)
 if [ -n "${BOTH_ORDERS:-}" ]; then
   for ((i = $# - 1; i >= 0; i--)); do s=${specs[$i]}; specs+=("${s%%=*}.2=${s#*=}"); done
 fi
