@@ -25,6 +25,13 @@ class ModelConfig:
     act: str = "silu"
     norm: str = "rms"
     moe_intermediate: int = 0  # per-expert intermediate size of a MoE model (0: dense)
+    # a MoE MLP whose expert width the corpora take as `intermediate` (Mixtral, DeepSeek-V3's routed experts)
+    moe: bool = False
+
+    @property
+    def dense(self) -> bool:
+        """Its MLP is GEMMs (gate_up, down), not experts."""
+        return not self.moe and not self.moe_intermediate
 
 
 MODELS: Tuple[ModelConfig, ...] = (
@@ -38,9 +45,9 @@ MODELS: Tuple[ModelConfig, ...] = (
     ModelConfig("qwen3-8b", 4096, 12288, 32, 8, 128, (1,)),
     ModelConfig("qwen3-32b", 5120, 25600, 64, 8, 128, (2, 4)),
     ModelConfig("mistral-7b", 4096, 14336, 32, 8, 128, (1,)),
-    ModelConfig("mixtral-8x7b", 4096, 14336, 32, 8, 128, (2,)),
+    ModelConfig("mixtral-8x7b", 4096, 14336, 32, 8, 128, (2,), moe=True),
     # DeepSeek-V3: dense-layer MLP 18432, MoE expert 2048, MLA (q_lora 1536, kv_lora 512)
-    ModelConfig("deepseek-v3", 7168, 2048, 128, 128, 128, (8,), extra_norm_widths=(1536, 512)),
+    ModelConfig("deepseek-v3", 7168, 2048, 128, 128, 128, (8,), extra_norm_widths=(1536, 512), moe=True),
 )
 
 

@@ -162,6 +162,10 @@ class OpSpec:
     # shows for this op: SGLang's production kernels and astra's own (namespace astra_<short>::).
     # `astra-sglang profile` attributes matching kernels to this op.
     kernel_symbols: Tuple[str, ...] = ()
+    # context_sites(dims) -> the GEMM pairs serving runs a decode row between (sites.Site: producer inner size,
+    # consumer width); bench times the row in context between each and takes the mean. None or (): bench's generic
+    # pair.
+    context_sites: Optional[Callable[[Tuple[int, ...]], Tuple[Any, ...]]] = None
     # A fused op: the ops whose SGLang kernels it replaces in one launch (qknorm_rope: qknorm then rope), or, for
     # an op with several call sites, one such tuple per site (qknorm_rope_store: (qknorm, rope_store) in Qwen3-MoE,
     # (qknorm, rope, kv_store) in dense Qwen3), in the order of `replaces`, with its `variants` in that order too

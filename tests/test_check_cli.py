@@ -98,6 +98,8 @@ def test_bench_rejects_unknown_neighbours(tmp_path, capsys):
 
     with pytest.raises(AstraError, match="--neighbours must be cublas or astra, not 'nvjet'"):
         bench("silu_and_mul", Workspace.open("silu_and_mul", path=ws), None, neighbours="nvjet")
+    with pytest.raises(AstraError, match="--sites must be serving or generic, not 'model'"):
+        bench("silu_and_mul", Workspace.open("silu_and_mul", path=ws), None, sites="model")
 
 
 def test_bench_api_keeps_the_dtypes_the_workspace_has(tmp_path):

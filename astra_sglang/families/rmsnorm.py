@@ -145,7 +145,7 @@ def flashinfer_variant(description: str, provenance: str, source_facts, dtypes=(
 
 def spec(*, name: str, summary: str, fused: bool, weight_bias: float, eps: float, variants: Sequence[Variant],
          corpus: Tuple[Shape, ...], edge_shapes: Tuple[Shape, ...], dtypes=("fp16", "bf16"),
-         kernel_symbols: Tuple[str, ...] = ()) -> OpSpec:
+         kernel_symbols: Tuple[str, ...] = (), context_sites=None) -> OpSpec:
     return OpSpec(
         name=name,
         summary=summary,
@@ -164,4 +164,5 @@ def spec(*, name: str, summary: str, fused: bool, weight_bias: float, eps: float
         distributions=DISTRIBUTIONS,
         replaces=tuple(f"{mod}:{name}" for mod in BOUND_IN),
         kernel_symbols=kernel_symbols,
+        context_sites=context_sites,
     )

@@ -186,9 +186,10 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     spec, prod, inst, dims, dtype, dist, case_seed(seed, dims, dtype, "bits"), prod_attrs))
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
+                sites = spec.context_sites(dims) if job.get("sites") and spec.context_sites else ()
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
                                            restore if inout else None, job.get("consumer_width"), helpers,
-                                           job.get("producer_k"), gemm)
+                                           job.get("producer_k"), gemm, sites)
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -242,23 +243,59 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
                     replays: int, before, consumer_width: Optional[int] = None,
-                    helpers: Optional[Helpers] = None, producer_k: Optional[int] = None, gemm: Any = None) -> str:
+                    helpers: Optional[Helpers] = None, producer_k: Optional[int] = None, gemm: Any = None,
+                    sites: Sequence[Any] = ()) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours; `gemm`: astra's linear
     where the patched server runs it, neighbour_gemm.py) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
     touch kernel is timed in the same place too, PDL-launched and plainly: the lower is the in-context floor no
     kernel there can beat, so production's time over it is the most any candidate could gain (`BenchRow.headroom`).
-    Returns a note when it could not be measured ('' otherwise)."""
+    `sites` (sites.Site, from spec.context_sites): the GEMM pairs serving runs the row between, each timed so, the row
+    recording their mean and each on its own (`row.context_sites`); none: the one pair of `producer_k` and
+    `consumer_width`. Returns a note when it could not be measured ('' otherwise)."""
     import torch
 
     from .rules import timing_basis
+
+    places = [(s.producer_k, s.consumer_width) for s in sites] or [(int(producer_k or CONTEXT_K), consumer_width)]
+    timed = []
+    for k, ck in places:
+        t = time_at_site(spec, sets, prod_sets, impls, dims, dtype, scalars, est_us, gbps, replays, before, k, ck,
+                         helpers, gemm)
+        if isinstance(t, str):
+            return t
+        timed.append(t)
+    site = combine_sites(timed)
+    row.context_gemms = site["gemms"]
+    if site["floor"] is not None:
+        row.set_context_floor(*site["floor"])
+    marg = site["marg"]
+    if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
+        marg["production"] = {**marg["production"],
+                              "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}
+    row.set_context(marg["production"], marg.get("candidate"), site["neighbours_us"], timing_basis(dims, True))
+    if "installed" in marg:
+        row.context_installed_us = marg["installed"]["median"]
+    row.context_failed = site["failed"]
+    if sites:
+        row.context_sites = [{**s.as_dict(), **t["said"]} for s, t in zip(sites, timed)]
+    torch.cuda.synchronize()
+    return unmeasurable_context(row) or site["floor_note"]
+
+
+def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float, replays: int,
+                 before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any) -> Any:
+    """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k`. Returns
+    {"gemms", "marg": who -> stats.marginal, "neighbours_us", "floor": (marginal, launch) or None, "failed",
+    "floor_note", "said": this site's times for the row}, or a note (str) when it could not be measured."""
+    import torch
+
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], k=int(producer_k or CONTEXT_K), consumer_k=consumer_width, gemm=gemm)
+        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-    row.context_gemms = " / ".join(nb.kinds)
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
 
     def alone(i: int) -> None:
@@ -300,20 +337,38 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     per = [[m * 1e3 / n for m in series] for series in ms]
     marg = {who: marginal(p, per[0]) for (who, _), p in zip(impls, per[1:])}
     touches = per[1 + len(impls):]   # the touch graphs that could be captured, PDL first
-    if touches:
-        row.set_context_floor(*lower_floor([marginal(p, per[0]) for p in touches]))
-    if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
-        marg["production"] = {**marg["production"],
-                              "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}
-    row.set_context(marg["production"], marg.get("candidate"), sorted(per[0])[len(per[0]) // 2],
-                    timing_basis(dims, True))
-    if "installed" in marg:
-        row.context_installed_us = marg["installed"]["median"]
-    row.context_failed = verify_context_graphs(spec, graphs[1:1 + len(impls)], impls, sets, prod_sets, nb, dims,
-                                               dtype, n)
-    graphs = nb = None   # freed before the next row (not del'd: the timed closures name nb)
-    torch.cuda.synchronize()
-    return unmeasurable_context(row) or floor_note
+    floor = lower_floor([marginal(p, per[0]) for p in touches]) if touches else None
+    failed = verify_context_graphs(spec, graphs[1:1 + len(impls)], impls, sets, prod_sets, nb, dims, dtype, n)
+    said = {"gemms": " / ".join(nb.kinds), **{f"{who}_us": m["median"] for who, m in marg.items()}}
+    if floor is not None:
+        said.update(floor_us=floor[0]["median"], floor_launch=floor[1])
+    return {"gemms": " / ".join(nb.kinds), "marg": marg, "neighbours_us": sorted(per[0])[len(per[0]) // 2],
+            "floor": floor, "failed": failed, "floor_note": floor_note, "said": said}
+
+
+def combine_sites(timed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """time_at_site's results at several places as one: the mean of each median (each place runs the op equally
+    often: once a layer), the largest spread, the first failure, each place's GEMMs and floor launch joined with
+    "; " where they differ. One place: as it is."""
+    if len(timed) == 1:
+        return timed[0]
+
+    def mean_of(ms: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+        return {"median": sum(m["median"] for m in ms) / len(ms), "spread": max(m["spread"] for m in ms)}
+
+    def joined(xs: Sequence[str]) -> str:
+        return xs[0] if len(set(xs)) == 1 else "; ".join(xs)
+
+    marg = {who: mean_of([t["marg"][who] for t in timed]) for who in timed[0]["marg"]
+            if all(who in t["marg"] for t in timed)}
+    floors = [t["floor"] for t in timed]
+    floor = None
+    if all(f is not None for f in floors):
+        floor = (mean_of([f[0] for f in floors]), joined([f[1] for f in floors]))
+    return {"gemms": joined([t["gemms"] for t in timed]), "marg": marg,
+            "neighbours_us": sum(t["neighbours_us"] for t in timed) / len(timed), "floor": floor,
+            "failed": next((t["failed"] for t in timed if t["failed"]), ""),
+            "floor_note": next((t["floor_note"] for t in timed if t["floor_note"]), ""), "said": {}}
 
 
 def lower_floor(touches: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, Any], str]:
@@ -555,6 +610,7 @@ def bench(
     producer_k: Optional[int] = None,
     on_row: Optional[Callable[[BenchReport], None]] = None,
     neighbours: str = "cublas",
+    sites: str = "serving",
 ) -> BenchReport:
     """Time production (and `candidate`) on `shapes`; see the module docstring.
 
@@ -566,6 +622,10 @@ def bench(
 
     neighbours="astra": the in-context GEMMs are astra's shipped linear wherever its adapter takes their shape (what a
     patched server runs there), else cuBLAS; "cublas": F.linear always (an unpatched server's GEMMs).
+
+    sites="serving": a decode row of an op with spec.context_sites is timed in context between each GEMM pair serving
+    runs it between (sites.py), the row the mean; "generic": between one pair of inner size `producer_k` and width
+    `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Either flag means "generic".
 
     Never raises for anything the candidate does: a failure leaves report.ok False with the reason.
     Raises AstraError for usage errors."""
@@ -585,6 +645,10 @@ def bench(
         raise AstraError(f"--l2 must be cold or warm, not {l2!r}")
     if neighbours not in ("cublas", "astra"):
         raise AstraError(f"--neighbours must be cublas or astra, not {neighbours!r}")
+    if sites not in ("serving", "generic"):
+        raise AstraError(f"--sites must be serving or generic, not {sites!r}")
+    if consumer_width is not None or producer_k is not None:
+        sites = "generic"   # the flags name the one pair to time between
     spec = get_op(op)
     if baseline not in ("extracted", "installed"):
         raise AstraError(f"--baseline must be extracted or installed, not {baseline!r}")
@@ -664,11 +728,12 @@ def bench(
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
         "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width, "producer_k": pk,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
-        "neighbour_linear": linear_lib,
+        "neighbour_linear": linear_lib, "sites": sites == "serving",
     }
     rep.context_consumer_width = width if context else 0
     rep.context_producer_k = pk if context else 0
     rep.context_neighbours = neighbours if context else ""
+    rep.context_site_rule = sites if context else ""
     def row_done(ev: Dict[str, Any]) -> None:
         if fold_event(rep, ev, len(shape_list) * len(dts), say) and on_row is not None:
             rep.seconds = time.monotonic() - t0

@@ -114,12 +114,18 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
 @click.option("--neighbours", type=click.Choice(["cublas", "astra"]), default="cublas", show_default=True,
               help="The in-context GEMMs: cublas (F.linear, an unpatched server's) or astra (the shipped linear where "
                    "its adapter takes the shape, as a patched server runs it; else cuBLAS).")
+@click.option("--sites", type=click.Choice(["serving", "generic"]), default="serving", show_default=True,
+              help="serving: time a decode row in context between each GEMM pair serving runs the op between, where "
+                   "its spec names them (fused_add_rmsnorm: o_proj -> gate_up and down_proj -> qkv of a dense model "
+                   "of that hidden size), the row the mean; generic: one pair (--producer-k, --consumer-width), as "
+                   "before 2026-11-28. Either flag means generic.")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds without progress before the run counts as hung.")
 def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, out, no_plot, no_recheck,
-              remeasure_ceiling, baseline, no_context, consumer_width, producer_k, neighbours, ncu, ncu_shape, timeout):
+              remeasure_ceiling, baseline, no_context, consumer_width, producer_k, neighbours, sites, ncu, ncu_shape,
+              timeout):
     """Time OP's production kernel (and a candidate) as L2-cold CUDA graphs, chained and in context: table,
     JSON, plot. Decode rows (<= 256 tokens) take their speedup from the in-context time."""
     from .bench import bench
@@ -133,7 +139,7 @@ def bench_cmd(op, candidate, ws_path, root, shapes, dtypes, l2, replays, seed, o
     rep = bench(op, ws, candidate, shapes=shapes, dtypes=dts, l2=l2, replays=replays, seed=seed, timeout=timeout,
                 recheck=not no_recheck, remeasure_ceiling=remeasure_ceiling, command=cmd, progress=_progress,
                 context=not no_context, baseline=baseline, consumer_width=consumer_width, producer_k=producer_k,
-                neighbours=neighbours, on_row=lambda partial: partial.to_json(out))
+                neighbours=neighbours, sites=sites, on_row=lambda partial: partial.to_json(out))
     rep.to_json(out)
     click.echo(rep.table())
     click.echo(f"  wrote {out}", err=True)

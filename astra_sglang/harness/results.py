@@ -123,6 +123,9 @@ class BenchRow:
     context_floor_us: Optional[float] = None
     context_floor_spread_us: Optional[float] = None
     context_floor_launch: str = ""  # which touch gave the floor: "PDL" or "plain" ("" in records before 2026-11-28)
+    # the GEMM pairs serving runs the row between (spec.context_sites), each with its own times; the context_* fields
+    # above are their mean. [] where the row was timed between one pair (records before 2026-11-28: always)
+    context_sites: List[Dict[str, Any]] = field(default_factory=list)
     timing_basis: str = "chained"  # what `speedup` uses: "in-context" (decode shapes) or "chained"
     failed: str = ""  # why this row's implementation was refused ("" = accepted)
     context_failed: str = ""  # the in-context graph's outputs did not match (a failure of its own)
@@ -243,6 +246,7 @@ class BenchReport:
     context_consumer_width: int = 0  # output width of the in-context consumer GEMM (0: not timed in context)
     context_producer_k: int = 0  # inner size of the in-context producer GEMM (0: not timed in context, or older)
     context_neighbours: str = ""  # "cublas" or "astra" (bench --neighbours); "" not timed in context, or older
+    context_site_rule: str = ""  # "serving" (bench --sites: the op's GEMM pairs where it has them) or "generic"
     rows: List[BenchRow] = field(default_factory=list)
     ok: bool = True  # timing completed and the re-check after timing passed
     reason: str = ""
@@ -431,6 +435,12 @@ class BenchReport:
                         f"{width} reading its outputs ({self.gemms_said()}), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
+            sited = [r for r in self.rows if r.context_sites]
+            if sited:
+                foot.append(f"sites: {len(sited)} of {len(self.rows)} rows were timed between each GEMM pair serving "
+                            f"runs them between instead (e.g. {', '.join(s['site'] for s in sited[0].context_sites)}: "
+                            "producer inner size, consumer width from the model), the mean of the pairs; each pair's "
+                            "times are the row's context_sites")
             if has_f:
                 plain = sum(r.context_floor_launch == "plain" for r in self.rows)
                 floors = sum(r.context_floor_us is not None for r in self.rows)

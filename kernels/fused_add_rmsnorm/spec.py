@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 from astra_sglang.families import rmsnorm
 from astra_sglang.models import MODELS, PREFILL_TOKENS
+from astra_sglang.sites import residual_norm_sites
 from astra_sglang.spec import Shape, SourceFile, Variant, dedupe_shapes
 
 PAPER = [(16, 4096), (32, 5120), (64, 8192), (16, 12288), (256, 4096), (1024, 4096), (128, 11008), (512, 14336)]
@@ -140,4 +141,6 @@ SPEC = rmsnorm.spec(
     # FlashInfer norm.cuh FusedAddRMSNormKernel, its CuTe-DSL kernel, SGLang JIT fused_add_rmsnorm_reg_kernel,
     # astra's astra_farn:: kernels (not the gemma variant)
     kernel_symbols=(r"(?<!gemma)(?<!gemma_)fused_?add_?rms_?norm", r"astra_farn::"),
+    # in context between o_proj and gate_up, and between down_proj and qkv, as a dense decoder runs it
+    context_sites=lambda dims: residual_norm_sites(dims[1]),
 )

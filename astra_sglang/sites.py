@@ -1,0 +1,53 @@
+"""Where serving runs an op: the GEMM pairs around it in a model's decode step. bench times a decode row between each
+pair and takes the mean; an op without sites keeps bench's generic pair (inner size 4096 in, width 4096 out).
+
+Why: the generic pair misjudged the launch a norm needs. In the Llama-3-8B decode graph at 64 tokens (H200,
+2026-11-28, results/2026-11-28-h200/session17), fused_add_rmsnorm runs after o_proj, before gate_up, and after the
+split-K down_proj (cuBLAS nvjet splitK + splitKreduce_kernel, which releases dependents early), before the next
+layer's qkv. A plain launch gained nothing behind o_proj and lost 0.6 us behind down_proj, where bench's generic pair
+had it 0.5 us ahead. Between the graph's own two pairs, bench agreed with the graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from .models import ALL_MODELS, ModelConfig
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place the op runs: `producer_k` is the inner size of the GEMM that writes its input, `consumer_width` the
+    output width of the GEMM that reads its output."""
+
+    name: str
+    producer_k: int
+    consumer_width: int
+
+    def as_dict(self) -> dict:
+        return {"site": self.name, "producer_k": self.producer_k, "consumer_width": self.consumer_width}
+
+
+def first_dense(hidden: int, norm: str) -> ModelConfig:
+    """The first dense model (MODELS, then MORE_MODELS) of that hidden size and norm; KeyError if none."""
+    for m in ALL_MODELS:
+        if m.hidden == hidden and m.norm == norm and m.dense:
+            return m
+    raise KeyError(f"no dense {norm} model of hidden size {hidden}")
+
+
+def residual_norm_sites(hidden: int, norm: str = "rms") -> Tuple[Site, ...]:
+    """A dense decoder layer runs its residual-add norm twice: after o_proj, before gate_up, and after down_proj,
+    before the next layer's qkv. The pairs of the first dense model of that hidden size, sharded by the smallest TP
+    it is served with (the norm itself is not); () where no dense model has it (a MoE layer's norm sits beside the
+    router and the experts, not between two GEMMs)."""
+    try:
+        m = first_dense(hidden, norm)
+    except KeyError:
+        return ()
+    tp = min(m.tp)
+    attn = m.num_heads * m.head_dim // tp
+    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
+    inter = m.intermediate // tp
+    at = f" (TP {tp})" if tp > 1 else ""
+    return (Site(f"{m.name}{at} o_proj -> gate_up", attn, 2 * inter),
+            Site(f"{m.name}{at} down_proj -> qkv", inter, qkv))

@@ -1,0 +1,76 @@
+"""Where serving runs an op (astra_sglang/sites.py) and how bench folds the pairs into one row (bench.combine_sites)."""
+from __future__ import annotations
+
+import pytest
+
+from astra_sglang.harness.bench import combine_sites
+from astra_sglang.harness.results import BenchReport, BenchRow
+from astra_sglang.models import ALL_MODELS, model
+from astra_sglang.registry import get_op
+from astra_sglang.sites import Site, first_dense, residual_norm_sites
+
+
+def test_a_dense_models_residual_norm_sits_after_o_proj_and_after_down_proj():
+    """Llama-2-7B (the first dense 4096 model): o_proj 32 x 128 in, gate_up 2 x 11008 out; down_proj 11008 in,
+    qkv (32 + 2 x 32) x 128 out."""
+    assert residual_norm_sites(4096) == (Site("llama-2-7b o_proj -> gate_up", 4096, 22016),
+                                         Site("llama-2-7b down_proj -> qkv", 11008, 12288))
+    # Llama-2-70B is served at TP 2 at least: its GEMMs are sharded, the norm is not
+    a, d = residual_norm_sites(8192)
+    assert (a.producer_k, a.consumer_width, d.producer_k, d.consumer_width) == (4096, 28672, 14336, 5120)
+    assert "(TP 2)" in a.name
+
+
+def test_moe_and_unknown_widths_keep_the_generic_pair():
+    """DeepSeek-V3 (7168) and Qwen3-30B-A3B (2048) run MoE MLPs: no GEMM pair around the norm; MLA's 512 is no
+    model's hidden size."""
+    assert model("deepseek-v3").moe and not model("deepseek-v3").dense and not model("qwen3-30b-a3b").dense
+    assert model("llama-3-8b").dense and model("mixtral-8x7b").moe
+    for width in (7168, 2048, 512, 1536):
+        assert residual_norm_sites(width) == ()
+    with pytest.raises(KeyError, match="no dense rms model of hidden size 7168"):
+        first_dense(7168, "rms")
+    assert all(m.dense for m in ALL_MODELS if m.hidden in (4096, 5120, 8192) and m.name.startswith("llama"))
+
+
+def test_fused_add_rmsnorm_names_its_sites_and_the_other_norms_do_not():
+    spec = get_op("fused_add_rmsnorm")
+    assert spec.context_sites((64, 4096)) == residual_norm_sites(4096)
+    assert spec.context_sites((1, 7168)) == ()
+    assert get_op("rmsnorm").context_sites is None and get_op("silu_and_mul").context_sites is None
+
+
+def _timed(base, cand, spread, floor, launch, gemms="cuBLAS / cuBLAS", failed=""):
+    return {"gemms": gemms, "marg": {"production": {"median": base, "spread": spread},
+                                     "candidate": {"median": cand, "spread": spread / 2}},
+            "neighbours_us": 20.0, "floor": ({"median": floor, "spread": 0.1}, launch), "failed": failed,
+            "floor_note": "", "said": {"production_us": base}}
+
+
+def test_the_row_is_the_mean_of_its_sites():
+    """Llama-3-8B 64 x 4096 (H200, 2026-11-28): 2.84 µs behind o_proj, 1.41 behind the split-K down_proj; the row
+    is their mean, its spread the larger, and each floor's launch is kept where they differ."""
+    one = _timed(3.24, 2.84, 0.3, 1.04, "plain")
+    assert combine_sites([one]) is one
+    both = combine_sites([one, _timed(1.66, 1.41, 0.2, 0.02, "PDL", failed="site 2 mismatch")])
+    assert both["marg"]["production"] == {"median": pytest.approx(2.45), "spread": 0.3}
+    assert both["marg"]["candidate"]["median"] == pytest.approx(2.125)
+    assert both["floor"][0]["median"] == pytest.approx(0.53) and both["floor"][1] == "plain; PDL"
+    assert both["gemms"] == "cuBLAS / cuBLAS" and both["failed"] == "site 2 mismatch"
+    no_floor = _timed(1.0, 1.0, 0.1, 0.1, "PDL")
+    no_floor["floor"] = None
+    assert combine_sites([one, no_floor])["floor"] is None   # a mean of one floor would not be the row's floor
+
+
+def test_the_footer_says_which_rows_were_timed_at_their_sites(tmp_path):
+    rows = [BenchRow.make("64x4096", "bf16", [3.0] * 5, [2.5] * 5, 1 << 20, 4000.0),
+            BenchRow.make("64x7168", "bf16", [3.0] * 5, [2.5] * 5, 1 << 20, 4000.0)]
+    for r in rows:
+        r.set_context({"median": 2.4, "spread": 0.1}, {"median": 2.0, "spread": 0.1}, 20.0, "in-context")
+    rows[0].context_sites = [{**s.as_dict(), "production_us": 2.4} for s in residual_norm_sites(4096)]
+    rep = BenchReport(op="fused_add_rmsnorm", rows=rows, ceiling_gbps=4000.0, replays=5, context_site_rule="serving")
+    foot = next(x for x in rep.table().splitlines() if x.startswith("sites: "))
+    assert "1 of 2 rows" in foot and "llama-2-7b o_proj -> gate_up, llama-2-7b down_proj -> qkv" in foot
+    back = BenchReport.from_json(rep.to_json(tmp_path / "r.json"))
+    assert back.context_site_rule == "serving" and back.rows[0].context_sites[1]["producer_k"] == 11008
+    assert back.rows[1].context_sites == []
