@@ -51,3 +51,17 @@ def residual_norm_sites(hidden: int, norm: str = "rms") -> Tuple[Site, ...]:
     at = f" (TP {tp})" if tp > 1 else ""
     return (Site(f"{m.name}{at} o_proj -> gate_up", attn, 2 * inter),
             Site(f"{m.name}{at} down_proj -> qkv", inter, qkv))
+
+
+def mlp_activation_sites(width: int, act: str) -> Tuple[Site, ...]:
+    """A dense MLP's activation runs between gate_up (inner size hidden, writing 2 x width) and down_proj (width in,
+    hidden out), each sharded by TP: the pair of the dense model running `act` whose intermediate / TP is `width`, the
+    least TP first, then the model list's order; () where none (a MoE expert's activation sits between grouped
+    expert GEMMs, not cuBLAS ones)."""
+    found = [(tp, i, m) for i, m in enumerate(ALL_MODELS) if m.act == act and m.dense
+             for tp in m.tp if m.intermediate // tp == width]
+    if not found:
+        return ()
+    tp, _, m = min(found, key=lambda f: f[:2])
+    at = f" (TP {tp})" if tp > 1 else ""
+    return (Site(f"{m.name}{at} gate_up -> down_proj", m.hidden, m.hidden),)

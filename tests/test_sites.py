@@ -33,11 +33,11 @@ def test_moe_and_unknown_widths_keep_the_generic_pair():
     assert all(m.dense for m in ALL_MODELS if m.hidden in (4096, 5120, 8192) and m.name.startswith("llama"))
 
 
-def test_fused_add_rmsnorm_names_its_sites_and_the_other_norms_do_not():
+def test_fused_add_rmsnorm_names_its_sites_and_the_plain_norms_do_not():
     spec = get_op("fused_add_rmsnorm")
     assert spec.context_sites((64, 4096)) == residual_norm_sites(4096)
     assert spec.context_sites((1, 7168)) == ()
-    assert get_op("rmsnorm").context_sites is None and get_op("silu_and_mul").context_sites is None
+    assert get_op("rmsnorm").context_sites is None and get_op("gemma_rmsnorm").context_sites is None
 
 
 def _timed(base, cand, spread, floor, launch, gemms="cuBLAS / cuBLAS", failed=""):
@@ -74,3 +74,17 @@ def test_the_footer_says_which_rows_were_timed_at_their_sites(tmp_path):
     back = BenchReport.from_json(rep.to_json(tmp_path / "r.json"))
     assert back.context_site_rule == "serving" and back.rows[0].context_sites[1]["producer_k"] == 11008
     assert back.rows[1].context_sites == []
+
+
+def test_an_activation_sits_between_gate_up_and_down_proj_of_its_model():
+    """silu_and_mul 14336 wide is Llama-3-8B's MLP at TP 1 (before Llama-2-70B's at TP 2): gate_up reads the 4096
+    hidden, down_proj writes it. Sharded widths name their TP; a MoE expert's width (DeepSeek-V3 2048 / 8) has none."""
+    from astra_sglang.sites import mlp_activation_sites
+
+    assert mlp_activation_sites(14336, "silu") == (Site("llama-3-8b gate_up -> down_proj", 4096, 4096),)
+    assert mlp_activation_sites(3696, "silu") == (Site("qwen2.5-72b (TP 8) gate_up -> down_proj", 8192, 8192),)
+    assert mlp_activation_sites(14336, "gelu_tanh") == (Site("gemma-2-9b gate_up -> down_proj", 3584, 3584),)
+    assert mlp_activation_sites(256, "silu") == () and mlp_activation_sites(14336, "gelu") == ()
+    for op, act in (("silu_and_mul", "silu"), ("gelu_tanh_and_mul", "gelu_tanh"), ("gelu_and_mul", "gelu")):
+        spec = get_op(op)
+        assert spec.context_sites((64, 14336)) == mlp_activation_sites(14336, act)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..models import DECODE_TOKENS, PREFILL_TOKENS, model
+from ..sites import mlp_activation_sites
 from ..spec import DTYPE_BYTES, OpSpec, Shape, SourceFile, Tolerance, Variant, dedupe_shapes, torch_dtype
 from . import abi
 
@@ -151,4 +152,6 @@ def spec(*, name: str, summary: str, act: str, variants: Sequence[Variant], corp
         distributions=DISTRIBUTIONS,
         replaces=replaces,
         kernel_symbols=kernel_symbols,
+        # in context between the dense MLP's gate_up and down_proj (sites.py)
+        context_sites=lambda dims: mlp_activation_sites(dims[1], act),
     )

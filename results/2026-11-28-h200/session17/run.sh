@@ -18,10 +18,19 @@
 #                   K 4096) before gate_up (N 28672), and down_proj (split-K nvjet + cublasLt splitKreduce, K 14336) before
 #                   qkv (N 6144). The same two sites in bench (--producer-k / --consumer-width), fused_add_rmsnorm 16, 64, 256
 #                   x 4096, shipped (PDL) against the plain launch, both orders: does bench then see what the graph saw?
+#   bash run.sh e   (1x H200, no wheelhouse) bench --sites serving, its first GPU run: fused_add_rmsnorm's decode corpus,
+#                   bf16, --neighbours astra, timed between the GEMM pairs a dense model runs it between, and again
+#                   between bench's generic pair (--sites generic), in one run; then check of merge_state and moe_combine
+#                   against their sgl_kernel variants (astra-work/ws/sgl_kernel, extracted from a partial SGLang checkout:
+#                   astra-sglang extract OP --variant sgl_kernel --sglang-src astra-work/sglang-src --arch sm_90
+#                   --out astra-work/ws/sgl_kernel --no-build)
+#   bash run.sh f   (1x H200, no wheelhouse) the activations' decode corpora at their serving site (gate_up -> down_proj of
+#                   the dense model of that width; bench --sites serving, the default since d52dd4e), bf16, --neighbours
+#                   astra; silu_and_mul and gelu_tanh_and_mul again at bench's generic pair (--sites generic), same run
 # Workspaces extracted on the CPU, carried as astra-work/ws:
 #   astra-sglang extract OP --variant V --sglang 0.5.17 --arch sm_90 --out astra-work/ws/V --no-build
 set -uo pipefail
-PART=${1:?a, b, c or d}
+PART=${1:?a, b, c, d, e or f}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s17/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -42,6 +51,30 @@ a)
   variants silu_and_mul jit 1x14336,16x14336,64x14336,256x14336,16x256,64x6912 -DASTRA_PDL=0
   wait
   for d in $O/*/; do tail -12 ${d%/}.log | grep -v "^  wrote"; done ;;
+e)
+  source kernels/astra_env.sh
+  mkdir -p $O/sites
+  for rule in serving generic; do
+    timeout 200 $AS bench fused_add_rmsnorm --workspace $WS/flashinfer/fused_add_rmsnorm \
+      --candidate kernels/fused_add_rmsnorm/kernel.cu --shapes decode --dtype bf16 --replays 8 --neighbours astra \
+      --sites $rule --no-plot --out $O/sites/decode_fused_add_rmsnorm_$rule.json > $O/sites/$rule.log 2>&1
+    echo "sites $rule done at $(el)s"; tail -14 $O/sites/$rule.log | grep -v "^  wrote" | cut -c1-300
+  done
+  RES=$O/check VARIANT_merge_state=sgl_kernel VARIANT_moe_combine=sgl_kernel OPS="merge_state moe_combine" \
+    bash kernels/gpu_run.sh check > $O/check.log 2>&1
+  echo "check at $(el)s"; cat $O/check/summary.txt ;;
+f)
+  RES=$O/decode NEIGHBOURS=astra DTYPES=bf16 DEADLINE=200 OPS="silu_and_mul gelu_tanh_and_mul gelu_and_mul" \
+    bash kernels/gpu_run.sh decode > $O/decode.log 2>&1
+  echo "serving sites at $(el)s"; cut -c1-300 $O/decode/summary.txt
+  source kernels/astra_env.sh; mkdir -p $O/generic
+  for op in silu_and_mul gelu_tanh_and_mul; do
+    [ $(el) -lt $(( LIMIT - 150 )) ] || { echo "$op generic: skipped (time)"; continue; }
+    timeout $(( LIMIT - $(el) )) $AS bench $op --workspace $WS/jit/$op --candidate kernels/$op/kernel.cu --shapes decode \
+      --dtype bf16 --replays 8 --neighbours astra --sites generic --no-plot --out $O/generic/decode_$op.json \
+      > $O/generic/$op.log 2>&1
+    echo "$op generic at $(el)s"; grep -E "^geomean|^rows:" $O/generic/$op.log | cut -c1-300
+  done ;;
 d)
   for site in attn:4096:28672 mlp:14336:6144; do
     IFS=: read -r name k n <<<"$site"
