@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #ifndef ASTRA_QKN_PDL
-#define ASTRA_QKN_PDL 1  // dev: 0 launches without PDL (griddepcontrol then does nothing): kernels/NOTES.md lead 00
+#define ASTRA_QKN_PDL 1  // dev: 0 launches without PDL (no-op griddepcontrol); kernels/NOTES.md, seventeenth session
 #endif
 
 // 1: the sum of squares in production's order wherever the lane's vector holds whole production units (16-byte
