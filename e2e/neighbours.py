@@ -52,7 +52,7 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
     out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
     for ks in by_stream.values():
         calls = _calls(sorted(ks, key=lambda k: k.ts))
-        for (p, p_start, p_end), (n, n_start, n_end) in zip(calls, calls[1:]):
+        for (p, p_start, p_end, _), (n, n_start, n_end, _) in zip(calls, calls[1:]):
             m = match(p.name)
             if m.covered:
                 out[(m.op, match(n.name).op)].append((max(0.0, p_end - p_start), max(0.0, n_end - n_start),
@@ -60,8 +60,9 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
     return out
 
 
-def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float]]:
-    """One stream's kernels, in order, as calls: (the call's first kernel, its exposed start, its end).
+def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float, bool]]:
+    """One stream's kernels, in order, as calls: (the call's first kernel, its exposed start, its end, whether it was a
+    split-K GEMM).
 
     A kernel's exposed start is its start, or the end of every kernel before it on the stream where that is
     later. A PDL-launched kernel starts early and waits in griddepcontrol.wait; that wait is the kernel before it
@@ -71,17 +72,53 @@ def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float]]:
     the reduce kernel's name, so the profile cannot call it a projection. It is one call here, named by its GEMM
     kernel, so a cuBLAS projection pairs as `linear` whether cuBLAS split it or not. Otherwise astra's linear in arm
     B pairs with the norm after it, and the same calls in arm A (GEMM, reduce, norm) had no pair at all."""
-    calls: List[Tuple[KernelEvent, float, float]] = []
+    calls: List[Tuple[KernelEvent, float, float, bool]] = []
     frontier = float("-inf")
     for k in ks:
         start = max(k.ts, frontier)
         frontier = max(frontier, k.ts + k.dur)
         if calls and SPLITK_REDUCE.search(k.name) and not SPLITK_REDUCE.search(calls[-1][0].name):
-            first, first_start, _ = calls[-1]
-            calls[-1] = (first, first_start, k.ts + k.dur)
+            first, first_start, _, _ = calls[-1]
+            calls[-1] = (first, first_start, k.ts + k.dur, True)
         else:
-            calls.append((k, start, k.ts + k.dur))
+            calls.append((k, start, k.ts + k.dur, False))
     return calls
+
+
+def producer_pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
+                   match: Optional[Callable[[str], Match]] = None) -> Dict[Tuple[str, str], List[float]]:
+    """(the call before, covered op) -> the op's exposed µs per occurrence, stream by stream; a split-K GEMM before
+    it is "OP (split-K)". Its last kernel, cuBLAS's reduce, releases a PDL-launched op early; one nvjet kernel does
+    not: behind them a PDL and a plain launch of fused_add_rmsnorm differed by 0.6 µs and by nothing (Llama-3-8B,
+    batch 64, H200, 2026-11-28, results/2026-11-28-h200/session17)."""
+    if match is None:
+        match = lambda name: classify(name, hidden_act, gemma=gemma)  # noqa: E731
+    by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
+    for k in kernels:
+        if k.kind == "kernel":
+            by_stream[k.stream].append(k)
+    out: Dict[Tuple[str, str], List[float]] = defaultdict(list)
+    for ks in by_stream.values():
+        calls = _calls(sorted(ks, key=lambda k: k.ts))
+        for (q, _, _, split), (p, p_start, p_end, _) in zip(calls, calls[1:]):
+            m = match(p.name)
+            if m.covered:
+                out[(match(q.name).op + (" (split-K)" if split else ""), m.op)].append(max(0.0, p_end - p_start))
+    return out
+
+
+def producer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
+                     gemma: bool = False, match: Optional[Callable[[str], Match]] = None) -> List[dict]:
+    """One row per (call before, op) seen in both arms: the op's exposed µs behind it, A and B, largest |Δ per step|
+    first. Where a launch change helps behind one producer and hurts behind another, the rows say which."""
+    pa, pb = producer_pairs(a, hidden_act, gemma, match), producer_pairs(b, hidden_act, gemma, match)
+    rows = []
+    for key in sorted(set(pa) & set(pb)):
+        na, nb = len(pa[key]) / max(steps, 1), len(pb[key]) / max(steps, 1)
+        us = (statistics.fmean(pa[key]), statistics.fmean(pb[key]))
+        rows.append({"before": key[0], "op": key[1], "calls_per_step": na, "calls_per_step_b": nb, "op_us": us,
+                     "op_delta_step_us": us[1] * nb - us[0] * na})
+    return sorted(rows, key=lambda r: -abs(r["op_delta_step_us"]))
 
 
 def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
@@ -117,6 +154,16 @@ def table(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def producer_table(rows: Sequence[dict]) -> str:
+    lines = ["| call before → op | calls/step | op µs A → B | Δ op µs/step |", "|---|---:|---|---:|"]
+    for r in rows:
+        na, nb = r["calls_per_step"], r["calls_per_step_b"]
+        calls = f"{na:.0f}" if round(na) == round(nb) else f"{na:.0f} → {nb:.0f}"
+        lines.append(f"| {r['before']} → {r['op']} | {calls} | {r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | "
+                     f"{r['op_delta_step_us']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def decode_captures(pdir: Path) -> Dict[Tuple[str, int], dict]:
     """(arm, batch) -> its decode capture in PDIR/profile-meta.json."""
     from .profile import META
@@ -148,9 +195,10 @@ def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
         if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
             continue
         match = op_classifier(cfg, _shape_kernels(pdir, b0) + _shape_kernels(pdir, c))
-        rows = consumer_effects(load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels,
-                                int(c.get("steps", 1)), match=match)
-        out.append({"base": base, "arm": arm, "batch_size": bs, "rows": rows})
+        ka, kb = load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels
+        steps = int(c.get("steps", 1))
+        out.append({"base": base, "arm": arm, "batch_size": bs, "rows": consumer_effects(ka, kb, steps, match=match),
+                    "producers": producer_effects(ka, kb, steps, match=match)})
     return out
 
 
@@ -164,6 +212,14 @@ def report(results: Sequence[dict]) -> str:
           "griddepcontrol.wait is not counted twice.", ""]
     for r in results:
         md += [f"**{r['base']} → {r['arm']}, batch {r['batch_size']}**", "", table(r["rows"])]
+    if any(r.get("producers") for r in results):
+        md += ["", "### The call before each covered op (arm A vs the patched arm)", "",
+               "The op's exposed time by the call before it; a split-K GEMM (cuBLAS's GEMM and its reduce kernel) is "
+               "marked. The reduce kernel releases a PDL-launched op early, one nvjet kernel does not: a launch "
+               "change can help behind one and cost behind the other.", ""]
+        for r in results:
+            if r.get("producers"):
+                md += [f"**{r['base']} → {r['arm']}, batch {r['batch_size']}**", "", producer_table(r["producers"])]
     return "\n".join(md)
 
 

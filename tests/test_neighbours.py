@@ -181,3 +181,37 @@ def test_a_split_k_gemm_is_one_call_named_by_its_gemm_kernel():
     r = next(x for x in consumer_effects(a, b, steps=2, match=match) if x["op"] == "linear")
     assert (r["calls_per_step"], r["calls_per_step_b"]) == (2.0, 2.0)
     assert r["op_delta_step_us"] == pytest.approx((5.0 + 7.0) - (6.0 + 9.0))
+
+
+def test_the_call_before_each_op_splits_a_split_k_producer_off():
+    """Llama-3-8B at batch 64 (H200, 2026-11-28): fused_add_rmsnorm runs behind o_proj (one nvjet kernel) and behind
+    the split-K down_proj (nvjet + cuBLAS's reduce, which releases a PDL-launched kernel early). Launched plainly in B,
+    the norm lost 0.6 µs behind the split-K GEMM only; the rows by the call before say which."""
+    from astra_sglang.e2e.neighbours import producer_effects, producer_pairs, producer_table
+
+    def arm(norm_after_split: float):
+        ks, t = [], 0.0
+        for _ in range(2):   # per step: o_proj -> norm -> gate_up, down_proj (split-K) -> norm -> qkv
+            for name, dur in ((GEMM, 6.0), (NORM_A, 2.25), (GEMM, 60.0), (GEMM, 30.0), (REDUCE, 2.5),
+                              (NORM_A, norm_after_split), (GEMM, 16.0)):
+                ks.append(KernelEvent(name, t, dur, stream=7))
+                t += dur
+        return ks
+
+    pa = producer_pairs(arm(1.54))
+    assert sorted(pa) == [("gemm", "fused_add_rmsnorm"), ("gemm (split-K)", "fused_add_rmsnorm")]
+    rows = {r["before"]: r for r in producer_effects(arm(1.54), arm(2.14), steps=2)}
+    split, plain = rows["gemm (split-K)"], rows["gemm"]
+    assert split["op_us"] == pytest.approx((1.54, 2.14)) and split["op_delta_step_us"] == pytest.approx(0.6)
+    assert plain["op_delta_step_us"] == pytest.approx(0.0) and split["calls_per_step"] == 1.0
+    assert "| gemm (split-K) → fused_add_rmsnorm | 1 | 1.54 → 2.14 | +0.6 |" in producer_table(list(rows.values()))
+
+
+def test_compare_dir_reports_the_call_before_each_op_too(tmp_path):
+    (res,) = compare_dir(_capture_dir(tmp_path))
+    (row,) = res["producers"]   # each step's norm follows the previous step's attention kernel
+    assert row["op"] == "fused_add_rmsnorm" and row["op_us"] == pytest.approx((3.0, 2.5))
+    from astra_sglang.e2e.neighbours import report
+
+    md = report([res])
+    assert "### The call before each covered op" in md and "→ fused_add_rmsnorm |" in md
