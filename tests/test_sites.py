@@ -88,3 +88,12 @@ def test_an_activation_sits_between_gate_up_and_down_proj_of_its_model():
     for op, act in (("silu_and_mul", "silu"), ("gelu_tanh_and_mul", "gelu_tanh"), ("gelu_and_mul", "gelu")):
         spec = get_op(op)
         assert spec.context_sites((64, 14336)) == mlp_activation_sites(14336, act)
+
+
+def test_gemmas_post_attention_norms_sit_where_a_patched_gemma_runs_them():
+    """Gemma-2-9B: o_proj 16 x 256 in, gate_up 2 x 14336 out; down_proj 14336 in, qkv (16 + 2 x 8) x 256 out (the
+    op also takes the layer boundary: post_feedforward_layernorm + the next input_layernorm)."""
+    spec = get_op("gemma_post_attention_norms")
+    assert spec.context_sites((64, 3584)) == (Site("gemma-2-9b o_proj -> gate_up", 4096, 28672),
+                                              Site("gemma-2-9b down_proj -> qkv", 14336, 8192))
+    assert residual_norm_sites(3584) != residual_norm_sites(3584, "gemma")   # Qwen2.5-7B's rms norm: its own pairs

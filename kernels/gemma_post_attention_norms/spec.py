@@ -30,6 +30,7 @@ from astra_sglang.families import abi as _abi
 from astra_sglang.families import rmsnorm
 from astra_sglang.kernels.gemma_fused_add_rmsnorm import spec as _farn_spec
 from astra_sglang.kernels.gemma_rmsnorm import spec as _rms_spec
+from astra_sglang.sites import residual_norm_sites
 from astra_sglang.spec import DTYPE_BYTES, OpSpec, Tolerance, torch_dtype
 
 EPS = 1e-6  # Gemma-2/3 rms_norm_eps (both layers are built with it)
@@ -137,4 +138,7 @@ SPEC = OpSpec(
     # by default) the op takes 2L - 1 of a step's 2L + 1 gemma_rmsnorm and 2L gemma_fused_add_rmsnorm calls (layer 0's
     # input_layernorm, the last layer's post_feedforward_layernorm and the final norm stay SGLang's)
     fuses=("gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
+    # in context where a patched Gemma runs it: after o_proj, before gate_up, and at the layer boundary, after
+    # down_proj, before the next layer's qkv
+    context_sites=lambda dims: residual_norm_sites(dims[1], "gemma"),
 )

@@ -27,10 +27,12 @@
 #   bash run.sh f   (1x H200, no wheelhouse) the activations' decode corpora at their serving site (gate_up -> down_proj of
 #                   the dense model of that width; bench --sites serving, the default since d52dd4e), bf16, --neighbours
 #                   astra; silu_and_mul and gelu_tanh_and_mul again at bench's generic pair (--sites generic), same run
+#   bash run.sh g   (1x H200, no wheelhouse) gemma_post_attention_norms's decode corpus at its serving sites (o_proj -> gate_up,
+#                   down_proj -> qkv of the Gemma model of that width), bf16, --neighbours astra, and at the generic pair
 # Workspaces extracted on the CPU, carried as astra-work/ws:
 #   astra-sglang extract OP --variant V --sglang 0.5.17 --arch sm_90 --out astra-work/ws/V --no-build
 set -uo pipefail
-PART=${1:?a, b, c, d, e or f}
+PART=${1:?a, b, c, d, e, f or g}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s17/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -74,6 +76,15 @@ f)
       --dtype bf16 --replays 8 --neighbours astra --sites generic --no-plot --out $O/generic/decode_$op.json \
       > $O/generic/$op.log 2>&1
     echo "$op generic at $(el)s"; grep -E "^geomean|^rows:" $O/generic/$op.log | cut -c1-300
+  done ;;
+g)
+  source kernels/astra_env.sh; mkdir -p $O/sites
+  for rule in serving generic; do
+    timeout 150 $AS bench gemma_post_attention_norms --workspace $WS/flashinfer/gemma_post_attention_norms \
+      --candidate kernels/gemma_post_attention_norms/kernel.cu --shapes decode --dtype bf16 --replays 8 \
+      --neighbours astra --sites $rule --no-plot --out $O/sites/decode_gemma_post_attention_norms_$rule.json \
+      > $O/sites/$rule.log 2>&1
+    echo "sites $rule done at $(el)s"; grep -E "^geomean|^rows:|^sites:" $O/sites/$rule.log | cut -c1-300
   done ;;
 d)
   for site in attn:4096:28672 mlp:14336:6144; do
