@@ -97,3 +97,13 @@ def test_gemmas_post_attention_norms_sit_where_a_patched_gemma_runs_them():
     assert spec.context_sites((64, 3584)) == (Site("gemma-2-9b o_proj -> gate_up", 4096, 28672),
                                               Site("gemma-2-9b down_proj -> qkv", 14336, 8192))
     assert residual_norm_sites(3584) != residual_norm_sites(3584, "gemma")   # Qwen2.5-7B's rms norm: its own pairs
+
+
+def test_bench_times_only_decode_rows_at_their_sites():
+    """Prefill rows are judged chained: their in-context time keeps one pair, not two (each pair is a timing)."""
+    from astra_sglang.harness.bench import serving_sites
+
+    farn = get_op("fused_add_rmsnorm")
+    assert serving_sites(farn, (256, 4096)) == residual_norm_sites(4096)
+    assert serving_sites(farn, (257, 4096)) == () and serving_sites(farn, (4096, 4096)) == ()
+    assert serving_sites(get_op("rmsnorm"), (16, 4096)) == ()

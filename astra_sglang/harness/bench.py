@@ -42,6 +42,7 @@ from .installed import bitwise_mismatches, resolve_installed
 from .inputs import make_case_inputs, to_prod_abi
 from .oracle import FatalCaseError, run_case
 from .results import BenchReport, BenchRow
+from .rules import DECODE_MAX_TOKENS
 from .timer import (CONTEXT_K, DEFAULT_REPLAYS, MEM_CAP_BYTES, Helpers, Neighbours, build_helpers, ceiling_key,
                     graph_of, load_cached_ceiling, measure_ceiling, measure_launch_floor, plan_calls,
                     plan_context_calls, plan_sets, store_ceiling, time_graphs)
@@ -186,7 +187,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     spec, prod, inst, dims, dtype, dist, case_seed(seed, dims, dtype, "bits"), prod_attrs))
             if job.get("context", True):
                 emit("stage", msg=f"timing {skey} {dtype} in context (producer GEMM -> op -> consumer GEMM)")
-                sites = spec.context_sites(dims) if job.get("sites") and spec.context_sites else ()
+                sites = serving_sites(spec, dims) if job.get("sites") else ()
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
                                            restore if inout else None, job.get("consumer_width"), helpers,
                                            job.get("producer_k"), gemm, sites)
@@ -239,6 +240,14 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             torch.cuda.empty_cache()
     return _bench_result(rows, notes, recheck, dev_name, props, l2_bytes, gbps, source, floor_us,
                          ceiling.get("read_gbps"))
+
+
+def serving_sites(spec, dims) -> Tuple[Any, ...]:
+    """The GEMM pairs serving runs this row between (spec.context_sites), for the rows judged in context (decode);
+    () for prefill rows (they keep the one pair) and for ops without sites."""
+    if spec.context_sites is None or int(dims[0]) > DECODE_MAX_TOKENS:
+        return ()
+    return tuple(spec.context_sites(dims))
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
@@ -625,7 +634,8 @@ def bench(
 
     sites="serving": a decode row of an op with spec.context_sites is timed in context between each GEMM pair serving
     runs it between (sites.py), the row the mean; "generic": between one pair of inner size `producer_k` and width
-    `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Either flag means "generic".
+    `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Passing `producer_k` or
+    `consumer_width` means "generic": they name the one pair.
 
     Never raises for anything the candidate does: a failure leaves report.ok False with the reason.
     Raises AstraError for usage errors."""

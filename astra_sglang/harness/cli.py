@@ -116,10 +116,9 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
                    "its adapter takes the shape, as a patched server runs it; else cuBLAS).")
 @click.option("--sites", type=click.Choice(["serving", "generic"]), default="serving", show_default=True,
               help="serving: time a decode row in context between each GEMM pair serving runs the op between, where "
-                   "its spec names them (fused_add_rmsnorm: o_proj -> gate_up and down_proj -> qkv of a dense model "
-                   "of that hidden size; the activations: gate_up -> down_proj), the row the mean; generic: one pair "
-                   "(--producer-k, --consumer-width), as "
-                   "before 2026-11-28. Either flag means generic.")
+                   "its spec names them (e.g. fused_add_rmsnorm: o_proj -> gate_up and down_proj -> qkv of a dense "
+                   "model of that hidden size), the row the mean; generic: one pair (--producer-k, --consumer-width), "
+                   "as before 2026-11-28. Passing --producer-k or --consumer-width means generic.")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
