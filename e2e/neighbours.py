@@ -43,21 +43,28 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
     """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream; kernel
     names classified as for the model (attribution.classify: its activation, Gemma's norms), or by `match`
     (profile.op_classifier: the profile's own attribution, SGLang's router GEMM included)."""
-    if match is None:
-        match = lambda name: classify(name, hidden_act, gemma=gemma)  # noqa: E731
-    by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
-    for k in kernels:
-        if k.kind == "kernel":
-            by_stream[k.stream].append(k)
+    match = match or _classifier(hidden_act, gemma)
     out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
-    for ks in by_stream.values():
-        calls = _calls(sorted(ks, key=lambda k: k.ts))
+    for calls in _stream_calls(kernels):
         for (p, p_start, p_end, _), (n, n_start, n_end, _) in zip(calls, calls[1:]):
             m = match(p.name)
             if m.covered:
                 out[(m.op, match(n.name).op)].append((max(0.0, p_end - p_start), max(0.0, n_end - n_start),
                                                       n_end - p_start))
     return out
+
+
+def _classifier(hidden_act: str, gemma: bool) -> Callable[[str], Match]:
+    return lambda name: classify(name, hidden_act, gemma=gemma)
+
+
+def _stream_calls(kernels: Sequence[KernelEvent]) -> List[List[Tuple[KernelEvent, float, float, bool]]]:
+    """Each stream's kernels as calls (_calls), in time order."""
+    by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
+    for k in kernels:
+        if k.kind == "kernel":
+            by_stream[k.stream].append(k)
+    return [_calls(sorted(ks, key=lambda k: k.ts)) for ks in by_stream.values()]
 
 
 def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float, bool]]:
@@ -91,15 +98,9 @@ def producer_pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gem
     it is "OP (split-K)". Its last kernel, cuBLAS's reduce, releases a PDL-launched op early; one nvjet kernel does
     not: behind them a PDL and a plain launch of fused_add_rmsnorm differed by 0.6 µs and by nothing (Llama-3-8B,
     batch 64, H200, 2026-11-28, results/2026-11-28-h200/session17)."""
-    if match is None:
-        match = lambda name: classify(name, hidden_act, gemma=gemma)  # noqa: E731
-    by_stream: Dict[int, List[KernelEvent]] = defaultdict(list)
-    for k in kernels:
-        if k.kind == "kernel":
-            by_stream[k.stream].append(k)
+    match = match or _classifier(hidden_act, gemma)
     out: Dict[Tuple[str, str], List[float]] = defaultdict(list)
-    for ks in by_stream.values():
-        calls = _calls(sorted(ks, key=lambda k: k.ts))
+    for calls in _stream_calls(kernels):
         for (q, _, _, split), (p, p_start, p_end, _) in zip(calls, calls[1:]):
             m = match(p.name)
             if m.covered:
@@ -141,13 +142,17 @@ def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: 
     return sorted(rows, key=lambda r: -abs(r["span_delta_step_us"]))
 
 
+def _calls_cell(r: dict) -> str:
+    """Calls a step: one number, or A → B where the arms differ."""
+    na, nb = r["calls_per_step"], r.get("calls_per_step_b", r["calls_per_step"])
+    return f"{na:.0f}" if round(na) == round(nb) else f"{na:.0f} → {nb:.0f}"
+
+
 def table(rows: Sequence[dict]) -> str:
     lines = ["| op → next kernel | calls/step | op µs A → B | next µs A → B | span µs A → B | "
              "Δ op µs/step | Δ next µs/step | Δ span µs/step |", "|---|---:|---|---|---|---:|---:|---:|"]
     for r in rows:
-        na, nb = r["calls_per_step"], r.get("calls_per_step_b", r["calls_per_step"])
-        calls = f"{na:.0f}" if round(na) == round(nb) else f"{na:.0f} → {nb:.0f}"
-        lines.append(f"| {r['op']} → {r['next']} | {calls} | "
+        lines.append(f"| {r['op']} → {r['next']} | {_calls_cell(r)} | "
                      f"{r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | {r['next_us'][0]:.2f} → {r['next_us'][1]:.2f} | "
                      f"{r['span_us'][0]:.2f} → {r['span_us'][1]:.2f} | {r['op_delta_step_us']:+.1f} | "
                      f"{r['next_delta_step_us']:+.1f} | {r['span_delta_step_us']:+.1f} |")
@@ -157,9 +162,7 @@ def table(rows: Sequence[dict]) -> str:
 def producer_table(rows: Sequence[dict]) -> str:
     lines = ["| call before → op | calls/step | op µs A → B | Δ op µs/step |", "|---|---:|---|---:|"]
     for r in rows:
-        na, nb = r["calls_per_step"], r["calls_per_step_b"]
-        calls = f"{na:.0f}" if round(na) == round(nb) else f"{na:.0f} → {nb:.0f}"
-        lines.append(f"| {r['before']} → {r['op']} | {calls} | {r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | "
+        lines.append(f"| {r['before']} → {r['op']} | {_calls_cell(r)} | {r['op_us'][0]:.2f} → {r['op_us'][1]:.2f} | "
                      f"{r['op_delta_step_us']:+.1f} |")
     return "\n".join(lines) + "\n"
 
