@@ -12,8 +12,6 @@
 #                   copy of the repository), arm B the rule (--candidate OP=kernels/OP/kernel.cu); GPU 3 moe_combine's plain
 #                   launch (astra-work/cand/moe_combine_plain.cu: its kernel.cu after #define ASTRA_PDL 0) against the
 #                   shipped one on qwen3-30b-a3b-20l at batch 1 and 8 (--base-ops all --ops all --candidate moe_combine=F)
-#   bash run.sh c   (2x H200, wheelhouse as part b) the same A/B as GPU 2 of part b on Gemma-2-9B (its four changed ops)
-#                   and Qwen3-8B, batch 16 and 64
 #   bash run.sh d   (1x H200, no wheelhouse) part b's Llama-3-8B graph put the norm behind two producers: o_proj (nvjet,
 #                   K 4096) before gate_up (N 28672), and down_proj (split-K nvjet + cublasLt splitKreduce, K 14336) before
 #                   qkv (N 6144). The same two sites in bench (--producer-k / --consumer-width), fused_add_rmsnorm 16, 64, 256
@@ -32,7 +30,7 @@
 # Workspaces extracted on the CPU, carried as astra-work/ws:
 #   astra-sglang extract OP --variant V --sglang 0.5.17 --arch sm_90 --out astra-work/ws/V --no-build
 set -uo pipefail
-PART=${1:?a, b, c, d, e, f or g}
+PART=${1:?a, b, d, e, f or g}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s17/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -94,7 +92,7 @@ d)
       $WS/flashinfer/fused_add_rmsnorm 16x4096,64x4096,256x4096 bf16 default= pdl0="-DASTRA_PDL=0" > $O/farn-$name.log 2>&1
     echo "site $name done at $(el)s"; tail -12 $O/farn-$name.log | grep -v "^  wrote"
   done ;;
-b|c)
+b)
   bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
   # arm A's astra: the kernels before the rule, installed from a copy of the repository
   mkdir -p /tmp/astra-old && tar --exclude=./results --exclude=./astra-work --exclude=./.whl -cf - . | tar -xf - -C /tmp/astra-old
@@ -110,20 +108,13 @@ b|c)
   corpora() {  # GPU NAME OPS
     CUDA_VISIBLE_DEVICES=$1 RES=$O/$2 NEIGHBOURS=astra DTYPES=bf16 DEADLINE=$(( LIMIT - 40 - $(el) )) OPS="$3" \
       bash kernels/gpu_run.sh decode > $O/$2.log 2>&1; echo "$2 done at $(el)s"; }
-  if [ $PART = b ]; then
-    corpora 0 decode-norms "fused_add_rmsnorm rmsnorm gemma_fused_add_rmsnorm gemma_rmsnorm gemma_post_attention_norms" &
-    corpora 1 decode-act "qknorm silu_and_mul gelu_tanh_and_mul gelu_and_mul" &
-    step 2 $O/step-llama 16,64 "llama3-8b-plain:llama3-8b:560:--base-ops all --ops all$(cand fused_add_rmsnorm rmsnorm) --port=30100" &
-    step 3 $O/step-moe 1,8 "qwen3-30b-a3b-20l-combine-plain:qwen3-30b-a3b-20l:560:--base-ops all --ops all \
+  corpora 0 decode-norms "fused_add_rmsnorm rmsnorm gemma_fused_add_rmsnorm gemma_rmsnorm gemma_post_attention_norms" &
+  corpora 1 decode-act "qknorm silu_and_mul gelu_tanh_and_mul gelu_and_mul" &
+  step 2 $O/step-llama 16,64 "llama3-8b-plain:llama3-8b:560:--base-ops all --ops all$(cand fused_add_rmsnorm rmsnorm) --port=30100" &
+  step 3 $O/step-moe 1,8 "qwen3-30b-a3b-20l-combine-plain:qwen3-30b-a3b-20l:560:--base-ops all --ops all \
 --candidate moe_combine=$R/astra-work/cand/moe_combine_plain.cu --port=30200" &
-    wait
-    for f in $O/decode-*/summary.txt; do cut -c1-300 $f; done
-  else
-    step 0 $O/step-gemma 16,64 "gemma2-9b-plain:gemma2-9b:560:--base-ops all --ops all$(cand gemma_post_attention_norms \
-gemma_fused_add_rmsnorm gemma_rmsnorm gelu_tanh_and_mul) --port=30100" &
-    step 1 $O/step-qwen 16,64 "qwen3-8b-plain:qwen3-8b:560:--base-ops all --ops all$(cand fused_add_rmsnorm rmsnorm) --port=30200" &
-    wait
-  fi
+  wait
+  for f in $O/decode-*/summary.txt; do cut -c1-300 $f; done
   for f in $O/step-*.log; do tail -8 $f; done ;;
 esac
 echo "all done at $(el)s"
