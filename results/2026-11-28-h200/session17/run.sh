@@ -6,7 +6,8 @@
 #                   runs (--neighbours astra); one GPU per list of ops. LIMIT=seconds caps the whole part.
 #   bash run.sh b   (4x H200, wheelhouse staged first: .whl/wh31, one device call per part,
 #                   bash e2e/device_install.sh stage .whl/wh31/carry/partNN) the plain-launch rule (ASTRA_PLAIN_BYTES) as
-#                   shipped: GPUs 0 and 1 the decode corpora of the ops it changed, bf16, in context between the GEMMs a
+#                   shipped (git apply plain-rule.diff first: the rule in nine kernels, never committed to kernels/;
+#                   astra-work/old holds the kernels before it): GPUs 0 and 1 the decode corpora of the ops it changed, bf16, in context between the GEMMs a
 #                   patched server runs (NEIGHBOURS=astra); GPU 2 decode step A/B on Llama-3-8B at batch 16 and 64, arm A
 #                   the kernels before the rule (astra-work/old: git show 389c062:kernels/OP/kernel.cu, installed from a
 #                   copy of the repository), arm B the rule (--candidate OP=kernels/OP/kernel.cu); GPU 3 moe_combine's plain
