@@ -12,6 +12,9 @@
 #                                                           here first, e.g. PYTHONPATH=/tmp/e2e-site)
 #   NEIGHBOURS=astra bash kernels/gpu_run.sh decode        (the in-context GEMMs a patched server runs: astra's
 #                                                           linear where it takes them; bench --neighbours)
+# Decode rows of an op whose spec names the GEMM pairs serving runs it between are timed between each (bench's default
+# --sites serving, astra_sglang/sites.py: fused_add_rmsnorm, gemma_post_attention_norms, the activations); the rest
+# between bench's generic pair.
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces
