@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from astra_sglang.harness.bench import combine_sites
+from astra_sglang.harness.bench import combine_sites, site_times
 from astra_sglang.harness.results import BenchReport, BenchRow
 from astra_sglang.models import ALL_MODELS, model
 from astra_sglang.registry import get_op
@@ -44,7 +44,7 @@ def _timed(base, cand, spread, floor, launch, gemms="cuBLAS / cuBLAS", failed=""
     return {"gemms": gemms, "marg": {"production": {"median": base, "spread": spread},
                                      "candidate": {"median": cand, "spread": spread / 2}},
             "neighbours_us": 20.0, "floor": ({"median": floor, "spread": 0.1}, launch), "failed": failed,
-            "floor_note": "", "said": {"production_us": base}}
+            "floor_note": ""}
 
 
 def test_the_row_is_the_mean_of_its_sites():
@@ -52,6 +52,8 @@ def test_the_row_is_the_mean_of_its_sites():
     is their mean, its spread the larger, and each floor's launch is kept where they differ."""
     one = _timed(3.24, 2.84, 0.3, 1.04, "plain")
     assert combine_sites([one]) is one
+    assert site_times(one) == {"gemms": "cuBLAS / cuBLAS", "production_us": 3.24, "candidate_us": 2.84,
+                               "floor_us": 1.04, "floor_launch": "plain"}   # what the row keeps of each pair
     both = combine_sites([one, _timed(1.66, 1.41, 0.2, 0.02, "PDL", failed="site 2 mismatch")])
     assert both["marg"]["production"] == {"median": pytest.approx(2.45), "spread": 0.3}
     assert both["marg"]["candidate"]["median"] == pytest.approx(2.125)

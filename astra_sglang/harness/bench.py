@@ -287,7 +287,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         row.context_installed_us = marg["installed"]["median"]
     row.context_failed = site["failed"]
     if sites:
-        row.context_sites = [{**s.as_dict(), **t["said"]} for s, t in zip(sites, timed)]
+        row.context_sites = [{**s.as_dict(), **site_times(t)} for s, t in zip(sites, timed)]
     torch.cuda.synchronize()
     return unmeasurable_context(row) or site["floor_note"]
 
@@ -296,7 +296,7 @@ def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us
                  before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any) -> Any:
     """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k`. Returns
     {"gemms", "marg": who -> stats.marginal, "neighbours_us", "floor": (marginal, launch) or None, "failed",
-    "floor_note", "said": this site's times for the row}, or a note (str) when it could not be measured."""
+    "floor_note"}, or a note (str) when it could not be measured."""
     import torch
 
     from .stats import marginal
@@ -348,11 +348,17 @@ def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us
     touches = per[1 + len(impls):]   # the touch graphs that could be captured, PDL first
     floor = lower_floor([marginal(p, per[0]) for p in touches]) if touches else None
     failed = verify_context_graphs(spec, graphs[1:1 + len(impls)], impls, sets, prod_sets, nb, dims, dtype, n)
-    said = {"gemms": " / ".join(nb.kinds), **{f"{who}_us": m["median"] for who, m in marg.items()}}
-    if floor is not None:
-        said.update(floor_us=floor[0]["median"], floor_launch=floor[1])
     return {"gemms": " / ".join(nb.kinds), "marg": marg, "neighbours_us": sorted(per[0])[len(per[0]) // 2],
-            "floor": floor, "failed": failed, "floor_note": floor_note, "said": said}
+            "floor": floor, "failed": failed, "floor_note": floor_note}
+
+
+def site_times(t: Dict[str, Any]) -> Dict[str, Any]:
+    """One place's times as the row keeps them (row.context_sites): its GEMMs, each implementation's median
+    ("production_us", ...) and its floor where measured."""
+    out = {"gemms": t["gemms"], **{f"{who}_us": m["median"] for who, m in t["marg"].items()}}
+    if t["floor"] is not None:
+        out.update(floor_us=t["floor"][0]["median"], floor_launch=t["floor"][1])
+    return out
 
 
 def combine_sites(timed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -377,7 +383,7 @@ def combine_sites(timed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return {"gemms": joined([t["gemms"] for t in timed]), "marg": marg,
             "neighbours_us": sum(t["neighbours_us"] for t in timed) / len(timed), "floor": floor,
             "failed": next((t["failed"] for t in timed if t["failed"]), ""),
-            "floor_note": next((t["floor_note"] for t in timed if t["floor_note"]), ""), "said": {}}
+            "floor_note": next((t["floor_note"] for t in timed if t["floor_note"]), "")}
 
 
 def lower_floor(touches: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, Any], str]:
