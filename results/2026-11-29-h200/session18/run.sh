@@ -1,0 +1,34 @@
+#!/bin/bash
+# 2026-11-29 (eighteenth session).
+#   bash run.sh a   (1x H200, no wheelhouse) the activations' narrow blocks for small problems (ASTRA_MIN_THREADS 32, the new
+#                   default: a problem of fewer 256-thread blocks than SMs runs in 32-128-thread blocks) against the old
+#                   launch (-DASTRA_MIN_THREADS=256: 256-thread blocks always), compile-time variants
+#                   (kernels/dev/bench_variants.sh), both orders, bf16, in context at each row's serving site
+#                   (bench --sites serving, the default) between the GEMMs a patched server runs (--neighbours astra):
+#                   the rows whose launch changes (1-token rows, narrow 16-256-token rows) and one that does not (16 x 14336)
+#   bash run.sh b   (1x H200, no wheelhouse) the three activations as shipped: check, then their decode corpora at their
+#                   serving sites, bf16, --neighbours astra (kernels/gpu_run.sh check,decode)
+# Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
+# carried as astra-work/ws:
+#   bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws silu_and_mul=jit gelu_tanh_and_mul=jit gelu_and_mul=jit
+set -uo pipefail
+PART=${1:?a or b}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+O=/tmp/s18/$PART; mkdir -p $O
+export WS=astra-work/ws
+LIMIT=${LIMIT:-540}
+case $PART in
+a)
+  variants() {  # OP SHAPES SECONDS: narrow blocks (default) against 256-thread blocks, both orders
+    RES=$O/$1 BENCH_ARGS="--neighbours astra" BOTH_ORDERS=1 DEADLINE=$3 \
+      bash kernels/dev/bench_variants.sh $1 $WS/jit/$1 $2 bf16 default= b256=-DASTRA_MIN_THREADS=256 > $O/$1.log 2>&1
+    echo "$1 done at $(el)s"; }
+  variants silu_and_mul 1x14336,1x6912,1x3584,1x256,16x3584,16x7168,16x256,64x256,256x256,16x14336 190
+  variants gelu_tanh_and_mul 1x14336,1x21504,1x5376,16x5376,16x14336 90
+  variants gelu_and_mul 1x16384,1x24576,1x12288,16x12288 75
+  for op in silu_and_mul gelu_tanh_and_mul gelu_and_mul; do tail -16 $O/$op.log | grep -v "^  wrote"; done ;;
+b)
+  RES=$O/corpus NEIGHBOURS=astra DTYPES=bf16 DEADLINE=$(( LIMIT - 40 )) OPS="silu_and_mul gelu_tanh_and_mul gelu_and_mul" \
+    bash kernels/gpu_run.sh check,decode > $O/corpus.log 2>&1
+  echo "corpus at $(el)s"; cut -c1-300 $O/corpus/summary.txt ;;
+esac
