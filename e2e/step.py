@@ -493,12 +493,14 @@ def consumer_effects_of(pdir: Path) -> List[dict]:
 
 
 def add_consumer_prediction(predicted: Optional[Dict[Tuple[str, int], dict]], neighbours: Sequence[dict]) -> None:
-    """predicted[(arm, batch)]["consumer_saved_us"]: what the patched ops save with the kernels after them
-    (minus the sum of the op→next spans' change), the in-graph prediction that sees a slowed consumer."""
+    """predicted[(arm, batch)]["consumer_saved_us"]: what the patched ops save with the kernels after them, the
+    in-graph prediction that sees a slowed consumer (e2e/neighbours.py saved_with_consumers)."""
+    from .neighbours import saved_with_consumers
+
     for r in neighbours:
         p = (predicted or {}).get((r["arm"], r["batch_size"]))
         if p is not None and r["rows"]:
-            p["consumer_saved_us"] = -sum(x["span_delta_step_us"] for x in r["rows"])
+            p["consumer_saved_us"] = saved_with_consumers(r["rows"])
 
 
 def counters_by_rank(directory: Path) -> Dict[str, Dict[str, Dict[str, int]]]:

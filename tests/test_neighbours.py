@@ -215,3 +215,35 @@ def test_compare_dir_reports_the_call_before_each_op_too(tmp_path):
 
     md = report([res])
     assert "### The call before each covered op" in md and "→ fused_add_rmsnorm |" in md
+
+
+def test_a_fused_op_in_one_arm_keeps_its_rows_and_the_prediction_counts_each_kernel_once():
+    """Gemma-2-9B, batch 16 (H200, 2026-11-29, results/2026-11-29-h200/session18): arm A runs SGLang's two norms
+    (gemma_rmsnorm -> gemma_fused_add_rmsnorm) between o_proj and gate_up, arm B astra's one fused op. Its rows
+    must be there with "—" for A, or the members' rows claim their whole span as saved; and the norm -> norm span
+    holds the second norm, which its own row counts again (-603 µs predicted that way, -282 µs this way, for a
+    step 287 µs faster)."""
+    from astra_sglang.e2e.neighbours import saved_with_consumers
+
+    rms = "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)"
+    fused = "void astra_gpan::(anonymous namespace)::gemma_post_attention_norms_kernel<__nv_bfloat16, 8, 1>(...)"
+
+    def arm(names_durs, steps=2):
+        ks, t = [], 0.0
+        for _ in range(steps):
+            for name, dur in names_durs:
+                ks.append(KernelEvent(name, t, dur, stream=7))
+                t += dur
+        return ks
+
+    a = arm(((GEMM, 6.0), (rms, 1.7), (NORM_A, 2.7), (GEMM, 40.0)))
+    b = arm(((GEMM, 6.0), (fused, 1.6), (GEMM, 40.5)))
+    rows = {(r["op"], r["next"]): r for r in consumer_effects(a, b, steps=2, gemma=True)}
+    new = rows[("gemma_post_attention_norms", "gemm")]
+    assert new["op_us"] == (None, pytest.approx(1.6)) and (new["calls_per_step"], new["calls_per_step_b"]) == (0, 1)
+    assert new["span_delta_step_us"] == pytest.approx(42.1)
+    gone = rows[("gemma_rmsnorm", "gemma_fused_add_rmsnorm")]
+    assert gone["op_us"][1] is None and gone["op_delta_step_us"] == pytest.approx(-1.7)
+    # own times 1.7 + 2.7 -> 1.6, the consumer 40.0 -> 40.5: 2.3 µs saved a step
+    assert saved_with_consumers(list(rows.values())) == pytest.approx(2.3)
+    assert "| gemma_post_attention_norms → gemm | 0 → 1 | — → 1.60 |" in table(list(rows.values()))
