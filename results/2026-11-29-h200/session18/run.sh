@@ -8,12 +8,13 @@
 #                   the rows whose launch changes (1-token rows, narrow 16-256-token rows) and one that does not (16 x 14336)
 #   bash run.sh b   (1x H200, no wheelhouse) the three activations as shipped: check, then their decode corpora at their
 #                   serving sites, bf16, --neighbours astra (kernels/gpu_run.sh check,decode)
-#   bash run.sh c gemma|qwen|llama|moe|all   (1x H200, wheelhouse staged first: .whl/wh32, one device call per part,
+#   bash run.sh c gemma|qwen|llama|moe|all|all2   (1x H200, wheelhouse staged first: .whl/wh32, one device call per part,
 #                   bash e2e/device_install.sh stage .whl/wh32/carry/partNN) decode step A/B at batch 16 and 64, arm A every
 #                   default op but the model's residual norms, arm B every default op: Gemma-2-9B without
 #                   gemma_post_attention_norms, gemma_rmsnorm and gemma_fused_add_rmsnorm; Qwen3-8B and Llama-3-8B without
 #                   fused_add_rmsnorm; (moe) the 20-layer Qwen3-30B-A3B shape without moe_gate, moe_router, moe_align, moe_combine;
-#                   (all) Gemma-2-9B and Llama-3-8B, arm A unpatched SGLang, arm B every default op
+#                   (all) Gemma-2-9B and Llama-3-8B, (all2) Qwen3-8B and the MoE shape: arm A unpatched SGLang, arm B every
+#                   default op (all2 ran with e2e/neighbours' fix, 3c3068b: its reports' with-consumers prediction is the new one)
 # Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
 # carried as astra-work/ws:
 #   bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws silu_and_mul=jit gelu_tanh_and_mul=jit gelu_and_mul=jit
@@ -38,14 +39,16 @@ b)
     bash kernels/gpu_run.sh check,decode > $O/corpus.log 2>&1
   echo "corpus at $(el)s"; cut -c1-300 $O/corpus/summary.txt ;;
 c)
-  case ${2:?gemma, qwen, llama, moe or all} in
+  case ${2:?gemma, qwen, llama, moe, all or all2} in
     gemma) spec=("gemma2-9b-norms:gemma2-9b:$(( LIMIT - 60 )):--base-ops=all,-gemma_post_attention_norms,-gemma_rmsnorm,-gemma_fused_add_rmsnorm --ops=all --port=30500") ;;
     qwen) spec=("qwen3-8b-norm:qwen3-8b:$(( LIMIT - 60 )):--base-ops=all,-fused_add_rmsnorm --ops=all --port=30600") ;;
     llama) spec=("llama3-8b-norm:llama3-8b:$(( LIMIT - 60 )):--base-ops=all,-fused_add_rmsnorm --ops=all --port=30700") ;;
     moe) spec=("qwen3-30b-a3b-20l-moe:qwen3-30b-a3b-20l:$(( LIMIT - 60 )):--base-ops=all,-moe_gate,-moe_router,-moe_align,-moe_combine --ops=all --port=30800") ;;
     all) spec=("gemma2-9b-all:gemma2-9b:240:--base-ops=none --ops=all --port=30900"
                "llama3-8b-all:llama3-8b:200:--base-ops=none --ops=all --port=31000") ;;
-    *) echo "error: part c takes gemma, qwen, llama, moe or all" >&2; exit 2 ;;
+    all2) spec=("qwen3-8b-all:qwen3-8b:200:--base-ops=none --ops=all --port=31100"
+                "qwen3-30b-a3b-20l-all:qwen3-30b-a3b-20l:220:--base-ops=none --ops=all --port=31200") ;;
+    *) echo "error: part c takes gemma, qwen, llama, moe, all or all2" >&2; exit 2 ;;
   esac
   bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
   echo "installed at $(el)s"
