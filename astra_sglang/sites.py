@@ -17,14 +17,18 @@ from .models import ALL_MODELS, ModelConfig
 @dataclass(frozen=True)
 class Site:
     """One place the op runs: `producer_k` is the inner size of the GEMM that writes its input, `consumer_width` the
-    output width of the GEMM that reads its output."""
+    output width of the GEMM that reads its output. `norm_after`: serving runs astra's residual norm (PDL) on the
+    op's output before that GEMM, as after a MoE combine; bench puts astra's rmsnorm there (the same PDL wait and
+    early start, out of place, so the timed output can still be checked)."""
 
     name: str
     producer_k: int
     consumer_width: int
+    norm_after: bool = False
 
     def as_dict(self) -> dict:
-        return {"site": self.name, "producer_k": self.producer_k, "consumer_width": self.consumer_width}
+        d = {"site": self.name, "producer_k": self.producer_k, "consumer_width": self.consumer_width}
+        return {**d, "norm_after": True} if self.norm_after else d
 
 
 def first_dense(hidden: int, norm: str) -> ModelConfig:
@@ -65,3 +69,25 @@ def mlp_activation_sites(width: int, act: str) -> Tuple[Site, ...]:
     tp, _, m = min(found, key=lambda f: f[:2])
     at = f" (TP {tp})" if tp > 1 else ""
     return (Site(f"{m.name}{at} gate_up -> down_proj", m.hidden, m.hidden),)
+
+
+def moe_output_sites(model_name: str) -> Tuple[Site, ...]:
+    """Where a MoE layer's combine runs in a Qwen3-MoE-style model (dense attention, SGLang's Triton fused_moe): after
+    the experts' down GEMM (inner size: the expert width / TP) and before the next layer's input norm, astra's
+    fused_add_rmsnorm in a patched server, then its qkv GEMM. The combine's PDL trigger lets that norm start early:
+    1.86 -> 1.03 us a call at batch 16 in the Qwen3-30B-A3B step (H200, 2026-11-29, results/2026-11-29-h200/session18),
+    which a GEMM right after the combine cannot show. () for other models (MLA attention, gpt-oss's MoE kernels, or
+    not a MoE)."""
+    from .models import model
+
+    try:
+        m = model(model_name)
+    except KeyError:
+        return ()
+    if not m.moe_intermediate or m.act != "silu" or m.extra_norm_widths:
+        return ()
+    tp = min(m.tp)
+    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
+    at = f" (TP {tp})" if tp > 1 else ""
+    return (Site(f"{m.name}{at} experts' down -> combine -> norm -> qkv", m.moe_intermediate // tp, qkv,
+                 norm_after=True),)

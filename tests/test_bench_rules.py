@@ -348,6 +348,28 @@ def test_neighbours_run_the_gemm_a_patched_server_runs_where_it_takes_the_shape(
     assert Neighbours(spec, strided, k=32, consumer_k=48, gemm=Gemm()).kinds == ("cuBLAS", "cuBLAS")
 
 
+def test_a_norm_after_the_op_reads_its_output_and_feeds_the_consumer_gemm():
+    """sites.Site.norm_after (a MoE combine's output goes through the next layer's norm, then qkv): the norm reads the
+    op's output, writes a scratch, and the consumer GEMM reads that; the op's output is left as the op wrote it."""
+    from astra_sglang.harness.timer import Neighbours
+
+    spec, dims, fresh, sets = _spec_and_sets(n=1, dims=(3, 64))
+    s = {k: v.float() for k, v in sets[0].items()}
+    seen = []
+
+    def norm(x, w, out):   # stands in for neighbour_gemm.AstraRMSNorm
+        seen.append(x.data_ptr())
+        out.copy_(x * x.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * w)
+
+    nb = Neighbours(spec, s, k=32, consumer_k=48, norm=norm)
+    assert nb.kinds == ("cuBLAS", "rmsnorm + cuBLAS") and nb.normed.shape == (3, 64) and nb.norm_w.shape == (64,)
+    s["out"].copy_(torch.randn_like(s["out"]))
+    before = s["out"].clone()
+    nb.consume(s)
+    assert seen == [s["out"].data_ptr()] and torch.equal(s["out"], before)
+    assert torch.allclose(nb.y, nb.normed @ nb.c.T, atol=1e-5) and not torch.allclose(nb.y, s["out"] @ nb.c.T)
+
+
 def test_the_astra_neighbour_follows_linears_adapter():
     """Which GEMMs a patched server runs as astra's linear: the adapter's rule (tokens, widths), fp16 / bf16 only."""
     from astra_sglang.harness.neighbour_gemm import linear_declines
@@ -396,3 +418,22 @@ def test_timed_graph_recheck_judges_a_spread_of_a_long_rotation():
     gaps = {b - a for a, b in zip(idx, idx[1:])}
     assert max(gaps) - min(gaps) <= 1       # evenly spread
     assert checked_sets(10, limit=4) == [0, 3, 6, 9]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_astras_rmsnorm_as_the_norm_after_the_op_matches_torch():
+    """The norm bench runs between an op and its consumer GEMM at a norm_after site: kernels/rmsnorm built and called
+    through its ABI, out of place."""
+    from astra_sglang.harness.neighbour_gemm import AstraRMSNorm
+    from astra_sglang.patch.apply import build_kernel
+
+    norm = AstraRMSNorm(str(build_kernel("rmsnorm")))
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
+    w = (1.0 + 0.1 * torch.randn(2048, device="cuda")).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    keep = x.clone()
+    norm(x, w, out)
+    torch.cuda.synchronize()
+    ref = (x.float() * x.float().pow(2).mean(-1, keepdim=True).add(norm.EPS).rsqrt() * w.float())
+    assert torch.equal(x, keep) and torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -109,3 +109,35 @@ def test_bench_times_only_decode_rows_at_their_sites():
     assert serving_sites(farn, (256, 4096)) == residual_norm_sites(4096)
     assert serving_sites(farn, (257, 4096)) == () and serving_sites(farn, (4096, 4096)) == ()
     assert serving_sites(get_op("rmsnorm"), (16, 4096)) == ()
+
+
+def test_a_moe_combine_sits_after_the_experts_and_before_astras_norm():
+    """Qwen3-30B-A3B: the experts' down GEMM takes 768 in; after the combine the next layer's input norm (astra's, in
+    a patched server) and its qkv, (32 + 2 x 4) x 128 out. Qwen3-235B-A22B at its least TP 4. DeepSeek-V3 (MLA),
+    gpt-oss (its own MoE kernels) and Mixtral (SGLang adds its two experts with torch.add) keep the generic pair."""
+    from astra_sglang.harness.bench import serving_sites, sites_need_norm
+    from astra_sglang.sites import moe_output_sites
+
+    (s,) = moe_output_sites("qwen3-30b-a3b")
+    assert (s.producer_k, s.consumer_width, s.norm_after) == (768, 5120, True)
+    assert s.as_dict()["norm_after"] is True and "norm_after" not in residual_norm_sites(4096)[0].as_dict()
+    (big,) = moe_output_sites("qwen3-235b-a22b")
+    assert (big.producer_k, big.consumer_width) == (384, 2304) and "(TP 4)" in big.name
+    for name in ("deepseek-v3", "gpt-oss-120b", "mixtral-8x7b", "llama-3-8b", "no-such-model"):
+        assert moe_output_sites(name) == ()
+    spec = get_op("moe_combine")
+    assert serving_sites(spec, (8, 8, 2048)) == (s,) and serving_sites(spec, (8, 9, 7168)) == ()
+    assert serving_sites(spec, (1024, 8, 2048)) == ()   # prefill keeps the one pair
+    assert sites_need_norm(spec, [(1, 8, 2048)]) and not sites_need_norm(spec, [(1, 8, 7168), (1024, 8, 2048)])
+    assert not sites_need_norm(get_op("fused_add_rmsnorm"), [(16, 4096)])
+
+
+def test_without_the_norm_built_a_norm_site_is_said_not_timed():
+    """bench builds astra's rmsnorm when a row's site needs it; a worker without it says so in the row's note
+    rather than timing the site without the norm."""
+    from astra_sglang.harness.bench import time_in_context
+
+    (s,) = get_op("moe_combine").context_sites((1, 8, 2048))
+    note = time_in_context(get_op("moe_combine"), None, [], [], [], (1, 8, 2048), "bf16", {}, 1.0, 1.0, 1, None,
+                           sites=[s], norm=None)
+    assert "astra's norm after the op" in note

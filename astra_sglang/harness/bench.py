@@ -72,6 +72,11 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
         from .neighbour_gemm import AstraLinear
 
         gemm = AstraLinear(job["neighbour_linear"])
+    norm = None
+    if job.get("neighbour_norm"):  # a site whose output serving runs through astra's norm first (Site.norm_after)
+        from .neighbour_gemm import AstraRMSNorm
+
+        norm = AstraRMSNorm(job["neighbour_norm"])
     key = ceiling_key(dev_name, uuid, torch.version.cuda or "")
     cached = load_cached_ceiling(Path(job["ceiling_cache"]), key) if not job.get("remeasure") else None
     if cached:
@@ -190,7 +195,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                 sites = serving_sites(spec, dims) if job.get("sites") else ()
                 ctx_note = time_in_context(spec, row, sets, prod_sets, impls, dims, dtype, scalars, est, gbps, replays,
                                            restore if inout else None, job.get("consumer_width"), helpers,
-                                           job.get("producer_k"), gemm, sites)
+                                           job.get("producer_k"), gemm, sites, norm)
                 if ctx_note:
                     notes.append(f"{skey} {dtype}: {ctx_note}")
             refused = []
@@ -250,10 +255,15 @@ def serving_sites(spec, dims) -> Tuple[Any, ...]:
     return tuple(spec.context_sites(dims))
 
 
+def sites_need_norm(spec, dims_list: Sequence[Sequence[int]]) -> bool:
+    """Whether a row's serving site runs astra's norm after the op (sites.Site.norm_after): bench then builds it."""
+    return any(s.norm_after for dims in dims_list for s in serving_sites(spec, dims))
+
+
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
                     replays: int, before, consumer_width: Optional[int] = None,
                     helpers: Optional[Helpers] = None, producer_k: Optional[int] = None, gemm: Any = None,
-                    sites: Sequence[Any] = ()) -> str:
+                    sites: Sequence[Any] = (), norm: Any = None) -> str:
     """Time each implementation between a producer and a consumer GEMM (timer.Neighbours; `gemm`: astra's linear
     where the patched server runs it, neighbour_gemm.py) on input set 0,
     beside the neighbours alone, interleaved; record marginal times and the basis on `row`. With `helpers`, the
@@ -261,16 +271,20 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     kernel there can beat, so production's time over it is the most any candidate could gain (`BenchRow.headroom`).
     `sites` (sites.Site, from spec.context_sites): the GEMM pairs serving runs the row between, each timed so, the row
     recording their mean and each on its own (`row.context_sites`); none: the one pair of `producer_k` and
-    `consumer_width`. Returns a note when it could not be measured ('' otherwise)."""
+    `consumer_width`. A site with norm_after puts `norm` (astra's rmsnorm) between the op and the consumer GEMM.
+    Returns a note when it could not be measured ('' otherwise)."""
     import torch
 
     from .rules import timing_basis
 
-    places = [(s.producer_k, s.consumer_width) for s in sites] or [(int(producer_k or CONTEXT_K), consumer_width)]
+    places = ([(s.producer_k, s.consumer_width, s.norm_after) for s in sites]
+              or [(int(producer_k or CONTEXT_K), consumer_width, False)])
     timed = []
-    for k, ck in places:
+    for k, ck, norm_after in places:
+        if norm_after and norm is None:
+            return "in-context timing not measured: the site runs astra's norm after the op, and none was built"
         t = time_at_site(spec, sets, prod_sets, impls, dims, dtype, scalars, est_us, gbps, replays, before, k, ck,
-                         helpers, gemm)
+                         helpers, gemm, norm if norm_after else None)
         if isinstance(t, str):
             return t
         timed.append(t)
@@ -293,8 +307,10 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
 
 
 def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float, replays: int,
-                 before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any) -> Any:
-    """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k`. Returns
+                 before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any,
+                 norm: Any = None) -> Any:
+    """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k` (after
+    `norm` where given: timer.Neighbours). Returns
     {"gemms", "marg": who -> stats.marginal, "neighbours_us", "floor": (marginal, launch) or None, "failed",
     "floor_note"}, or a note (str) when it could not be measured."""
     import torch
@@ -302,7 +318,7 @@ def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm)
+        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm, norm=norm)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
@@ -639,7 +655,9 @@ def bench(
     patched server runs there), else cuBLAS; "cublas": F.linear always (an unpatched server's GEMMs).
 
     sites="serving": a decode row of an op with spec.context_sites is timed in context between each GEMM pair serving
-    runs it between (sites.py), the row the mean; "generic": between one pair of inner size `producer_k` and width
+    runs it between (sites.py), the row the mean (a site with norm_after puts astra's rmsnorm between the op and the
+    consumer GEMM, as a patched server runs the next layer's norm after a MoE combine); "generic": between one pair
+    of inner size `producer_k` and width
     `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Passing `producer_k` or
     `consumer_width` means "generic": they name the one pair.
 
@@ -735,6 +753,15 @@ def bench(
             linear_lib = str(build_kernel("linear", arch=ws.manifest.get("arch") or None))
         except AstraError as e:
             return fail(f"--neighbours astra: {e}")
+    norm_lib = ""
+    if context and sites == "serving" and sites_need_norm(spec, [s.dims for s in shape_list]):
+        from ..patch.apply import build_kernel
+
+        say("building astra's rmsnorm (the norm serving runs after the op at its sites)")
+        try:
+            norm_lib = str(build_kernel("rmsnorm", arch=ws.manifest.get("arch") or None))
+        except AstraError as e:
+            return fail(f"--sites serving: {e}")
     width = int(consumer_width or CONTEXT_K)   # the in-context consumer GEMM's output width, decided once
     pk = int(producer_k or CONTEXT_K)          # and the producer GEMM's inner size
     job = {
@@ -744,7 +771,7 @@ def bench(
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
         "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width, "producer_k": pk,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
-        "neighbour_linear": linear_lib, "sites": sites == "serving",
+        "neighbour_linear": linear_lib, "neighbour_norm": norm_lib, "sites": sites == "serving",
     }
     rep.context_consumer_width = width if context else 0
     rep.context_producer_k = pk if context else 0

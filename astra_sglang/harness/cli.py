@@ -117,7 +117,8 @@ def check_cmd(op, candidate, ws_path, root, shapes, dtypes, seed, timeout, sanit
 @click.option("--sites", type=click.Choice(["serving", "generic"]), default="serving", show_default=True,
               help="serving: time a decode row in context between each GEMM pair serving runs the op between, where "
                    "its spec names them (e.g. fused_add_rmsnorm: o_proj -> gate_up and down_proj -> qkv of a dense "
-                   "model of that hidden size), the row the mean; generic: one pair (--producer-k, --consumer-width), "
+                   "model of that hidden size; moe_combine: the experts' down GEMM -> astra's norm -> qkv), the row "
+                   "the mean; generic: one pair (--producer-k, --consumer-width), "
                    "as before 2026-11-28. Passing --producer-k or --consumer-width means generic.")
 @click.option("--ncu", is_flag=True, help="Also profile one shape with Nsight Compute (JSON beside the report).")
 @click.option("--ncu-shape", help="AxB for --ncu (default: the first benchmarked shape).")

@@ -1,4 +1,5 @@
-"""astra's shipped linear as bench's in-context neighbour GEMM (`bench --neighbours astra`).
+"""astra's shipped linear as bench's in-context neighbour GEMM (`bench --neighbours astra`), and astra's rmsnorm as the
+norm serving runs between an op and its consumer GEMM at some sites (sites.Site.norm_after).
 
 In a patched server the GEMMs around a decode op are astra's linear wherever its adapter takes the call, not cuBLAS.
 The in-context floor depends on the producer's last kernel: 0.2-0.3 µs behind cuBLAS's split-K reduce kernel,
@@ -49,3 +50,34 @@ class AstraLinear:
                                    DTYPE_CODES[str(x.dtype)], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if rc:
             raise RuntimeError(f"astra linear (a neighbour GEMM) returned cudaError {rc}")
+
+
+class AstraRMSNorm:
+    """The shipped kernels/rmsnorm/kernel.cu, built and called through its C ABI on the current stream, as the norm a
+    patched server runs between an op and the consumer GEMM (sites.Site.norm_after): out = x / rms(x) * weight, out of
+    place. It stands in for the residual-add norm serving runs there (fused_add_rmsnorm): the same PDL wait first and
+    early release of its dependents, without writing the op's output, which bench checks after timing."""
+
+    EPS = 1e-6
+
+    def __init__(self, lib_path: str):
+        import ctypes
+
+        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL)
+        f = self.lib.astra_rmsnorm
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                      ctypes.c_double, ctypes.c_int, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+
+    def __call__(self, x, weight, out) -> None:
+        import ctypes
+
+        import torch
+
+        if str(x.dtype) not in DTYPE_CODES or not (x.is_contiguous() and out.is_contiguous()):
+            raise RuntimeError("astra rmsnorm as a neighbour: fp16 / bf16, contiguous x and out")
+        rc = self.lib.astra_rmsnorm(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                                    ctypes.c_void_p(weight.data_ptr()), x.shape[0], x.shape[1], self.EPS,
+                                    DTYPE_CODES[str(x.dtype)], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if rc:
+            raise RuntimeError(f"astra rmsnorm (a neighbour) returned cudaError {rc}")

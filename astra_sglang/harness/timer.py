@@ -379,10 +379,13 @@ class Neighbours:
     (router GEMM -> align -> expert GEMM) but not the data dependency.
 
     `gemm` (neighbour_gemm.AstraLinear, bench --neighbours astra): the GEMM a patched server runs instead of cuBLAS
-    where it does not decline the shape (`gemm.declines(tokens, in, out, dtype)` None); `kinds` says which ran."""
+    where it does not decline the shape (`gemm.declines(tokens, in, out, dtype)` None); `kinds` says which ran.
+    `norm` (neighbour_gemm.AstraRMSNorm; sites.Site.norm_after): astra's norm reads the op's output into a scratch
+    row set and the consumer GEMM reads that, as a patched server runs a MoE combine's output through the next
+    layer's norm first."""
 
     def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
-                 consumer_k: Optional[int] = None, gemm: Any = None):
+                 consumer_k: Optional[int] = None, gemm: Any = None, norm: Any = None):
         import torch
 
         ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
@@ -411,6 +414,13 @@ class Neighbours:
         y_rows = dst.shape[0] if self.dst_scratch is None else rows
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
+        self.norm, self.normed, self.norm_w = None, None, None
+        if norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
+            if self.dst_scratch is not None:
+                raise ValueError("a norm after the op needs a floating-point output")
+            self.norm = norm
+            self.normed = torch.empty(y_rows, self.width_out, device=dst.device, dtype=out_dtype)
+            self.norm_w = (1.0 + 0.1 * torch.randn(self.width_out, generator=g, device=dst.device)).to(out_dtype)
         takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
         # astra's linear takes contiguous rows only (its ABI): a strided op tensor keeps F.linear
         src_ok = self.src_scratch is not None or src.is_contiguous()
@@ -419,6 +429,8 @@ class Neighbours:
         self.cons_gemm = gemm if dst_ok and takes(y_rows, self.width_out, kc, out_dtype) else None
         # what ran as the producer / consumer, for the row: "linear" (astra's) or "cuBLAS"
         self.kinds = tuple("linear" if g is not None else "cuBLAS" for g in (self.prod_gemm, self.cons_gemm))
+        if self.norm is not None:
+            self.kinds = (self.kinds[0], f"rmsnorm + {self.kinds[1]}")
 
     def produced(self, tensors: Dict[str, Any]):
         """The tensor the producer GEMM writes: the op's first input (or its bf16 stand-in)."""
@@ -439,6 +451,9 @@ class Neighbours:
 
         t = tensors[self.dst_name] if self.dst_scratch is None else self.dst_scratch
         x = t.view(t.shape[0], self.width_out)
+        if self.norm is not None:
+            self.norm(x, self.norm_w, self.normed)
+            x = self.normed
         if self.cons_gemm is not None:
             self.cons_gemm(x, self.c, self.y)
         else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from astra_sglang.sites import Site, moe_output_sites
 from astra_sglang.spec import (
     DTYPE_BYTES,
     AbiArg,
@@ -83,6 +84,13 @@ EDGE = (
     Shape((300, 8, 2056), ("edge",), "bf16 > 256 tokens, hidden % 16 == 8: sgl_kernel's vector path drops the tail"),
     Shape((16384, 9, 7168), ("edge", "largest"), "deepseek-v3 prefill chunk, shared expert fused"),
 )
+
+
+def context_sites(dims) -> Tuple[Site, ...]:
+    """bench --sites serving: the experts' down GEMM before, astra's norm and the next layer's qkv GEMM after, for the
+    Qwen3-MoE rows (sites.moe_output_sites); the other rows keep bench's generic pair."""
+    name = next((n for n, h, k, _ in MOE_MODELS if (k, h) == (int(dims[1]), int(dims[2]))), "")
+    return moe_output_sites(name)
 
 
 def scalars(dims) -> Dict[str, Any]:
@@ -258,6 +266,7 @@ SPEC = OpSpec(
     dtypes=("fp16", "bf16", "fp32"),
     corpus=_corpus(),
     edge_shapes=EDGE,
+    context_sites=context_sites,
     tolerance=Tolerance(k=2.0),
     make_inputs=make_inputs,
     reference=reference,

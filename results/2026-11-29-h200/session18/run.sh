@@ -15,11 +15,14 @@
 #                   fused_add_rmsnorm; (moe) the 20-layer Qwen3-30B-A3B shape without moe_gate, moe_router, moe_align, moe_combine;
 #                   (all) Gemma-2-9B and Llama-3-8B, (all2) Qwen3-8B and the MoE shape: arm A unpatched SGLang, arm B every
 #                   default op (all2 ran with e2e/neighbours' fix, 3c3068b: its reports' with-consumers prediction is the new one)
+#   bash run.sh d   (1x H200, no wheelhouse) bench --sites serving for moe_combine (c97ee0d+): each Qwen3-MoE decode row behind the
+#                   experts' down GEMM and before astra's norm and the next layer's qkv GEMM (sites.moe_output_sites), and
+#                   at bench's generic pair, same run; bf16, --neighbours astra, against the JIT topk_sum (jit_topk_sum)
 # Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
 # carried as astra-work/ws:
 #   bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws silu_and_mul=jit gelu_tanh_and_mul=jit gelu_and_mul=jit
 set -uo pipefail
-PART=${1:?a, b or c}
+PART=${1:?a, b, c or d}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s18/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -56,4 +59,13 @@ c)
 --profile-steps 10 --mem-fraction-static 0.5" RES=$O/$2 DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh "${spec[@]}" \
     > $O/$2.log 2>&1
   echo "step done at $(el)s"; tail -8 $O/$2.log ;;
+d)
+  source kernels/astra_env.sh
+  rows=1x8x2048,8x8x2048,32x8x2048,64x8x2048,256x8x2048,1x8x4096,8x8x4096,32x8x4096,64x8x4096,256x8x4096
+  for rule in serving generic; do
+    timeout $(( LIMIT / 2 - 10 )) $AS bench moe_combine --workspace $WS/jit_topk_sum/moe_combine \
+      --candidate kernels/moe_combine/kernel.cu --shapes $rows --dtype bf16 --replays 8 --neighbours astra \
+      --sites $rule --no-plot --out $O/decode_moe_combine_$rule.json > $O/$rule.log 2>&1
+    echo "sites $rule done at $(el)s"; grep -E "^geomean|^rows:|^sites:|in context" $O/$rule.log | cut -c1-300 | tail -6
+  done ;;
 esac
