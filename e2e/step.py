@@ -551,7 +551,8 @@ def arms_from_meta(text: str) -> Dict[str, object]:
 
 def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> str:
     """Rebuild summary/report from an earlier results.json (and profile/ beside it). A run cut off while
-    profiling gets its profile report from the captures it finished."""
+    profiling gets its profile report from the captures it finished; the report ends with the neighbours tables, as
+    the run's own does."""
     from . import step_stats as ss
     from .profile import META, analyze_dir, write_outputs
     from .speedups import SpeedupTable
@@ -565,6 +566,7 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
     report_missing = not (pdir / "profile.json").is_file()   # a run cut off while profiling
     predict = arm_ops.get("A", "none") == "none"
+    neighbours = consumer_effects_of(pdir) if (pdir / META).is_file() else []
     if (pdir / META).is_file() and (report_missing or predict):
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
         if report_missing:
@@ -573,7 +575,7 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
             write_outputs(analysis, pdir, json.loads((pdir / META).read_text()).get("config") or {}, model)
         if predict:
             predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)
-            add_consumer_prediction(predicted, consumer_effects_of(pdir))
+            add_consumer_prediction(predicted, neighbours)
     summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)
@@ -581,5 +583,8 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     md = ss.report_markdown(summary, data.get("meta"))
     if ss.plot(summary, str(out / "step.png")):
         md += "\n![decode-step Δ](step.png)\n"
+    from .neighbours import report as consumer_report
+
+    md += consumer_report(neighbours)
     (out / "report.md").write_text(md)
     return md

@@ -358,6 +358,9 @@ def test_step_ab_end_to_end(tmp_path):
     assert r2.returncode == 0, r2.stderr
     s2 = json.loads((tmp_path / "re" / "summary.json").read_text())
     assert s2["comparisons"][0]["gpu_ms"] == s["comparisons"][0]["gpu_ms"]
+    # the re-analysed report ends with the neighbours tables, as the run's own does
+    md2 = (tmp_path / "re" / "report.md").read_text()
+    assert "### The kernel after each covered op" in md and "### The kernel after each covered op" in md2
     # a run cut off while profiling (step_session.sh then rebuilds its report into the run's own dir): the meta
     # lists the captures made so far, and the re-analysis writes their profile report
     pdir = out / "profile"
