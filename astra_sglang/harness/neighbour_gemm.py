@@ -23,6 +23,15 @@ def linear_declines(tokens: int, in_features: int, out_features: int, dtype: Any
     return get_adapter("linear").kept_by_sglang((int(tokens), int(in_features), int(out_features)))
 
 
+def load_abi(lib_path: str, symbol: str, argtypes: list):
+    """A built astra kernel library's extern "C" entry, typed (returns its cudaError_t as an int)."""
+    import ctypes
+
+    f = getattr(ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL), symbol)
+    f.argtypes, f.restype = argtypes, ctypes.c_int
+    return f
+
+
 class AstraLinear:
     """The shipped kernels/linear/kernel.cu, built (patch.apply.build_kernel) and called through its C ABI on the
     current stream: out[t, n] = x[t, :] . w[n, :], x [tokens, in], w [out, in], out [tokens, out], contiguous."""
@@ -30,11 +39,8 @@ class AstraLinear:
     def __init__(self, lib_path: str):
         import ctypes
 
-        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL)
-        f = self.lib.astra_linear
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-        f.restype = ctypes.c_int
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.fn = load_abi(lib_path, "astra_linear", [p, p, p, i64, i64, i64, ctypes.c_int, p])
 
     declines = staticmethod(linear_declines)   # what timer.Neighbours asks of a neighbour GEMM
 
@@ -45,9 +51,9 @@ class AstraLinear:
 
         if not (x.is_contiguous() and w.is_contiguous() and out.is_contiguous()):
             raise RuntimeError("astra linear as a neighbour: x, weight and out must be contiguous")
-        rc = self.lib.astra_linear(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
-                                   ctypes.c_void_p(out.data_ptr()), x.shape[0], x.shape[1], w.shape[0],
-                                   DTYPE_CODES[str(x.dtype)], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        rc = self.fn(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                     x.shape[0], x.shape[1], w.shape[0], DTYPE_CODES[str(x.dtype)],
+                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if rc:
             raise RuntimeError(f"astra linear (a neighbour GEMM) returned cudaError {rc}")
 
@@ -63,11 +69,8 @@ class AstraRMSNorm:
     def __init__(self, lib_path: str):
         import ctypes
 
-        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL)
-        f = self.lib.astra_rmsnorm
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_double, ctypes.c_int, ctypes.c_void_p]
-        f.restype = ctypes.c_int
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.fn = load_abi(lib_path, "astra_rmsnorm", [p, p, p, i64, i64, ctypes.c_double, ctypes.c_int, p])
 
     def __call__(self, x, weight, out) -> None:
         import ctypes
@@ -76,8 +79,8 @@ class AstraRMSNorm:
 
         if str(x.dtype) not in DTYPE_CODES or not (x.is_contiguous() and out.is_contiguous()):
             raise RuntimeError("astra rmsnorm as a neighbour: fp16 / bf16, contiguous x and out")
-        rc = self.lib.astra_rmsnorm(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
-                                    ctypes.c_void_p(weight.data_ptr()), x.shape[0], x.shape[1], self.EPS,
-                                    DTYPE_CODES[str(x.dtype)], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        rc = self.fn(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(weight.data_ptr()),
+                     x.shape[0], x.shape[1], self.EPS, DTYPE_CODES[str(x.dtype)],
+                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if rc:
             raise RuntimeError(f"astra rmsnorm (a neighbour) returned cudaError {rc}")
