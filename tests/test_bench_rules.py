@@ -368,6 +368,12 @@ def test_a_norm_after_the_op_reads_its_output_and_feeds_the_consumer_gemm():
     nb.consume(s)
     assert seen == [s["out"].data_ptr()] and torch.equal(s["out"], before)
     assert torch.allclose(nb.y, nb.normed @ nb.c.T, atol=1e-5) and not torch.allclose(nb.y, s["out"] @ nb.c.T)
+    # a norm that cannot run after this op's output dtype: said before any capture (bench notes the row)
+    from astra_sglang.harness.neighbour_gemm import AstraRMSNorm
+
+    norm.declines = AstraRMSNorm.declines
+    with pytest.raises(ValueError, match="takes fp16 / bf16"):
+        Neighbours(spec, s, k=32, norm=norm)   # fp32 here
 
 
 def test_the_astra_neighbour_follows_linears_adapter():

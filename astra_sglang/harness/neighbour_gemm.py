@@ -66,6 +66,11 @@ class AstraRMSNorm:
 
     EPS = 1e-6
 
+    @staticmethod
+    def declines(dtype: Any) -> Optional[str]:
+        """Why it cannot run after an op of this output dtype (timer.Neighbours asks before capturing), else None."""
+        return None if str(dtype) in DTYPE_CODES else f"{dtype}: astra's rmsnorm takes fp16 / bf16"
+
     def __init__(self, lib_path: str):
         import ctypes
 

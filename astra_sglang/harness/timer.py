@@ -418,6 +418,9 @@ class Neighbours:
         if norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
             if self.dst_scratch is not None:
                 raise ValueError("a norm after the op needs a floating-point output")
+            why = norm.declines(out_dtype) if hasattr(norm, "declines") else None
+            if why:
+                raise ValueError(f"the norm after the op: {why}")
             self.norm = norm
             self.normed = torch.empty(y_rows, self.width_out, device=dst.device, dtype=out_dtype)
             self.norm_w = (1.0 + 0.1 * torch.randn(self.width_out, generator=g, device=dst.device)).to(out_dtype)
