@@ -13,8 +13,8 @@
 #   NEIGHBOURS=astra bash kernels/gpu_run.sh decode        (the in-context GEMMs a patched server runs: astra's
 #                                                           linear where it takes them; bench --neighbours)
 # Decode rows of an op whose spec names the GEMM pairs serving runs it between are timed between each (bench's default
-# --sites serving, astra_sglang/sites.py: fused_add_rmsnorm, gemma_post_attention_norms, the activations, moe_combine); the rest
-# between bench's generic pair.
+# --sites serving, astra_sglang/sites.py: fused_add_rmsnorm, gemma_post_attention_norms, the activations,
+# moe_combine); the rest between bench's generic pair.
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces

@@ -771,7 +771,8 @@ def bench(
         "helper_lib": str(helpers), "ceiling_cache": str(cache_root() / "ceiling.json"),
         "remeasure": remeasure_ceiling, "recheck": recheck, "context": context, "consumer_width": width, "producer_k": pk,
         "installed": installed, "skip": production_skips(spec, ws.variant, shape_list, dts),
-        "neighbour_linear": linear_lib, "neighbour_norm": norm_lib, "sites": sites == "serving",
+        "neighbour_linear": linear_lib, "neighbour_norm": norm_lib,
+        "sites": sites == "serving",
     }
     rep.context_consumer_width = width if context else 0
     rep.context_producer_k = pk if context else 0
