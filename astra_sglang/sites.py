@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from .models import ALL_MODELS, ModelConfig
+from .models import ALL_MODELS, ModelConfig, model
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,16 @@ def first_dense(hidden: int, norm: str) -> ModelConfig:
     raise KeyError(f"no dense {norm} model of hidden size {hidden}")
 
 
+def _qkv_width(m: ModelConfig, tp: int) -> int:
+    """The qkv projection's output width per rank (dense attention: q heads, k and v heads)."""
+    return (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
+
+
+def _at(tp: int) -> str:
+    """A site name's TP suffix."""
+    return f" (TP {tp})" if tp > 1 else ""
+
+
 def residual_norm_sites(hidden: int, norm: str = "rms") -> Tuple[Site, ...]:
     """A dense decoder layer runs its residual-add norm twice: after o_proj, before gate_up, and after down_proj,
     before the next layer's qkv. The pairs of the first dense model of that hidden size, sharded by the smallest TP
@@ -50,9 +60,9 @@ def residual_norm_sites(hidden: int, norm: str = "rms") -> Tuple[Site, ...]:
         return ()
     tp = min(m.tp)
     attn = m.num_heads * m.head_dim // tp
-    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
+    qkv = _qkv_width(m, tp)
     inter = m.intermediate // tp
-    at = f" (TP {tp})" if tp > 1 else ""
+    at = _at(tp)
     return (Site(f"{m.name}{at} o_proj -> gate_up", attn, 2 * inter),
             Site(f"{m.name}{at} down_proj -> qkv", inter, qkv))
 
@@ -67,8 +77,7 @@ def mlp_activation_sites(width: int, act: str) -> Tuple[Site, ...]:
     if not found:
         return ()
     tp, _, m = min(found, key=lambda f: f[:2])
-    at = f" (TP {tp})" if tp > 1 else ""
-    return (Site(f"{m.name}{at} gate_up -> down_proj", m.hidden, m.hidden),)
+    return (Site(f"{m.name}{_at(tp)} gate_up -> down_proj", m.hidden, m.hidden),)
 
 
 def moe_output_sites(model_name: str) -> Tuple[Site, ...]:
@@ -78,8 +87,6 @@ def moe_output_sites(model_name: str) -> Tuple[Site, ...]:
     1.86 -> 1.03 us a call at batch 16 in the Qwen3-30B-A3B step (H200, 2026-11-29, results/2026-11-29-h200/session18),
     which a GEMM right after the combine cannot show. () for other models (MLA attention, gpt-oss's MoE kernels, or
     not a MoE)."""
-    from .models import model
-
     try:
         m = model(model_name)
     except KeyError:
@@ -87,7 +94,5 @@ def moe_output_sites(model_name: str) -> Tuple[Site, ...]:
     if not m.moe_intermediate or m.act != "silu" or m.extra_norm_widths:
         return ()
     tp = min(m.tp)
-    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
-    at = f" (TP {tp})" if tp > 1 else ""
-    return (Site(f"{m.name}{at} experts' down -> combine -> norm -> qkv", m.moe_intermediate // tp, qkv,
-                 norm_after=True),)
+    return (Site(f"{m.name}{_at(tp)} experts' down -> combine -> norm -> qkv", m.moe_intermediate // tp,
+                 _qkv_width(m, tp), norm_after=True),)
