@@ -16,14 +16,19 @@ NORM_B = "void astra_fused_add_rmsnorm::(anonymous namespace)::fused_add_rmsnorm
 GEMM = "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT"
 
 
-def step(norm: str, norm_us: float, gemm_us: float, steps: int = 3, stream: int = 7):
-    """steps x (norm, gemm, attention), back to back on one stream."""
+def back_to_back(names_durs, steps: int, stream: int = 7):
+    """steps x the (kernel name, µs) sequence, back to back on one stream."""
     ks, t = [], 0.0
     for _ in range(steps):
-        for name, dur in ((norm, norm_us), (GEMM, gemm_us), ("_fwd_grouped_kernel_stage1", 5.0)):
+        for name, dur in names_durs:
             ks.append(KernelEvent(name, t, dur, stream=stream))
             t += dur
     return ks
+
+
+def step(norm: str, norm_us: float, gemm_us: float, steps: int = 3, stream: int = 7):
+    """steps x (norm, gemm, attention), back to back on one stream."""
+    return back_to_back(((norm, norm_us), (GEMM, gemm_us), ("_fwd_grouped_kernel_stage1", 5.0)), steps, stream)
 
 
 def test_pairs_follow_each_stream():
@@ -189,14 +194,9 @@ def test_the_call_before_each_op_splits_a_split_k_producer_off():
     the norm lost 0.6 µs behind the split-K GEMM only; the rows by the call before say which."""
     from astra_sglang.e2e.neighbours import producer_effects, producer_pairs, producer_table
 
-    def arm(norm_after_split: float):
-        ks, t = [], 0.0
-        for _ in range(2):   # per step: o_proj -> norm -> gate_up, down_proj (split-K) -> norm -> qkv
-            for name, dur in ((GEMM, 6.0), (NORM_A, 2.25), (GEMM, 60.0), (GEMM, 30.0), (REDUCE, 2.5),
-                              (NORM_A, norm_after_split), (GEMM, 16.0)):
-                ks.append(KernelEvent(name, t, dur, stream=7))
-                t += dur
-        return ks
+    def arm(norm_after_split: float):   # per step: o_proj -> norm -> gate_up, down_proj (split-K) -> norm -> qkv
+        return back_to_back(((GEMM, 6.0), (NORM_A, 2.25), (GEMM, 60.0), (GEMM, 30.0), (REDUCE, 2.5),
+                             (NORM_A, norm_after_split), (GEMM, 16.0)), steps=2)
 
     pa = producer_pairs(arm(1.54))
     assert sorted(pa) == [("gemm", "fused_add_rmsnorm"), ("gemm (split-K)", "fused_add_rmsnorm")]
@@ -221,23 +221,15 @@ def test_a_fused_op_in_one_arm_keeps_its_rows_and_the_prediction_counts_each_ker
     """Gemma-2-9B, batch 16 (H200, 2026-11-29, results/2026-11-29-h200/session18): arm A runs SGLang's two norms
     (gemma_rmsnorm -> gemma_fused_add_rmsnorm) between o_proj and gate_up, arm B astra's one fused op. Its rows
     must be there with "—" for A, or the members' rows claim their whole span as saved; and the norm -> norm span
-    holds the second norm, which its own row counts again (-603 µs predicted that way, -282 µs this way, for a
+    holds the second norm, which its own row counts again (603 µs saved predicted that way, 282 µs this way, for a
     step 287 µs faster)."""
     from astra_sglang.e2e.neighbours import saved_with_consumers
 
     rms = "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)"
     fused = "void astra_gpan::(anonymous namespace)::gemma_post_attention_norms_kernel<__nv_bfloat16, 8, 1>(...)"
 
-    def arm(names_durs, steps=2):
-        ks, t = [], 0.0
-        for _ in range(steps):
-            for name, dur in names_durs:
-                ks.append(KernelEvent(name, t, dur, stream=7))
-                t += dur
-        return ks
-
-    a = arm(((GEMM, 6.0), (rms, 1.7), (NORM_A, 2.7), (GEMM, 40.0)))
-    b = arm(((GEMM, 6.0), (fused, 1.6), (GEMM, 40.5)))
+    a = back_to_back(((GEMM, 6.0), (rms, 1.7), (NORM_A, 2.7), (GEMM, 40.0)), steps=2)
+    b = back_to_back(((GEMM, 6.0), (fused, 1.6), (GEMM, 40.5)), steps=2)
     rows = {(r["op"], r["next"]): r for r in consumer_effects(a, b, steps=2, gemma=True)}
     new = rows[("gemma_post_attention_norms", "gemm")]
     assert new["op_us"] == (None, pytest.approx(1.6)) and (new["calls_per_step"], new["calls_per_step_b"]) == (0, 1)
