@@ -13,9 +13,21 @@
 namespace astra_malign {
 namespace {  // internal linkage: the library exports only astra_moe_align
 
+// Dev flags (kernels/dev/bench_variants.sh), shipped values as defaults.
+#ifndef ASTRA_FUSED_MAX_NUMEL  // the most ids the one-launch path takes
+#define ASTRA_FUSED_MAX_NUMEL 4096
+#endif
+#ifndef ASTRA_PER_BUCKET_MAX_BS  // write_layout's one-thread-per-bucket branch up to this block size
+#define ASTRA_PER_BUCKET_MAX_BS 32
+#endif
+#ifndef ASTRA_FILL_MIN_NUMEL  // one-launch path: from this many ids on, fill all of sorted (16-byte stores), then scatter
+#define ASTRA_FILL_MIN_NUMEL (1 << 30)
+#endif
+
 constexpr int kMaxThreads = 1024;
 constexpr int kItems = 4;  // ids per thread held in registers on the one-launch path
-constexpr int kFusedMaxNumel = kMaxThreads * kItems;
+constexpr int kFusedMaxNumel = ASTRA_FUSED_MAX_NUMEL;
+static_assert(kFusedMaxNumel <= kMaxThreads * kItems, "the one-launch path holds kItems ids a thread");
 constexpr int kMaxBuckets = 8192;  // SGLang's limit (its kernel's RuntimeCheck)
 constexpr int kSortThreads = 256;
 constexpr int kPadPerThread = 8;  // one-launch path: padding slots per thread before the block grows
@@ -93,7 +105,7 @@ __device__ void write_layout(const int* counts, const int* prefix, int n, int bs
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   const int total = prefix[n];
   const int nblk = total / bs;
-  const bool per_bucket = nblk <= static_cast<int>(blockDim.x) && bs <= 32;
+  const bool per_bucket = nblk <= static_cast<int>(blockDim.x) && bs <= ASTRA_PER_BUCKET_MAX_BS;
   if (per_bucket) {
     for (int e = tid; e < n; e += blockDim.x) {
       const int lo = prefix[e], hi = prefix[e + 1];
@@ -121,10 +133,23 @@ __device__ void write_layout(const int* counts, const int* prefix, int n, int bs
   for (int p = total + tid; p < max_len; p += blockDim.x) sorted[p] = numel;
 }
 
-// The one-launch path: numel <= blockDim.x * kItems.
+// sorted[0, max_len) = numel, coalesced (16-byte stores where sorted is 16-byte aligned); the caller's barrier
+// orders these stores before the scatter that overwrites the used slots.
+__device__ void fill_sorted(int32_t* __restrict__ sorted, int max_len, int numel) {
+  int head = 0;
+  if (reinterpret_cast<uintptr_t>(sorted) % 16 == 0) {
+    const int4 v = make_int4(numel, numel, numel, numel);
+    head = max_len / 4 * 4;
+    for (int i = threadIdx.x; i < head / 4; i += blockDim.x) reinterpret_cast<int4*>(sorted)[i] = v;
+  }
+  for (int i = head + threadIdx.x; i < max_len; i += blockDim.x) sorted[i] = numel;
+}
+
+// The one-launch path: numel <= blockDim.x * kItems. `fill`: the padding as one coalesced fill of sorted before the
+// scatter, instead of per-bucket stores inside each segment.
 __global__ void __launch_bounds__(kMaxThreads) fused_align_kernel(
     const int32_t* __restrict__ ids, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
-    int32_t* __restrict__ total_out, int numel, int buckets, int bs, int max_len, bool pad) {
+    int32_t* __restrict__ total_out, int numel, int buckets, int bs, int max_len, bool pad, bool fill) {
   extern __shared__ int smem[];
   int* counts = smem;                    // [buckets]
   int* prefix = counts + buckets;        // [buckets + 1]
@@ -140,6 +165,7 @@ __global__ void __launch_bounds__(kMaxThreads) fused_align_kernel(
     bkt[k] = i < numel ? bucket_of(ids[i], buckets) : -1;
     rank[k] = bkt[k] >= 0 ? atomicAdd(&counts[bkt[k]], 1) : 0;
   }
+  if (pad && fill) fill_sorted(sorted, max_len, numel);
   __syncthreads();
   padded_scan(counts, prefix, buckets, bs, warp_sums);
   pdl_trigger();
@@ -147,7 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads) fused_align_kernel(
   for (int k = 0; k < kItems; ++k) {
     if (bkt[k] >= 0) sorted[prefix[bkt[k]] + rank[k]] = tid + k * nthreads;
   }
-  write_layout(counts, prefix, buckets, bs, numel, max_len, pad, sorted, expert_ids);
+  write_layout(counts, prefix, buckets, bs, numel, max_len, pad && !fill, sorted, expert_ids);
   if (tid == 0) *total_out = prefix[buckets];
 }
 
@@ -258,7 +284,7 @@ extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_
     cudaError_t err = allow_smem(fused_align_kernel, smem);
     if (err != cudaSuccess) return err;
     return launch(fused_align_kernel, dim3(1), dim3(threads), smem, stream, ids, sorted, eids, total, n, buckets, bs,
-                  max_len, pad);
+                  max_len, pad, n >= ASTRA_FILL_MIN_NUMEL);
   }
   auto* cumsum = static_cast<int32_t*>(cumsum_buffer);
   cudaError_t err = allow_smem(align_kernel, smem);

@@ -1,0 +1,45 @@
+#!/bin/bash
+# 2026-11-29 (nineteenth session), one H200, from the repository root.
+#   bash run.sh a   (no wheelhouse) moe_align's rows of 512-2048 ids as compile-time variants (kernels/dev/bench_variants.sh),
+#                   int32, in context (bench's generic pair) and chained: shipped; fill (ASTRA_FILL_MIN_NUMEL=0: the one-launch
+#                   path writes its padding as one coalesced 16-byte fill of sorted_token_ids before the scatter, not per-bucket
+#                   stores inside each segment); two1024 (ASTRA_FUSED_MAX_NUMEL=1024: two launches above 1024 ids); bs16
+#                   (ASTRA_PER_BUCKET_MAX_BS=16: block 32 takes the warp-per-bucket layout); then Nsight Compute of the shipped
+#                   kernel at 256 x 8 x 129 x 32 (2048 ids), the row it loses most
+#   bash run.sh b   (wheelhouse staged first: .whl/wh32, bash e2e/device_install.sh stage .whl/wh32/carry/partNN, one call a
+#                   part) moe_combine's <= 32-token Qwen3-MoE rows at their serving site (bench --sites serving) against the
+#                   callable SGLang 0.5.17 runs there, the torch.compile'd sum (--baseline installed), bf16, --neighbours astra
+# Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
+# carried as astra-work/ws: bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws moe_align=jit moe_combine=jit_topk_sum
+set -uo pipefail
+PART=${1:?a or b}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+O=/tmp/s19/$PART; mkdir -p $O
+export WS=astra-work/ws
+LIMIT=${LIMIT:-540}
+case $PART in
+a)
+  rows=1x8x129x16x128,128x8x129x16x2960,256x8x129x32x6048,64x8x257x64x16704,128x8x257x64x17216,256x8x257x64x18240,256x4x129x64x9152
+  RES=$O/variants BENCH_ARGS="--replays 10" DEADLINE=$(( LIMIT - 120 )) bash kernels/dev/bench_variants.sh moe_align \
+    $WS/jit/moe_align $rows int32 default= fill=-DASTRA_FILL_MIN_NUMEL=0 two1024=-DASTRA_FUSED_MAX_NUMEL=1024 \
+    bs16=-DASTRA_PER_BUCKET_MAX_BS=16 > $O/variants.log 2>&1
+  echo "variants done at $(el)s"; tail -14 $O/variants.log | grep -v "^  wrote"
+  source kernels/astra_env.sh
+  for sh in 256x8x129x32x6048 128x8x257x64x17216; do
+    timeout 90 $AS bench moe_align --workspace $WS/jit/moe_align --candidate kernels/moe_align/kernel.cu --shapes $sh \
+      --dtype int32 --replays 5 --no-context --no-plot --ncu --ncu-shape $sh --out $O/ncu_$sh.json > $O/ncu_$sh.log 2>&1
+    echo "ncu $sh rc=$? at $(el)s"; tail -25 $O/ncu_$sh.log | cut -c1-200
+  done ;;
+b)
+  bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+  echo "installed at $(el)s"
+  export PYTHONPATH=/tmp/e2e-site TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
+  source kernels/astra_env.sh
+  rows=1x8x2048,8x8x2048,16x8x2048,32x8x2048,1x8x4096,8x8x4096,16x8x4096,32x8x4096
+  for rule in serving generic; do
+    timeout $(( (LIMIT - $(el)) / 2 )) $AS bench moe_combine --workspace $WS/jit_topk_sum/moe_combine \
+      --candidate kernels/moe_combine/kernel.cu --shapes $rows --dtype bf16 --replays 8 --neighbours astra \
+      --baseline installed --sites $rule --no-plot --out $O/installed_$rule.json > $O/installed_$rule.log 2>&1
+    echo "sites $rule rc=$? at $(el)s"; grep -E "^geomean|^rows:|^sites:|in context|error" $O/installed_$rule.log | cut -c1-300 | tail -8
+  done ;;
+esac
