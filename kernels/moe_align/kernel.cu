@@ -1,7 +1,10 @@
 // astra moe_align: SGLang's moe_align_block_size (sgl_kernel align + count_and_sort) with the astra ABI.
 // Up to kFusedMaxNumel ids: ONE launch, one block: shared-memory histogram whose atomicAdd results are
-// each id's rank in its bucket (kept in registers), block-padded scan, then scatter + padding + expert_ids
-// (all disjoint writes, no second pass over the ids). Production needs two launches here.
+// each id's rank in its bucket (kept in registers), a coalesced 16-byte fill of the whole padded buffer, block-padded
+// scan, then scatter + expert_ids (no second pass over the ids). Production needs two launches here.
+// The fill replaced per-bucket padding stores inside each segment (one thread a bucket, a store a slot: uncoalesced),
+// which lost to SGLang from ~1024 ids on (0.88x at 2048 ids, 129 buckets); with the fill 1.27x (H200, 2026-11-29,
+// results/2026-11-29-h200/session19).
 // Larger inputs: two launches like production (align: 1 block; sort: many blocks) with PDL between them,
 // warp-aggregated atomics in the sort (one atomic per bucket per warp, not per id) and padding written
 // only where it is (inside segments and the tail), not over the whole buffer first.
@@ -21,7 +24,7 @@ namespace {  // internal linkage: the library exports only astra_moe_align
 #define ASTRA_PER_BUCKET_MAX_BS 32
 #endif
 #ifndef ASTRA_FILL_MIN_NUMEL  // one-launch path: from this many ids on, fill all of sorted (16-byte stores), then scatter
-#define ASTRA_FILL_MIN_NUMEL (1 << 30)
+#define ASTRA_FILL_MIN_NUMEL 0      // (1 << 30): per-bucket padding stores, as shipped before session 19
 #endif
 
 constexpr int kMaxThreads = 1024;
@@ -94,7 +97,8 @@ __device__ void padded_scan(const int* counts, int* prefix, int n, int bs, int* 
   __syncthreads();
 }
 
-// expert_ids of every used block, padding inside segments and past the total.
+// expert_ids of every used block; with `pad`, padding inside segments and past the total (the two-launch path; the
+// one-launch path fills sorted first and passes pad = false).
 // Decode-sized layouts (no more blocks than threads, block_size <= 32) go one thread per bucket: its own
 // blocks' expert ids and its own padding, with no search and no loop over buckets. The other way, used
 // before, runs 26 buckets in turn per warp at Qwen3-30B-A3B batch 1 (160 threads) plus a binary search

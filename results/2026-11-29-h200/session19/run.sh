@@ -9,10 +9,16 @@
 #   bash run.sh b   (wheelhouse staged first: .whl/wh32, bash e2e/device_install.sh stage .whl/wh32/carry/partNN, one call a
 #                   part) moe_combine's <= 32-token Qwen3-MoE rows at their serving site (bench --sites serving) against the
 #                   callable SGLang 0.5.17 runs there, the torch.compile'd sum (--baseline installed), bf16, --neighbours astra
+#   bash run.sh c   (no wheelhouse) moe_align with the fill shipped (ASTRA_FILL_MIN_NUMEL 0): check, then the 35 decode rows of
+#                   2026-11-27's record (1, 8, 64, 128, 256 tokens of each corpus model), int32, chained and in context (bench's
+#                   generic pair, cuBLAS)
+#   bash run.sh d   (wheelhouse staged) decode step A/B on the 20-layer Qwen3-30B-A3B shape at batch 64 and 256, arm A every
+#                   default op but moe_align (SGLang's two kernels), arm B every default op (astra's one-block kernel, which
+#                   now takes up to 2048 ids: 256 tokens at top-8)
 # Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
 # carried as astra-work/ws: bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws moe_align=jit moe_combine=jit_topk_sum
 set -uo pipefail
-PART=${1:?a or b}
+PART=${1:?a, b, c or d}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s19/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -42,4 +48,19 @@ b)
       --baseline installed --sites $rule --no-plot --out $O/installed_$rule.json > $O/installed_$rule.log 2>&1
     echo "sites $rule rc=$? at $(el)s"; grep -E "^geomean|^rows:|^sites:|in context|error" $O/installed_$rule.log | cut -c1-300 | tail -8
   done ;;
+c)
+  source kernels/astra_env.sh
+  timeout 120 $AS check moe_align --workspace $WS/jit/moe_align --candidate kernels/moe_align/kernel.cu --dtype int32 \
+    --out $O/check.json > $O/check.log 2>&1; echo "check rc=$? at $(el)s"; tail -3 $O/check.log
+  rows=$(paste -sd, results/2026-11-29-h200/session19/moe_align_rows.txt)  # the rows of decode.json.xz, 2026-11-27
+  timeout $(( LIMIT - $(el) )) $AS bench moe_align --workspace $WS/jit/moe_align --candidate kernels/moe_align/kernel.cu \
+    --dtype int32 --shapes $rows --out $O/decode.json > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; grep -E "^geomean|^rows:|^served|in-context" $O/bench.log | cut -c1-400 ;;
+d)
+  bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+  echo "installed at $(el)s"
+  STEP_ARGS="--procs 1 --batch-size 64,256 --cuda-graph-max-bs 256 --max-total-tokens 131072 --input-len 256 --output-len 32 --rounds 4 --warmup-rounds 1 \
+--skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh \
+    "qwen3-30b-a3b-20l-align:qwen3-30b-a3b-20l:$(( LIMIT - 40 )):--base-ops=all,-moe_align --ops=all --port=31300" > $O/step.log 2>&1
+  echo "step done at $(el)s"; tail -8 $O/step.log ;;
 esac
