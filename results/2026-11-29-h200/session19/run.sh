@@ -51,7 +51,7 @@ b)
 c)
   source kernels/astra_env.sh
   timeout 120 $AS check moe_align --workspace $WS/jit/moe_align --candidate kernels/moe_align/kernel.cu --dtype int32 \
-    --out $O/check.json > $O/check.log 2>&1; echo "check rc=$? at $(el)s"; tail -3 $O/check.log
+    > $O/check.log 2>&1; echo "check rc=$? at $(el)s"; tail -3 $O/check.log
   rows=$(paste -sd, results/2026-11-29-h200/session19/moe_align_rows.txt)  # the rows of decode.json.xz, 2026-11-27
   timeout $(( LIMIT - $(el) )) $AS bench moe_align --workspace $WS/jit/moe_align --candidate kernels/moe_align/kernel.cu \
     --dtype int32 --shapes $rows --out $O/decode.json > $O/bench.log 2>&1
