@@ -248,6 +248,76 @@ def test_report_shows_the_installed_baseline_and_its_bits():
     assert r.installed_bitwise_equal is False and "3 differ" in rep.table()
 
 
+def test_report_gives_the_candidate_over_the_installed_callable_and_the_rows_it_could_not_time():
+    """--baseline installed on moe_combine (H200, 2026-11-29): the speedup columns are over the extracted baseline, so
+    the footer gives the ratio people ran it for, and says which rows the installed callable was not timed on (its
+    columns read "—" there, which is not a row where it lost)."""
+    a, b = _row("1x4096", cand=1.0), _row("8x4096", cand=1.0)
+    a.set_installed([2.0] * 3, {"out": 0})
+    a.context_installed_us = 1.5
+    rep = BenchReport(op="moe_combine", rows=[a, b], installed="sglang.x:moe_sum_reduce_torch_compile",
+                      notes=["8x4096 fp16: installed could not be captured/run: CUDA error: operation failed"])
+    t = rep.table()
+    assert "over the installed baseline, chained: geomean 1.667x over 1 rows" in t        # 2.0 / 1.2
+    assert "over the installed baseline, in context: geomean 1.500x over 1 rows" in t     # 1.5 / 1.0
+    assert "INSTALLED NOT TIMED on 1 of 2 rows, first: 8x4096 fp16: installed could not" in t
+    assert "INSTALLED NOT TIMED" not in BenchReport(op="moe_combine", rows=[a], installed="x:y").table()
+
+
+def test_graph_of_warms_every_input_set_before_capture(monkeypatch):
+    """A torch.compile'd installed callable recompiles on an input set its guards have not seen; inside capture that
+    broke moe_combine's compiled sum on 3 of 8 rows (H200, 2026-11-29). Every set runs once eagerly first."""
+    import contextlib
+
+    from astra_sglang.harness import timer
+
+    class _Stream:
+        def wait_stream(self, other):
+            pass
+
+    phase = ["eager"]
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+
+    @contextlib.contextmanager
+    def capture(g):
+        phase[0] = "capture"
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    calls = []
+    timer.graph_of(lambda i: calls.append((phase[0], i)), 6, warm=3)
+    assert calls[:3] == [("eager", 0), ("eager", 1), ("eager", 2)]
+    assert calls[3:] == [("capture", i) for i in range(6)]
+    calls.clear()
+    phase[0] = "eager"
+    timer.graph_of(lambda i: calls.append((phase[0], i)), 2, warm=5)   # never more warm-up calls than captured ones
+    assert [c for c in calls if c[0] == "eager"] == [("eager", 0), ("eager", 1)]
+
+
+@pytest.mark.gpu
+def test_a_compiled_callable_is_captured_over_input_sets_of_different_kinds():
+    """bench's set 0 is a view into guarded buffers, the other sets plain tensors: a torch.compile'd callable warmed
+    on set 0 alone could recompile inside capture (moe_combine's installed sum, H200, 2026-11-29)."""
+    from astra_sglang.harness.timer import graph_of
+
+    f = torch.compile(lambda x, out: torch.sum(x, dim=1, out=out))
+    big = torch.randn(8 + 8 * 8 * 2048, device="cuda", dtype=torch.bfloat16)
+    sets = [(big[8:].view(8, 8, 2048), torch.empty(8, 2048, device="cuda", dtype=torch.bfloat16)),
+            (torch.randn(8, 8, 2048, device="cuda", dtype=torch.bfloat16),
+             torch.empty(8, 2048, device="cuda", dtype=torch.bfloat16))]
+    g = graph_of(lambda i: f(*sets[i % 2]), 4, warm=2)
+    for _, out in sets:
+        out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    for x, out in sets:
+        torch.testing.assert_close(out, x.sum(1))
+
+
 class _FakeGraph:
     """Stands in for a captured in-context graph: replay() runs the producer and the op on set 0."""
 

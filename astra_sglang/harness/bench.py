@@ -139,7 +139,7 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
                     if rc:
                         raise RuntimeError(f"{who} returned cudaError {rc}")
                 try:
-                    graphs.append(graph_of(call, n_calls))
+                    graphs.append(graph_of(call, n_calls, warm=n_sets))
                 except RuntimeError as e:
                     failed = f"{skey} {dtype}: {who} could not be captured/run: {str(e).splitlines()[0]}"
                     who_failed = who

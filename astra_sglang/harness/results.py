@@ -467,6 +467,11 @@ class BenchReport:
         if has_i:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")
+            foot += self.installed_summary()
+        if self.installed:  # said in the footer: a row without the installed columns is not a row where it won
+            untimed = [n for n in self.notes if ": installed could not be captured/run" in n]
+            if untimed:
+                foot.append(f"INSTALLED NOT TIMED on {len(untimed)} of {len(self.rows)} rows, first: {untimed[0]}")
         foot.append(f"max spread {100 * self.max_spread:.1f}%")
         foot += [n for n in self.notes if n.startswith("NOT SERVING'S DTYPE")]
         # said in the footer, not only in -v notes: moe_align's whole first corpus fell back to chained this way
@@ -483,6 +488,18 @@ class BenchReport:
         if not self.ok and self.reason and self.reason != self.recheck.get("reason"):
             foot.append(f"FAILED: {self.reason}")
         return "\n".join(out + [""] + foot)
+
+    def installed_summary(self) -> List[str]:
+        """The candidate over the installed callable (what SGLang runs, e.g. a torch.compile'd route the extracted
+        baseline stands in for), on the rows where both were timed: chained, and in context where measured."""
+        out = []
+        for label, pairs in (("chained", [(r.installed_us, r.cand_us) for r in self.rows]),
+                             ("in context", [(r.context_installed_us, r.context_cand_us) for r in self.rows])):
+            ratios = [i / c for i, c in pairs if i is not None and c]
+            if ratios:
+                out.append(f"over the installed baseline, {label}: geomean {geomean(ratios):.3f}x over "
+                           f"{len(ratios)} rows, min {min(ratios):.3f}x")
+        return out
 
     def plot(self, path: Union[str, Path]) -> Optional[Path]:
         """Per-shape speedup and % of the copy ceiling, beside the JSON. None without matplotlib."""

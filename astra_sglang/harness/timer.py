@@ -241,14 +241,17 @@ class Helpers:
                                     ctypes.c_void_p(self._stream()))
 
 
-def graph_of(fn: Callable[[int], None], n: int):
-    """Capture fn(0..n-1) into a CUDA graph (after one eager warm-up pass outside capture)."""
+def graph_of(fn: Callable[[int], None], n: int, warm: int = 1):
+    """Capture fn(0..n-1) into a CUDA graph, after an eager warm-up of fn(0..warm-1) outside capture. `warm`: the
+    calls that differ (one per input set): a torch.compile'd callable (an installed SGLang op) recompiles on a set
+    its guards have not seen, and a compile inside capture breaks it (moe_combine's compiled sum, H200, 2026-11-29)."""
     import torch
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        fn(0)
+        for i in range(max(1, min(warm, n))):
+            fn(i)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
