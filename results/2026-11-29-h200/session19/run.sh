@@ -39,12 +39,12 @@ a)
     echo "ncu $sh rc=$? at $(el)s"; tail -25 $O/ncu_$sh.log | cut -c1-200
   done ;;
 b|e)
-  [ $PART = b ] || (PYTHONPATH=/tmp/e2e-site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_bench_rules.py \
-    -k "compiled_callable or graph_of" > $O/pytest.log 2>&1; echo "pytest rc=$?"; tail -2 $O/pytest.log)
   bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
   echo "installed at $(el)s"
   export PYTHONPATH=/tmp/e2e-site TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
   source kernels/astra_env.sh
+  [ $PART = b ] || { timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_bench_rules.py \
+    -k "compiled_callable or graph_of" > $O/pytest.log 2>&1; echo "pytest rc=$?"; tail -2 $O/pytest.log; }
   rows=1x8x2048,8x8x2048,16x8x2048,32x8x2048,1x8x4096,8x8x4096,16x8x4096,32x8x4096
   for rule in serving generic; do
     timeout $(( (LIMIT - $(el)) / 2 )) $AS bench moe_combine --workspace $WS/jit_topk_sum/moe_combine \
