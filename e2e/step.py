@@ -216,11 +216,14 @@ def profile_arms(session: Session, procs: Sequence[str], batch_sizes: Sequence[i
 
 
 def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
-                           patched: Optional[Dict[str, object]] = None) -> Dict[Tuple[str, int], dict]:
+                           patched: Optional[Dict[str, object]] = None,
+                           patched_base: bool = False) -> Dict[Tuple[str, int], dict]:
     """(arm, batch) -> the profile's saved µs per decode step: from bench speedups on the base's
     profile, and in-graph (base kernel time − the arm's, both profiled). Only arms that were
     profiled (the patched ones) get one; an unpatched A2 does not. patched: arm -> its ops ("all" or
-    a list): only those ops' savings count."""
+    a list): only those ops' savings count. patched_base: arm A runs astra's ops too, so a bench speedup (over
+    SGLang's kernel) does not apply to its profile: no bench prediction (None, shown as —), the in-graph ones stand
+    (moe_align alone at batch 64: 40 µs measured, 38 in-graph, 39 with consumers; H200, 2026-11-29)."""
     from .step_worker import ops_to_patch
 
     dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
@@ -240,8 +243,8 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
             mine = [r for r in c["ops"] if r["covered"] and r["op"] in arm_ops[o] and r["op"] not in replaced] + fused
             measured = [r for r in mine if r["speedup"]]
             # None (shown as —) when no patched op has a bench speedup on these shapes
-            p = {"saved_us": sum(r["saved_us"] for r in measured) if measured else None,
-                 "unmeasured_ops": sorted({r["op"] for r in mine if not r["speedup"]}),
+            p = {"saved_us": sum(r["saved_us"] for r in measured) if measured and not patched_base else None,
+                 "unmeasured_ops": [] if patched_base else sorted({r["op"] for r in mine if not r["speedup"]}),
                  "base_kernel_us": c["kernel_us_per_step"]}
             oc = dec.get((o, bs))
             if oc is not None:
@@ -450,9 +453,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         write_outputs(analysis, out / "profile", cfg, str(model_path))
     _dump(out, meta, records)
     pairs = [("A", "A2")] if aa else ([("A", "A2"), ("A", "B")] if calibrate else [("A", "B")])
-    # the prediction reads arm A's profile as SGLang's own kernels: none with a patched base
-    predicted = (predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms)
-                 if analysis and arms["A"] == "none" else None)
+    predicted = (predicted_from_profile(analysis, "A", [p[1] for p in pairs], arms, arms["A"] != "none")
+                 if analysis else None)
     neighbours = consumer_effects_of(out / "profile") if analysis else []
     add_consumer_prediction(predicted, neighbours)
     summary = ss.summarize(records, pairs, predicted, floors=floors)
@@ -546,7 +548,7 @@ def arms_from_meta(text: str) -> Dict[str, object]:
     import re
 
     return {m.group(1): (m.group(2) if m.group(2) in ("all", "none") else m.group(2).split(","))
-            for m in re.finditer(r"(\w+): ops (\w+(?:,\w+)*)", text or "")}
+            for m in re.finditer(r"(\w+): ops ([\w-]+(?:,[\w-]+)*)", text or "")}   # "all,-moe_align" too
 
 
 def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> str:
@@ -565,17 +567,16 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     predicted = None
     arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
     report_missing = not (pdir / "profile.json").is_file()   # a run cut off while profiling
-    predict = arm_ops.get("A", "none") == "none"
     neighbours = consumer_effects_of(pdir) if (pdir / META).is_file() else []
-    if (pdir / META).is_file() and (report_missing or predict):
+    if (pdir / META).is_file():
         analysis = analyze_dir(pdir, SpeedupTable.from_dirs(default_results_dirs()))
         if report_missing:
             model = str(data.get("meta", {}).get("model", ""))
             analysis["meta"]["model"] = model
             write_outputs(analysis, pdir, json.loads((pdir / META).read_text()).get("config") or {}, model)
-        if predict:
-            predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops)
-            add_consumer_prediction(predicted, neighbours)
+        predicted = predicted_from_profile(analysis, "A", [p[1] for p in pairs], arm_ops,
+                                           arm_ops.get("A", "none") != "none")
+        add_consumer_prediction(predicted, neighbours)
     summary = ss.summarize(records, pairs, predicted, floors=load_floors(aa_floor))
     summary["meta"] = data.get("meta", {})
     out.mkdir(parents=True, exist_ok=True)

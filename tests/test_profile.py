@@ -155,6 +155,24 @@ def test_prediction_for_ops_all_counts_only_the_default_ops():
     assert named[("B", 1)]["saved_us"] == -5.0
 
 
+def test_a_patched_base_keeps_the_in_graph_prediction_and_drops_the_bench_one():
+    """--base-ops all,-moe_align: arm A runs astra's other ops, so bench speedups over SGLang's kernels do not apply
+    to its profile (they read -16 and +64 us for 40 and 19 measured, H200 2026-11-29); the in-graph one does."""
+    from astra_sglang.e2e.step import predicted_from_profile
+
+    def cap(arm, us):
+        return {"arm": arm, "batch_size": 64, "stage": "decode", "kernel_us_per_step": 1000.0 + us,
+                "ops": [{"op": "moe_align", "covered": True, "speedup": 1.7, "saved_us": 50.0, "us_per_step": us},
+                        {"op": "fused_add_rmsnorm", "covered": True, "speedup": 1.4, "saved_us": 30.0,
+                         "us_per_step": 60.0}]}
+
+    analysis = {"captures": [cap("A", 90.0), cap("B", 50.0)]}
+    p = predicted_from_profile(analysis, "A", ["B"], {"A": ["all", "-moe_align"], "B": "all"}, patched_base=True)
+    assert p[("B", 64)]["saved_us"] is None and p[("B", 64)]["unmeasured_ops"] == []
+    assert p[("B", 64)]["in_context_saved_us"] == 40.0 and p[("B", 64)]["kernel_step_delta_us"] == 40.0
+    assert predicted_from_profile(analysis, "A", ["B"], {"B": "all"})[("B", 64)]["saved_us"] == 80.0
+
+
 # ----------------------------------------------------------------------------- traces
 
 def _k(name, ts, dur, stream=7):

@@ -245,6 +245,8 @@ def test_arms_sizes_kv_and_server_args():
             parse_arm_env([bad])
     assert arms_from_meta("A: ops none, A2: ops none, B: ops silu_and_mul,fused_add_rmsnorm") == {
         "A": "none", "A2": "none", "B": ["silu_and_mul", "fused_add_rmsnorm"]}
+    # a --base-ops with an op taken out (session 19's step read it as "all")
+    assert arms_from_meta("A: ops all,-moe_align, B: ops all") == {"A": ["all", "-moe_align"], "B": "all"}
     assert parse_sizes("1, 8,32", "--batch-size") == [1, 8, 32]
     for bad in ("", "0", "1,a", "-4"):
         with pytest.raises(AstraError, match="--batch-size"):
