@@ -23,6 +23,9 @@ namespace {  // internal linkage: the library exports only astra_moe_align
 #ifndef ASTRA_PER_BUCKET_MAX_BS  // write_layout's one-thread-per-bucket branch up to this block size
 #define ASTRA_PER_BUCKET_MAX_BS 32
 #endif
+#ifndef ASTRA_WIDE_TWO_MIN_NUMEL  // above this many ids on more than 256 buckets: two launches, the first filling
+#define ASTRA_WIDE_TWO_MIN_NUMEL (1 << 30)  // sorted coalesced (the two-launch path's padding, as the one-launch one)
+#endif
 #ifndef ASTRA_FILL_MIN_NUMEL  // one-launch path: from this many ids on, fill all of sorted (16-byte stores), then scatter
 #define ASTRA_FILL_MIN_NUMEL 0      // (1 << 30): per-bucket padding stores, as shipped before session 19
 #endif
@@ -198,11 +201,13 @@ __global__ void __launch_bounds__(kMaxThreads) align_kernel(
     const int b = bucket_of(ids[i], buckets);
     if (b >= 0) atomicAdd(&counts[b], 1);
   }
+  const bool fill = pad && numel > ASTRA_WIDE_TWO_MIN_NUMEL && buckets > 256;
+  if (fill) fill_sorted(sorted, max_len, numel);  // the sort kernel writes only after this grid has ended
   __syncthreads();
   padded_scan(counts, prefix, buckets, bs, warp_sums);
   for (int e = tid; e <= buckets; e += nthreads) cumsum[e] = prefix[e];
   pdl_trigger();  // the sort kernel's griddepcontrol.wait still waits for all of this grid
-  write_layout(counts, prefix, buckets, bs, numel, max_len, pad, sorted, expert_ids);
+  write_layout(counts, prefix, buckets, bs, numel, max_len, pad && !fill, sorted, expert_ids);
   if (tid == 0) *total_out = prefix[buckets];
 }
 
@@ -272,7 +277,7 @@ extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_
   auto* eids = static_cast<int32_t*>(expert_ids);
   auto* total = static_cast<int32_t*>(num_tokens_post_pad);
   const size_t smem = (2 * static_cast<size_t>(buckets) + 1 + 32) * sizeof(int);
-  if (n <= kFusedMaxNumel) {
+  if (n <= kFusedMaxNumel && !(n > ASTRA_WIDE_TWO_MIN_NUMEL && buckets > 256)) {
     // enough threads for the ids (kItems each), one bucket each and kPadPerThread padding slots each, up
     // to a full block. Padding grows with block_size * experts (~8k slots at Qwen3-30B-A3B batch 32);
     // sized by buckets alone (~160 threads) the kernel lost to SGLang's two at batch 8 and 32 (H200, 2026-11-24)

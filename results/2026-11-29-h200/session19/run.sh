@@ -17,10 +17,14 @@
 #                   now takes up to 2048 ids: 256 tokens at top-8)
 #   bash run.sh e   (wheelhouse staged) part b again after bench's capture warms every input set first (timer.graph_of warm=):
 #                   the installed compiled sum could not be captured on 3 of 8 rows in part b; and the GPU test of that
+#   bash run.sh f   (no wheelhouse) moe_align's DeepSeek-V3 rows (257 buckets) as compile-time variants, in context: shipped (the
+#                   one-launch fill); wide512 / wide1024 (ASTRA_WIDE_TWO_MIN_NUMEL: above 512 / 1024 ids on more than 256
+#                   buckets, two launches, the first filling sorted_token_ids coalesced); part a's two1024 had won the
+#                   2048-id row 1.33x against the fill's 1.10x
 # Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
 # carried as astra-work/ws: bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws moe_align=jit moe_combine=jit_topk_sum
 set -uo pipefail
-PART=${1:?a, b, c, d or e}
+PART=${1:?a, b, c, d, e or f}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s19/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -67,4 +71,10 @@ d)
 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh \
     "qwen3-30b-a3b-20l-align:qwen3-30b-a3b-20l:$(( LIMIT - 40 )):--base-ops=all,-moe_align --ops=all --port=31300" > $O/step.log 2>&1
   echo "step done at $(el)s"; tail -8 $O/step.log ;;
+f)
+  rows=8x8x257x64x4096,64x8x257x64x16704,128x8x257x64x17216,256x8x257x64x18240
+  RES=$O/variants BENCH_ARGS="--replays 10" DEADLINE=$(( LIMIT - 60 )) bash kernels/dev/bench_variants.sh moe_align \
+    $WS/jit/moe_align $rows int32 default= wide512=-DASTRA_WIDE_TWO_MIN_NUMEL=512 wide1024=-DASTRA_WIDE_TWO_MIN_NUMEL=1024 \
+    > $O/variants.log 2>&1
+  echo "variants done at $(el)s"; tail -9 $O/variants.log | grep -v "^  wrote" ;;
 esac
