@@ -123,11 +123,15 @@ AA_ARM = "astra-sglang patch --serve --ops none (A/A control: a second unpatched
 
 
 def served_floor(path: Path) -> dict:
-    """An earlier server A/A's summary (summary.json or its --out dir), for --aa-floor."""
-    p = path / "summary.json" if path.is_dir() else path
+    """An earlier server A/A's summary (summary.json, .json.xz as results/ keeps it, or its --out dir), for --aa-floor."""
+    import lzma
+
+    from .speedups import read_record, record_path
+
+    p = record_path(path, "summary.json")
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+        data = read_record(p)
+    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
         raise AstraError(f"--aa-floor {path}: cannot read a summary.json there ({e})") from e
     arm_b = str(data.get("meta", {}).get("arm B", ""))
     if "workloads" not in data or (arm_b and "A/A" not in arm_b):

@@ -45,8 +45,15 @@ def is_shipped_candidate(op: str, candidate) -> bool:
     return str(candidate).replace("\\", "/").endswith(f"kernels/{op}/kernel.cu")
 
 
+def record_path(path: Path, name: str) -> Path:
+    """`path` itself, or where `path` is a folder its NAME (or NAME.xz, as results/ keeps one over 10 KB)."""
+    if not path.is_dir():
+        return path
+    return next((path / n for n in (name, name + ".xz") if (path / n).is_file()), path / name)
+
+
 def read_record(path: Path):
-    """A JSON record as results/ keeps it: NAME.json, or NAME.json.xz for one over 50 KB (results/README.md)."""
+    """A JSON record as results/ keeps it: NAME.json, or NAME.json.xz for one over 10 KB (results/README.md)."""
     if path.name.endswith(".xz"):
         with lzma.open(path, "rt") as f:
             return json.load(f)

@@ -427,6 +427,16 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
     res = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),
                                        "--bootstrap", "100", "--aa-floor", str(out / "summary.json")])
     assert res.exit_code == 0 and "| workload | metric | A/B Δ (rounds) |" in (re_out / "report.md").read_text()
+    # as results/ keeps it: summary.json.xz, named or found in its folder
+    import lzma
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with lzma.open(kept / "summary.json.xz", "wt") as f:
+        f.write((out / "summary.json").read_text())
+    for floor in (kept, kept / "summary.json.xz"):
+        res = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),
+                                           "--bootstrap", "100", "--aa-floor", str(floor)])
+        assert res.exit_code == 0 and "## Against an earlier A/A" in (re_out / "report.md").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "rmsnorm", "--aa-floor", str(ab_out)])
     assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),

@@ -431,6 +431,14 @@ def test_step_aa_then_ab_with_its_floor_in_waves(tmp_path):
     assert names.index("A-p2") > max(i for i, n in enumerate(names) if n == "A-p1")       # wave 1 after wave 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "(A/A run aa)" in md
+    # results/ keeps the A/A's summary as summary.json.xz: its folder still names the floor
+    import lzma
+    with lzma.open(aa_dir / "summary.json.xz", "wt") as f:
+        f.write((aa_dir / "summary.json").read_text())
+    (aa_dir / "summary.json").unlink()
+    r = _step(tmp_path, "--ops", "all", "--no-profile", "--procs", "1", "--aa-floor", str(aa_dir))
+    assert r.returncode == 0, r.stderr
+    assert "(A/A run aa)" in (tmp_path / "out" / "report.md").read_text()
     r = _step(tmp_path, "--ops", "all", "--aa-floor", str(tmp_path / "out" / "model"))
     assert r.returncode != 0 and "no summary.json" in r.stderr
 
