@@ -46,7 +46,8 @@ DEFAULT_OFF = ""
 # In context the one-block kernel is 1.07-2.97x SGLang's pair up to 1024 ids on 129 or fewer buckets (H200
 # 2026-11-27, results/2026-11-27-h200/served-calibrated/moe_align; two one-token rows at 0.999x and 1.013x within
 # noise). It lost from ~1024 ids on (0.89x at 2048 ids, 0.94x at 1024 on DeepSeek-V3's 257 buckets) until its padding
-# became one coalesced fill (H200 2026-11-29, results/2026-11-29-h200/session19: 1.10-1.27x on those rows).
+# became one coalesced fill (H200 2026-11-29, results/2026-11-29-h200/session19: 1.02-1.33x on those rows, 0 of 35
+# decode rows slower).
 # SGLang's kernel keeps the calls above MAX_IDS ids (prefill; past 256 tokens at top-8), which no decode row measures.
 MAX_IDS = 2048
 
