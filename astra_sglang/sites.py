@@ -19,16 +19,18 @@ class Site:
     """One place the op runs: `producer_k` is the inner size of the GEMM that writes its input, `consumer_width` the
     output width of the GEMM that reads its output. `norm_after`: serving runs astra's residual norm (PDL) on the
     op's output before that GEMM, as after a MoE combine; bench puts astra's rmsnorm there (the same PDL wait and
-    early start, out of place, so the timed output can still be checked)."""
+    early start, out of place, so the timed output can still be checked). `norm_before`: a norm runs between the
+    producer GEMM and the op (Gemma's second norm of a pair); bench puts astra's rmsnorm there too."""
 
     name: str
     producer_k: int
     consumer_width: int
     norm_after: bool = False
+    norm_before: bool = False
 
     def as_dict(self) -> dict:
         d = {"site": self.name, "producer_k": self.producer_k, "consumer_width": self.consumer_width}
-        return {**d, "norm_after": True} if self.norm_after else d
+        return {**d, **{k: True for k in ("norm_after", "norm_before") if getattr(self, k)}}
 
 
 def first_dense(hidden: int, norm: str) -> ModelConfig:
@@ -96,3 +98,23 @@ def moe_output_sites(model_name: str) -> Tuple[Site, ...]:
     tp = min(m.tp)
     return (Site(f"{m.name}{_at(tp)} experts' down -> combine -> norm -> qkv", m.moe_intermediate // tp,
                  _qkv_width(m, tp), norm_after=True),)
+
+
+def gemma_norm_pair_sites(hidden: int, second: bool) -> Tuple[Site, ...]:
+    """A Gemma-2/3 layer runs its norms in pairs: o_proj -> post_attention_layernorm (gemma_rmsnorm) ->
+    pre_feedforward_layernorm (gemma_fused_add_rmsnorm) -> gate_up, and down_proj -> post_feedforward_layernorm ->
+    the next layer's input_layernorm -> qkv. The single-norm ops' sites in a server that patches them without
+    gemma_post_attention_norms (which takes both of a pair as one kernel): `second` False, the pair's first norm, the
+    other norm after it (`norm_after`); True, the second, the other norm before it (`norm_before`). The pairs of the
+    first dense Gemma model of that hidden size, by its smallest TP; () where none has it."""
+    try:
+        m = first_dense(hidden, "gemma")
+    except KeyError:
+        return ()
+    tp = min(m.tp)
+    at = _at(tp)
+    inner = {"norm_before": True} if second else {"norm_after": True}
+    return (Site(f"{m.name}{at} o_proj -> post-attention norms -> gate_up", m.num_heads * m.head_dim // tp,
+                 2 * m.intermediate // tp, **inner),
+            Site(f"{m.name}{at} down_proj -> post-FFN norm, next input norm -> qkv", m.intermediate // tp,
+                 _qkv_width(m, tp), **inner))

@@ -446,6 +446,31 @@ def test_a_norm_after_the_op_reads_its_output_and_feeds_the_consumer_gemm():
         Neighbours(spec, s, k=32, norm=norm)   # fp32 here
 
 
+def test_a_norm_before_the_op_reads_the_producers_output_and_writes_the_ops_input():
+    """sites.Site.norm_before (a Gemma layer's second norm of a pair: o_proj -> post-attention norm -> the op): the
+    producer GEMM writes a scratch, the norm reads it and writes the op's input; the consumer reads the op's output."""
+    from astra_sglang.harness.timer import Neighbours
+
+    spec, dims, fresh, sets = _spec_and_sets(n=1, dims=(3, 64))
+    s = {k: v.float() for k, v in sets[0].items()}
+    seen = []
+
+    def norm(x, w, out):   # stands in for neighbour_gemm.AstraRMSNorm
+        seen.append((x.data_ptr(), out.data_ptr()))
+        out.copy_(x * x.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * w)
+
+    nb = Neighbours(spec, s, k=32, consumer_k=48, norm=norm, norm_before=True)
+    assert nb.kinds == ("cuBLAS + rmsnorm", "cuBLAS") and nb.pre.shape == s["input"].shape == (3, 128)
+    assert nb.normed is None and nb.norm_w.shape == (128,)
+    nb.produce(s, 1)
+    assert seen == [(nb.pre.data_ptr(), s["input"].data_ptr())]
+    assert torch.allclose(nb.pre, nb.a[1] @ nb.b.T, atol=1e-5)
+    assert torch.allclose(s["input"], nb.pre * nb.pre.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * nb.norm_w)
+    s["out"].copy_(torch.randn_like(s["out"]))
+    nb.consume(s)
+    assert len(seen) == 1 and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
+
+
 def test_the_astra_neighbour_follows_linears_adapter():
     """Which GEMMs a patched server runs as astra's linear: the adapter's rule (tokens, widths), fp16 / bf16 only."""
     from astra_sglang.harness.neighbour_gemm import linear_declines

@@ -37,7 +37,7 @@ def test_fused_add_rmsnorm_names_its_sites_and_the_plain_norms_do_not():
     spec = get_op("fused_add_rmsnorm")
     assert spec.context_sites((64, 4096)) == residual_norm_sites(4096)
     assert spec.context_sites((1, 7168)) == ()
-    assert get_op("rmsnorm").context_sites is None and get_op("gemma_rmsnorm").context_sites is None
+    assert get_op("rmsnorm").context_sites is None and get_op("qknorm").context_sites is None
 
 
 def _timed(base, cand, spread, floor, launch, gemms="cuBLAS / cuBLAS", failed=""):
@@ -101,6 +101,25 @@ def test_gemmas_post_attention_norms_sit_where_a_patched_gemma_runs_them():
     assert residual_norm_sites(3584) != residual_norm_sites(3584, "gemma")   # Qwen2.5-7B's rms norm: its own pairs
 
 
+def test_the_single_gemma_norms_sit_in_a_pair_of_norms_between_two_gemms():
+    """An unpatched Gemma layer: o_proj -> post_attention_layernorm (gemma_rmsnorm) -> pre_feedforward_layernorm
+    (gemma_fused_add_rmsnorm) -> gate_up, and down_proj -> post_feedforward_layernorm -> the next input_layernorm ->
+    qkv. gemma_rmsnorm has the other norm after it, gemma_fused_add_rmsnorm before it."""
+    from astra_sglang.harness.bench import sites_need_norm
+    from astra_sglang.sites import gemma_norm_pair_sites
+
+    first, second = get_op("gemma_rmsnorm").context_sites((16, 3584)), get_op("gemma_fused_add_rmsnorm").context_sites(
+        (16, 3584))
+    pairs = [(x.producer_k, x.consumer_width) for x in first]
+    assert pairs == [(4096, 28672), (14336, 8192)] == [(x.producer_k, x.consumer_width) for x in second]
+    assert all(x.norm_after and not x.norm_before for x in first)
+    assert all(x.norm_before and not x.norm_after for x in second)
+    assert second[0].as_dict()["norm_before"] is True and "norm_after" not in second[0].as_dict()
+    assert "gemma-3-27b" in gemma_norm_pair_sites(5376, True)[0].name and gemma_norm_pair_sites(4096, False) == ()
+    assert sites_need_norm(get_op("gemma_fused_add_rmsnorm"), [(1, 2304)])
+    assert not sites_need_norm(get_op("gemma_rmsnorm"), [(1024, 2304)])   # prefill keeps the one pair
+
+
 def test_bench_times_only_decode_rows_at_their_sites():
     """Prefill rows are judged chained: their in-context time keeps one pair, not two (each pair is a timing)."""
     from astra_sglang.harness.bench import serving_sites
@@ -140,4 +159,4 @@ def test_without_the_norm_built_a_norm_site_is_said_not_timed():
     (s,) = get_op("moe_combine").context_sites((1, 8, 2048))
     note = time_in_context(get_op("moe_combine"), None, [], [], [], (1, 8, 2048), "bf16", {}, 1.0, 1.0, 1, None,
                            sites=[s], norm=None)
-    assert "astra's norm after the op" in note
+    assert "astra's norm beside the op" in note

@@ -256,8 +256,9 @@ def serving_sites(spec, dims) -> Tuple[Any, ...]:
 
 
 def sites_need_norm(spec, dims_list: Sequence[Sequence[int]]) -> bool:
-    """Whether a row's serving site runs astra's norm after the op (sites.Site.norm_after): bench then builds it."""
-    return any(s.norm_after for dims in dims_list for s in serving_sites(spec, dims))
+    """Whether a row's serving site runs astra's norm after or before the op (sites.Site.norm_after, norm_before):
+    bench then builds it."""
+    return any(s.norm_after or s.norm_before for dims in dims_list for s in serving_sites(spec, dims))
 
 
 def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float,
@@ -271,20 +272,21 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     kernel there can beat, so production's time over it is the most any candidate could gain (`BenchRow.headroom`).
     `sites` (sites.Site, from spec.context_sites): the GEMM pairs serving runs the row between, each timed so, the row
     recording their mean and each on its own (`row.context_sites`); none: the one pair of `producer_k` and
-    `consumer_width`. A site with norm_after puts `norm` (astra's rmsnorm) between the op and the consumer GEMM.
+    `consumer_width`. A site with norm_after puts `norm` (astra's rmsnorm) between the op and the consumer GEMM, one
+    with norm_before between the producer GEMM and the op.
     Returns a note when it could not be measured ('' otherwise)."""
     import torch
 
     from .rules import timing_basis
 
-    places = ([(s.producer_k, s.consumer_width, s.norm_after) for s in sites]
-              or [(int(producer_k or CONTEXT_K), consumer_width, False)])
+    places = ([(s.producer_k, s.consumer_width, s.norm_after, s.norm_before) for s in sites]
+              or [(int(producer_k or CONTEXT_K), consumer_width, False, False)])
     timed = []
-    for k, ck, norm_after in places:
-        if norm_after and norm is None:
-            return "in-context timing not measured: the site runs astra's norm after the op, and none was built"
+    for k, ck, norm_after, norm_before in places:
+        if (norm_after or norm_before) and norm is None:
+            return "in-context timing not measured: the site runs astra's norm beside the op, and none was built"
         t = time_at_site(spec, sets, prod_sets, impls, dims, dtype, scalars, est_us, gbps, replays, before, k, ck,
-                         helpers, gemm, norm if norm_after else None)
+                         helpers, gemm, norm if norm_after or norm_before else None, norm_before)
         if isinstance(t, str):
             return t
         timed.append(t)
@@ -308,9 +310,9 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
 
 def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float, replays: int,
                  before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any,
-                 norm: Any = None) -> Any:
+                 norm: Any = None, norm_before: bool = False) -> Any:
     """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k` (after
-    `norm` where given: timer.Neighbours). Returns
+    `norm` where given, or before the op with `norm_before`: timer.Neighbours). Returns
     {"gemms", "marg": who -> stats.marginal, "neighbours_us", "floor": (marginal, launch) or None, "failed",
     "floor_note"}, or a note (str) when it could not be measured."""
     import torch
@@ -318,7 +320,7 @@ def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm, norm=norm)
+        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm, norm=norm, norm_before=norm_before)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
@@ -656,7 +658,8 @@ def bench(
 
     sites="serving": a decode row of an op with spec.context_sites is timed in context between each GEMM pair serving
     runs it between (sites.py), the row the mean (a site with norm_after puts astra's rmsnorm between the op and the
-    consumer GEMM, as a patched server runs the next layer's norm after a MoE combine); "generic": between one pair
+    consumer GEMM, as a patched server runs the next layer's norm after a MoE combine, norm_before between the
+    producer GEMM and the op, as before a Gemma layer's second norm of a pair); "generic": between one pair
     of inner size `producer_k` and width
     `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Passing `producer_k` or
     `consumer_width` means "generic": they name the one pair.
@@ -757,7 +760,7 @@ def bench(
     if context and sites == "serving" and sites_need_norm(spec, [s.dims for s in shape_list]):
         from ..patch.apply import build_kernel
 
-        say("building astra's rmsnorm (the norm serving runs after the op at its sites)")
+        say("building astra's rmsnorm (the norm serving runs beside the op at its sites)")
         try:
             norm_lib = str(build_kernel("rmsnorm", arch=ws.manifest.get("arch") or None))
         except AstraError as e:

@@ -385,10 +385,11 @@ class Neighbours:
     where it does not decline the shape (`gemm.declines(tokens, in, out, dtype)` None); `kinds` says which ran.
     `norm` (neighbour_gemm.AstraRMSNorm; sites.Site.norm_after): astra's norm reads the op's output into a scratch
     row set and the consumer GEMM reads that, as a patched server runs a MoE combine's output through the next
-    layer's norm first."""
+    layer's norm first. With `norm_before` (sites.Site.norm_before) it runs between the producer GEMM, which then
+    writes a scratch row set, and the op, writing the op's input: a Gemma layer's second norm of a pair."""
 
     def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
-                 consumer_k: Optional[int] = None, gemm: Any = None, norm: Any = None):
+                 consumer_k: Optional[int] = None, gemm: Any = None, norm: Any = None, norm_before: bool = False):
         import torch
 
         ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
@@ -417,8 +418,17 @@ class Neighbours:
         y_rows = dst.shape[0] if self.dst_scratch is None else rows
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
-        self.norm, self.normed, self.norm_w = None, None, None
-        if norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
+        self.norm, self.normed, self.norm_w, self.pre = None, None, None, None
+        if norm is not None and norm_before:   # producer GEMM -> scratch -> norm -> the op's input
+            if self.src_scratch is not None or not src.is_contiguous():
+                raise ValueError("a norm before the op needs a contiguous floating-point input")
+            why = norm.declines(act) if hasattr(norm, "declines") else None
+            if why:
+                raise ValueError(f"the norm before the op: {why}")
+            self.norm = norm
+            self.pre = torch.empty(rows, self.width_in, device=src.device, dtype=act)
+            self.norm_w = (1.0 + 0.1 * torch.randn(self.width_in, generator=g, device=src.device)).to(act)
+        elif norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
             if self.dst_scratch is not None:
                 raise ValueError("a norm after the op needs a floating-point output")
             why = norm.declines(out_dtype) if hasattr(norm, "declines") else None
@@ -435,7 +445,9 @@ class Neighbours:
         self.cons_gemm = gemm if dst_ok and takes(y_rows, self.width_out, kc, out_dtype) else None
         # what ran as the producer / consumer, for the row: "linear" (astra's) or "cuBLAS"
         self.kinds = tuple("linear" if g is not None else "cuBLAS" for g in (self.prod_gemm, self.cons_gemm))
-        if self.norm is not None:
+        if self.pre is not None:
+            self.kinds = (f"{self.kinds[0]} + rmsnorm", self.kinds[1])
+        elif self.norm is not None:
             self.kinds = (self.kinds[0], f"rmsnorm + {self.kinds[1]}")
 
     def produced(self, tensors: Dict[str, Any]):
@@ -446,18 +458,21 @@ class Neighbours:
         import torch
 
         t = self.produced(tensors)
-        out = t.view(t.shape[0], self.width_in)
+        op_in = t.view(t.shape[0], self.width_in)
+        out = op_in if self.pre is None else self.pre
         if self.prod_gemm is not None:
             self.prod_gemm(self.a[i % 2], self.b, out)
         else:
             torch.nn.functional.linear(self.a[i % 2], self.b, out=out)
+        if self.pre is not None:
+            self.norm(self.pre, self.norm_w, op_in)
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
 
         t = tensors[self.dst_name] if self.dst_scratch is None else self.dst_scratch
         x = t.view(t.shape[0], self.width_out)
-        if self.norm is not None:
+        if self.normed is not None:
             self.norm(x, self.norm_w, self.normed)
             x = self.normed
         if self.cons_gemm is not None:

@@ -15,6 +15,7 @@ CuTe-DSL kernel has no CUDA source to extract: it is timed as the installed call
 from __future__ import annotations
 
 from astra_sglang.families import rmsnorm
+from astra_sglang.sites import gemma_norm_pair_sites
 
 EPS = 1e-6  # Gemma-2/3 rms_norm_eps
 
@@ -51,4 +52,7 @@ SPEC = rmsnorm.spec(
     ),
     corpus=rmsnorm.gemma_corpus(),
     edge_shapes=rmsnorm.gemma_edge_shapes(rmsnorm.SMEM_OPT_IN),
+    # in context where an unpatched Gemma layer runs it: a pair of norms between two GEMMs, this op
+    # the pair's second: the post-attention / post-FFN norm before it
+    context_sites=lambda dims: gemma_norm_pair_sites(dims[1], second=True),
 )

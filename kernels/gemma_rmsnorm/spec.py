@@ -16,6 +16,7 @@ The CuTe-DSL kernel has no CUDA source to extract: it is timed as the installed 
 from __future__ import annotations
 
 from astra_sglang.families import rmsnorm
+from astra_sglang.sites import gemma_norm_pair_sites
 
 EPS = 1e-6  # Gemma-2/3 rms_norm_eps
 
@@ -52,4 +53,7 @@ SPEC = rmsnorm.spec(
     ),
     corpus=rmsnorm.gemma_corpus(),
     edge_shapes=rmsnorm.gemma_edge_shapes(rmsnorm.CLUSTER_SPLIT),
+    # in context where an unpatched Gemma layer runs it: a pair of norms between two GEMMs, this op
+    # the pair's first: the pre-FFN / next input norm after it
+    context_sites=lambda dims: gemma_norm_pair_sites(dims[1], second=False),
 )
