@@ -141,11 +141,14 @@ def served_floor(path: Path) -> dict:
 
 def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000,
             aa_floor: Optional[Path] = None) -> str:
+    import lzma
+
+    from .speedups import read_record
     from .stats import Run, aa_runs, floor_markdown, plot, report_markdown, summarize
 
     try:
-        data = json.loads(Path(results_path).read_text())
-    except (OSError, ValueError) as e:
+        data = read_record(Path(results_path))   # results.json, or results.json.xz as results/ keeps it
+    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
         raise AstraError(f"{results_path}: cannot read it as JSON ({e})") from e
     if not isinstance(data, dict) or "runs" not in data:
         raise AstraError(f"{results_path}: not the results.json of a server A/B (no 'runs')")

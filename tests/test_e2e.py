@@ -437,6 +437,11 @@ def test_e2e_server_aa_runs_two_unpatched_servers_that_do_not_spin_when_idle(tmp
         res = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),
                                            "--bootstrap", "100", "--aa-floor", str(floor)])
         assert res.exit_code == 0 and "## Against an earlier A/A" in (re_out / "report.md").read_text()
+    with lzma.open(kept / "results.json.xz", "wt") as f:   # the A/B's own results, kept the same way
+        f.write((ab_out / "results.json").read_text())
+    res = CliRunner().invoke(e2e_cmd, ["--analyze", str(kept / "results.json.xz"), "--out", str(re_out),
+                                       "--bootstrap", "100"])
+    assert res.exit_code == 0 and "A vs B (same round): 4/4 identical" in (re_out / "report.md").read_text()
     bad = CliRunner().invoke(e2e_cmd, args + ["--ops", "rmsnorm", "--aa-floor", str(ab_out)])
     assert bad.exit_code != 0 and "not the summary of a server A/A" in str(bad.exception)
     bad = CliRunner().invoke(e2e_cmd, ["--analyze", str(ab_out / "results.json"), "--out", str(re_out),

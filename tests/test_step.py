@@ -363,6 +363,20 @@ def test_step_ab_end_to_end(tmp_path):
     # the re-analysed report ends with the neighbours tables, as the run's own does
     md2 = (tmp_path / "re" / "report.md").read_text()
     assert "### The kernel after each covered op" in md and "### The kernel after each covered op" in md2
+    # as results/ keeps a record: results.json.xz, read as it is; a JSON that is not a step A/B's is refused
+    import lzma
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with lzma.open(kept / "results.json.xz", "wt") as f:
+        f.write((out / "results.json").read_text())
+    (kept / "other.json").write_text('{"x": 1}')
+    for src, ok in ((kept / "results.json.xz", True), (kept / "other.json", False)):
+        r = subprocess.run([sys.executable, "-m", "astra_sglang.cli", "e2e", "--step", "--analyze", str(src), "--out",
+                            str(tmp_path / "re-xz")], capture_output=True, text=True, cwd="/")
+        assert (r.returncode == 0) == ok, r.stderr
+        assert ok or "error: " in r.stderr and "not the results.json of a decode-step A/B" in r.stderr
+    assert json.loads((tmp_path / "re-xz" / "summary.json").read_text())["comparisons"][0]["gpu_ms"] == \
+        s["comparisons"][0]["gpu_ms"]
     # a run cut off while profiling (step_session.sh then rebuilds its report into the run's own dir): the meta
     # lists the captures made so far, and the re-analysis writes their profile report
     pdir = out / "profile"
