@@ -124,14 +124,12 @@ AA_ARM = "astra-sglang patch --serve --ops none (A/A control: a second unpatched
 
 def served_floor(path: Path) -> dict:
     """An earlier server A/A's summary (summary.json, .json.xz as results/ keeps it, or its --out dir), for --aa-floor."""
-    import lzma
-
-    from .speedups import read_record, record_path
+    from .speedups import RECORD_ERRORS, read_record, record_path
 
     p = record_path(path, "summary.json")
     try:
         data = read_record(p)
-    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
+    except RECORD_ERRORS as e:
         raise AstraError(f"--aa-floor {path}: cannot read a summary.json there ({e})") from e
     arm_b = str(data.get("meta", {}).get("arm B", ""))
     if "workloads" not in data or (arm_b and "A/A" not in arm_b):
@@ -141,17 +139,10 @@ def served_floor(path: Path) -> dict:
 
 def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: int = 2000,
             aa_floor: Optional[Path] = None) -> str:
-    import lzma
-
-    from .speedups import read_record
+    from .speedups import read_ab_results
     from .stats import Run, aa_runs, floor_markdown, plot, report_markdown, summarize
 
-    try:
-        data = read_record(Path(results_path))   # results.json, or results.json.xz as results/ keeps it
-    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
-        raise AstraError(f"{results_path}: cannot read it as JSON ({e})") from e
-    if not isinstance(data, dict) or "runs" not in data:
-        raise AstraError(f"{results_path}: not the results.json of a server A/B (no 'runs')")
+    data = read_ab_results(results_path, "server A/B")   # results.json, or results.json.xz as results/ keeps it
     floor = served_floor(aa_floor) if aa_floor is not None else None   # a wrong file: say so before any work
     all_runs = [Run.from_dict(r) for r in data["runs"]]
     runs = [r for r in all_runs if r.arm != "A2"]   # A2: --calibrate's second unpatched server

@@ -60,12 +60,30 @@ def read_record(path: Path):
     return json.loads(path.read_text())
 
 
+# what reading a record can raise: a missing file, bad JSON, a cut-off .xz (EOFError) or a corrupt one
+RECORD_ERRORS = (OSError, ValueError, EOFError, lzma.LZMAError)
+
+
+def read_ab_results(path: Path, kind: str) -> dict:
+    """An A/B's results.json (or .json.xz) for `--analyze`: one AstraError line where it cannot be read or holds no
+    runs. `kind`: what it should be the results of ("server A/B", "decode-step A/B")."""
+    from astra_sglang.errors import AstraError
+
+    try:
+        data = read_record(Path(path))
+    except RECORD_ERRORS as e:
+        raise AstraError(f"{path}: cannot read it as JSON ({e})") from e
+    if not isinstance(data, dict) or "runs" not in data:
+        raise AstraError(f"{path}: not the results.json of a {kind} (no 'runs')")
+    return data
+
+
 def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
     try:
         if path.stat().st_size > 20 * 2 ** 20:
             return None
         d = read_record(path)
-    except (OSError, ValueError, EOFError, lzma.LZMAError):   # a cut-off .xz raises EOFError
+    except RECORD_ERRORS:
         return None
     if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):
         return None

@@ -558,16 +558,9 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     the run's own does."""
     from . import step_stats as ss
     from .profile import META, analyze_dir, write_outputs
-    from .speedups import SpeedupTable, read_record
+    from .speedups import SpeedupTable, read_ab_results
 
-    import lzma
-
-    try:
-        data = read_record(Path(results))   # results.json, or results.json.xz as results/ keeps it
-    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
-        raise AstraError(f"{results}: cannot read it as JSON ({e})") from e
-    if not isinstance(data, dict) or "runs" not in data:
-        raise AstraError(f"{results}: not the results.json of a decode-step A/B (no 'runs')")
+    data = read_ab_results(results, "decode-step A/B")   # results.json, or results.json.xz as results/ keeps it
     records = data["runs"]
     arms = sorted({r["arm"] for r in records})
     pairs = [("A", a) for a in arms if a != "A"]

@@ -422,21 +422,13 @@ class Neighbours:
         if norm is not None and norm_before:   # producer GEMM -> scratch -> norm -> the op's input
             if self.src_scratch is not None or not src.is_contiguous():
                 raise ValueError("a norm before the op needs a contiguous floating-point input")
-            why = norm.declines(act) if hasattr(norm, "declines") else None
-            if why:
-                raise ValueError(f"the norm before the op: {why}")
-            self.norm = norm
+            self._take_norm(norm, "before", act, self.width_in, src.device, g)
             self.pre = torch.empty(rows, self.width_in, device=src.device, dtype=act)
-            self.norm_w = (1.0 + 0.1 * torch.randn(self.width_in, generator=g, device=src.device)).to(act)
         elif norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
             if self.dst_scratch is not None:
                 raise ValueError("a norm after the op needs a floating-point output")
-            why = norm.declines(out_dtype) if hasattr(norm, "declines") else None
-            if why:
-                raise ValueError(f"the norm after the op: {why}")
-            self.norm = norm
+            self._take_norm(norm, "after", out_dtype, self.width_out, dst.device, g)
             self.normed = torch.empty(y_rows, self.width_out, device=dst.device, dtype=out_dtype)
-            self.norm_w = (1.0 + 0.1 * torch.randn(self.width_out, generator=g, device=dst.device)).to(out_dtype)
         takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
         # astra's linear takes contiguous rows only (its ABI): a strided op tensor keeps F.linear
         src_ok = self.src_scratch is not None or src.is_contiguous()
@@ -449,6 +441,16 @@ class Neighbours:
             self.kinds = (f"{self.kinds[0]} + rmsnorm", self.kinds[1])
         elif self.norm is not None:
             self.kinds = (self.kinds[0], f"rmsnorm + {self.kinds[1]}")
+
+    def _take_norm(self, norm: Any, where: str, dtype: Any, width: int, device: Any, g: Any) -> None:
+        """The norm beside the op and its weight over `width` (ValueError where it declines `dtype`)."""
+        import torch
+
+        why = norm.declines(dtype) if hasattr(norm, "declines") else None
+        if why:
+            raise ValueError(f"the norm {where} the op: {why}")
+        self.norm = norm
+        self.norm_w = (1.0 + 0.1 * torch.randn(width, generator=g, device=device)).to(dtype)
 
     def produced(self, tensors: Dict[str, Any]):
         """The tensor the producer GEMM writes: the op's first input (or its bf16 stand-in)."""
