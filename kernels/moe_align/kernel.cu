@@ -38,6 +38,11 @@ constexpr int kMaxBuckets = 8192;  // SGLang's limit (its kernel's RuntimeCheck)
 constexpr int kSortThreads = 256;
 constexpr int kPadPerThread = 8;  // one-launch path: padding slots per thread before the block grows
 
+// ASTRA_WIDE_TWO_MIN_NUMEL's rule (the host's path choice and the align kernel's fill agree on it)
+__host__ __device__ __forceinline__ bool wide_two_launch(int numel, int buckets) {
+  return numel > ASTRA_WIDE_TWO_MIN_NUMEL && buckets > 256;
+}
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -201,7 +206,7 @@ __global__ void __launch_bounds__(kMaxThreads) align_kernel(
     const int b = bucket_of(ids[i], buckets);
     if (b >= 0) atomicAdd(&counts[b], 1);
   }
-  const bool fill = pad && numel > ASTRA_WIDE_TWO_MIN_NUMEL && buckets > 256;
+  const bool fill = pad && wide_two_launch(numel, buckets);
   if (fill) fill_sorted(sorted, max_len, numel);  // the sort kernel writes only after this grid has ended
   __syncthreads();
   padded_scan(counts, prefix, buckets, bs, warp_sums);
@@ -277,7 +282,7 @@ extern "C" cudaError_t astra_moe_align(const void* topk_ids, void* sorted_token_
   auto* eids = static_cast<int32_t*>(expert_ids);
   auto* total = static_cast<int32_t*>(num_tokens_post_pad);
   const size_t smem = (2 * static_cast<size_t>(buckets) + 1 + 32) * sizeof(int);
-  if (n <= kFusedMaxNumel && !(n > ASTRA_WIDE_TWO_MIN_NUMEL && buckets > 256)) {
+  if (n <= kFusedMaxNumel && !wide_two_launch(n, buckets)) {
     // enough threads for the ids (kItems each), one bucket each and kPadPerThread padding slots each, up
     // to a full block. Padding grows with block_size * experts (~8k slots at Qwen3-30B-A3B batch 32);
     // sized by buckets alone (~160 threads) the kernel lost to SGLang's two at batch 8 and 32 (H200, 2026-11-24)
