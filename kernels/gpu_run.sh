@@ -23,7 +23,7 @@
 # check runs every op at once (correctness only, CHECK_JOBS at a time); the benches run one at a time.
 # A bench that would start after DEADLINE seconds is skipped and says so; one running then gets 60 s more.
 # Results go to $RES (default $OUT or ./kernels-gpu-out): one tarball (results-<phases>.tgz) of every
-# JSON, plot and log, json/ (the check and bench JSONs as files, .json.xz over 50,000 bytes, the layout
+# JSON, plot and log, json/ (the check and bench JSONs as files, .json.xz over 10,000 bytes, the layout
 # test's bound: the profile's speedup lookup reads those under results/, never a tarball) and summary.txt
 # (one line per op and phase); keep them under results/<date>-<gpu>/kernels/.
 set -uo pipefail
@@ -115,7 +115,7 @@ mkdir -p "$RES/json"
 for f in "$R"/*.json; do
   [ -f "$f" ] || continue
   cp "$f" "$RES/json/" || continue
-  if [ "$(stat -c%s "$f")" -gt 50000 ]; then xz -9f "$RES/json/${f##*/}"; fi
+  if [ "$(stat -c%s "$f")" -gt 10000 ]; then xz -9f "$RES/json/${f##*/}"; fi
 done
 tar -C "$R" -czf "$tgz" . && t "results in $tgz"
 exit $status

@@ -85,6 +85,7 @@ def test_past_the_deadline_a_variant_is_skipped_and_the_tables_still_print(tmp_p
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "a: skipped (deadline 0s)" in out.stdout and "b: skipped (deadline 0s)" in out.stdout
+    assert "in context: --neighbours cublas, bench's default" in out.stdout  # says which GEMMs were around the op
     assert not list(tmp_path.glob("*.log"))  # nothing was benched
     assert _summary(out, "in context", 1, 2) == [["a", "1.250x", "(1.250x)"], ["b", "1.000x", "(1.000x)"]]
 
@@ -95,4 +96,17 @@ def test_a_deadline_that_is_not_whole_seconds_is_one_error_line(tmp_path):
     out = subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a="], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == "error: DEADLINE takes whole seconds, not '8m'"
+    assert not list(tmp_path.glob("*.log"))
+
+
+def test_neighbours_names_the_gemms_and_an_unknown_one_is_one_error_line(tmp_path):
+    """Session 20's parts b and c timed variants between cuBLAS GEMMs by default, not the ones a patched server runs."""
+    base = {**os.environ, "DEADLINE": "0", "RES": str(tmp_path)}
+    base.pop("SUMMARY_ONLY", None)
+    run = lambda env: subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a="], cwd=ROOT,
+                                     env=env, capture_output=True, text=True, timeout=120)
+    out = run({**base, "NEIGHBOURS": "astra"})
+    assert out.returncode == 0 and "in context: --neighbours astra" in out.stdout, out.stderr
+    out = run({**base, "NEIGHBOURS": "vllm"})
+    assert out.returncode == 2 and out.stderr.strip() == "error: NEIGHBOURS takes astra or cublas, not 'vllm'"
     assert not list(tmp_path.glob("*.log"))

@@ -14,7 +14,10 @@
 # ~9% between runs, so a gain under ~5% shows in both orders or is noise (kernels/NOTES.md, tenth session).
 # Each variant is kernel.cu with its flags prepended as #defines; results (JSON per variant) go to
 # $RES (default $OUT or ./kernels-variants-out); the last lines are a table, µs per call: chained, and
-# in context (producer GEMM -> op -> consumer GEMM) where bench timed it. $BENCH_ARGS go to every bench
+# in context (producer GEMM -> op -> consumer GEMM) where bench timed it. NEIGHBOURS=astra times them between the GEMMs
+# a patched server runs (astra's linear where it takes them), as kernels/gpu_run.sh does; bench's default is cuBLAS on
+# both sides, where a 1-token row can read the other way (rope 1 x 32 x 8: 0.90x with cuBLAS, 1.25x with astra's linear,
+# 2026-11-29). $BENCH_ARGS go to every bench
 # (e.g. "--consumer-width 28672 --producer-k 4096": the model's next GEMM and its o_proj's input). The same, as a
 # plot: $RES/OP_variants.png.
 set -uo pipefail
@@ -23,6 +26,8 @@ op=$1 ws=$2 shapes=$3 dtypes=$4; shift 4
 [ -f "kernels/$op/kernel.cu" ] || { echo "error: no kernels/$op/kernel.cu (run from the repository root; 'astra-sglang ops' lists the ops)" >&2; exit 2; }
 DEADLINE=${DEADLINE:-100000}
 [[ $DEADLINE =~ ^[0-9]+$ ]] || { echo "error: DEADLINE takes whole seconds, not '$DEADLINE'" >&2; exit 2; }
+NEIGHBOURS=${NEIGHBOURS:-}
+case $NEIGHBOURS in ""|cublas|astra) ;; *) echo "error: NEIGHBOURS takes astra or cublas, not '$NEIGHBOURS'" >&2; exit 2 ;; esac
 RES=${RES:-${OUT:-./kernels-variants-out}}; mkdir -p "$RES"
 src=$(mktemp -d /tmp/astra-variants.XXXX)
 [ -n "${SUMMARY_ONLY:-}" ] || source kernels/astra_env.sh
@@ -30,6 +35,11 @@ specs=("$@")
 T0=$(date +%s)
 if [ -n "${BOTH_ORDERS:-}" ]; then
   for ((i = $# - 1; i >= 0; i--)); do s=${specs[$i]}; specs+=("${s%%=*}.2=${s#*=}"); done
+fi
+if [ -z "${SUMMARY_ONLY:-}" ]; then
+  if [ -n "$NEIGHBOURS" ]; then echo "in context: --neighbours $NEIGHBOURS"
+  elif [[ " ${BENCH_ARGS:-} " == *" --neighbours "* ]]; then echo "in context: the neighbours BENCH_ARGS names"
+  else echo "in context: --neighbours cublas, bench's default (NEIGHBOURS=astra: the GEMMs a patched server runs)"; fi
 fi
 for spec in "${specs[@]}"; do
   [ -z "${SUMMARY_ONLY:-}" ] || break  # SUMMARY_ONLY=1: print the tables of the JSONs already in $RES, bench nothing
@@ -46,7 +56,7 @@ for spec in "${specs[@]}"; do
   if [ "$el" -ge "$DEADLINE" ]; then echo "$name: skipped (deadline ${DEADLINE}s)"; continue; fi
   left=$(( DEADLINE + 60 - el )); [ $left -le 300 ] || left=300   # as kernels/gpu_run.sh's DEADLINE
   timeout $left $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
-    ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
+    ${NEIGHBOURS:+--neighbours $NEIGHBOURS} ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
 done
 python3 - "$RES" "$op" "${specs[@]}" <<'PY'
 import json, math, sys

@@ -19,11 +19,23 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+// Dev knobs (kernels/dev/bench_variants.sh): ASTRA_TRIG_END 1 releases dependents after the stores, where production
+// does, instead of right after griddepcontrol.wait; ASTRA_PDL 0 launches plainly (no programmatic dependent launch).
+#ifndef ASTRA_TRIG_END
+#define ASTRA_TRIG_END 0
+#endif
+#ifndef ASTRA_PDL
+#define ASTRA_PDL 1
+#endif
+
 namespace astra_kv_k {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-constexpr int kThreads = 256;
+#ifndef ASTRA_THREADS
+#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
+#endif
+constexpr int kThreads = ASTRA_THREADS;
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -52,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_kernel(const char* __restri
   using R = typename Raw<B>::type;
   const uint32_t gid = blockIdx.x * kThreads + threadIdx.x;
   pdl_wait();
-  pdl_trigger();
+  if (!ASTRA_TRIG_END) pdl_trigger();
   if (gid >= total) return;
   const uint32_t per = nk + nv;
   const uint32_t t = gid / per;
@@ -67,6 +79,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_kernel(const char* __restri
   if (slot < 0 || (limit > 0 && slot >= limit)) __trap();
   char* dst = (is_k ? kc + slot * kcs : vc + slot * vcs) + static_cast<int64_t>(col) * B;
   *reinterpret_cast<R*>(dst) = x;
+  if (ASTRA_TRIG_END) pdl_trigger();
 }
 
 template <int B>
@@ -81,7 +94,7 @@ cudaError_t launch(const void* k, const void* v, void* kc, void* vc, const void*
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = ASTRA_PDL ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kv_store_kernel<B>, static_cast<const char*>(k), static_cast<const char*>(v),
                             static_cast<char*>(kc), static_cast<char*>(vc), static_cast<const int64_t*>(idx), total,
                             nk, nv, ks, vs, kcs, vcs, limit, skip);

@@ -43,8 +43,8 @@ def _rope_normalize(c):
 
 
 # `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
-DEFAULT_OFF = ("slower in context: decode corpus geomean 0.874x on the H200, 18 of 24 rows below 1.00x (min 0.41x; "
-               "results/2026-11-23-h200/kernels/decode_corpus/). Qwen3, Llama and Gemma-2 run qknorm_rope(_store) / "
+DEFAULT_OFF = ("no gain in context: decode corpus geomean 1.012x on the H200, 3 of 48 rows slower (min 0.72x; "
+               "results/2026-11-29-h200/session20/rope-kv-corpus/). Qwen3, Llama and Gemma-2 run qknorm_rope(_store) / "
                "dense_rope_store instead")
 
 ADAPTER = OpAdapter(

@@ -36,11 +36,20 @@
 #define ASTRA_ROPE_Y 2
 #endif
 
+// Dev knob (kernels/dev/bench_variants.sh): 1 releases dependents after the stores, where production does, instead
+// of right after griddepcontrol.wait.
+#ifndef ASTRA_TRIG_END
+#define ASTRA_TRIG_END 0
+#endif
+
 namespace astra_rope_k {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-constexpr int kThreads = 256;
+#ifndef ASTRA_THREADS
+#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
+#endif
+constexpr int kThreads = ASTRA_THREADS;
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -130,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* __restrict__ q, T* __
   using T2 = typename Pair<T>::type;
   const uint32_t gid = blockIdx.x * kThreads + threadIdx.x;
   pdl_wait();
-  pdl_trigger();
+  if (!ASTRA_TRIG_END) pdl_trigger();
   if (gid >= total) return;
   const uint32_t row = gid / lanes;
   const uint32_t lane = gid - row * lanes;
@@ -157,6 +166,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* __restrict__ q, T* __
     }
     store<T, V>(px, x);
     store<T, V>(py, y);
+    if (ASTRA_TRIG_END) pdl_trigger();
   } else {
     constexpr int P = V / 2;  // pairs per thread
     const int off = static_cast<int>(lane) * V;
@@ -170,6 +180,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* __restrict__ q, T* __
       *reinterpret_cast<T2*>(&x.v[2 * j]) = from_f2<T2>(rot_x(a.x, a.y, c.v[j], s.v[j]), rot_y(a.x, a.y, c.v[j], s.v[j]));
     }
     store<T, V>(px, x);
+    if (ASTRA_TRIG_END) pdl_trigger();
   }
 }
 
