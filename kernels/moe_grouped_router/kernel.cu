@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #ifndef ASTRA_PDL
-#define ASTRA_PDL 1  // 0: plain launch; 1: PDL, trigger right after the wait
+#define ASTRA_PDL 1  // 0: plain launch; 1: PDL, trigger right after the wait; 2 (dev): PDL, trigger after the stores
 #endif
 
 namespace astra_moegr {
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float b = valid ? bias[e] : 0.f;
   if (ASTRA_PDL) {
     pdl_wait();
-    pdl_trigger();
+    if (ASTRA_PDL == 1) pdl_trigger();
   }
   float sg = 0.f, key = -INFINITY;
   if (valid) {
@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       ids[row * topk + lane] = is_routed ? s_sel_id[lane] : experts;
     }
   }
+  if (ASTRA_PDL == 2) pdl_trigger();
 }
 
 int device_major() {
