@@ -29,7 +29,10 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
     assert spec.c_signature() == rs.c_signature().replace("astra_rope_store(", "astra_dense_rope_store(")
     assert spec.reference is rs.reference and spec.make_inputs is rs.make_inputs
     assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",
-                             "sglang.srt.models.gemma2:Gemma2Attention.forward")
+                             "sglang.srt.models.gemma2:Gemma2Attention.forward",
+                             "sglang.srt.models.qwen2:Qwen2Attention.forward",
+                             "sglang.srt.models.qwen2_moe:Qwen2MoeAttention.forward",
+                             "sglang.srt.models.mixtral:MixtralAttention.forward")
     assert spec.fused_member_sets() == (("rope", "kv_store"),)
     assert spec.kernel_symbols == (r"astra_drs::",)
     v = spec.variant("jit")
@@ -39,10 +42,12 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
     assert "FUSED" in spec.summary and "sum" in spec.summary
 
 
-def test_corpus_is_llama_3_and_gemma_2_and_every_shape_fits_the_store():
+def test_corpus_is_the_replaced_attentions_models_and_every_shape_fits_the_store():
     spec = get_op(OP)
     assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b", "gemma-2-2b", "gemma-2-9b",
-                                                                "gemma-2-27b"}
+                                                                "gemma-2-27b", "qwen2.5-7b"}
+    assert any("mixtral-8x7b tp2" in s.source for s in spec.corpus)  # Llama-3-8B's TP-2 rows, the same heads
+    assert (1, 28, 4, 128, 4608, 4608, 4608) in {s.dims for s in spec.corpus}  # qwen2.5-7b, one decode token
     assert (1, 16, 8, 256, 8192, 8192, 8192) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256
     assert {s.dims[0] for s in spec.corpus} >= {1, 16, 64, 256, 1024, 16384}
     assert (1, 32, 8, 128, 6144, 6144, 6144) in {s.dims for s in spec.corpus}  # llama-3-8b, one decode token
@@ -86,47 +91,56 @@ def test_the_adapter_fits_the_spec_and_binds_llama_attention_forward():  # Gemma
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_discovery_finds_llama_and_gemma2_attention_forward_in_real_sglang(version, request):
+def test_discovery_finds_every_replaced_attention_forward_in_real_sglang(version, request):
     from astra_sglang.patch.discover import discover_for_specs
 
     root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
                 else request.getfixturevalue("wheel_sources")["sglang"])
     disc = discover_for_specs([get_op(OP)], roots={"sglang": root / "sglang"})
     found = [(s.kind, s.module, s.local_name) for s in disc.for_op(OP)]
-    assert ("definition", "sglang.srt.models.llama", "LlamaAttention.forward") in found
-    assert ("definition", "sglang.srt.models.gemma2", "Gemma2Attention.forward") in found
+    for target in get_op(OP).replaces:
+        module, name = target.split(":")
+        assert ("definition", module, name) in found, target
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-def test_gemma2_attention_forward_is_llama_s_sequence_over_the_attributes_the_adapter_reads(version, request):
-    """The adapter replaces Gemma2Attention.forward with Llama's fused sequence: both bodies must be qkv GEMM, split,
-    rope, attention, o_proj, and Gemma-2 must not be a hybrid-SWA model (its pool is then the plain MHA pool the
-    fused store writes; the sliding window is the attention's)."""
+@pytest.mark.parametrize("target", [t for t in get_op(OP).replaces if "LlamaAttention" not in t])
+def test_each_replaced_attention_forward_is_llama_s_sequence_over_the_attributes_the_adapter_reads(
+        version, target, request):
+    """The adapter replaces each forward with Llama's fused sequence (validate drives LlamaAttention.forward): every
+    body must be qkv GEMM, split, rope, attention, o_proj, over the attributes the adapter reads, and the model must not
+    be a hybrid-SWA one (its pool is then the plain MHA pool the fused store writes; Gemma-2's sliding window is the
+    attention's)."""
     import ast
 
     root = Path(request.getfixturevalue("sglang_0_5_17_source") if version == "0.5.17"
                 else request.getfixturevalue("wheel_sources")["sglang"]) / "sglang"
-
-    def forward_body(rel, cls):
-        tree = ast.parse((root / rel).read_text())
-        c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        f = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
-        return [ast.unparse(n) for n in f.body]
-
-    gemma = forward_body("srt/models/gemma2.py", "Gemma2Attention")
-    assert gemma == ["qkv, _ = self.qkv_proj(hidden_states)",
-                     "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
-                     "q, k = self.rotary_emb(positions, q, k)",
-                     "attn_output = self.attn(q, k, v, forward_batch)",
-                     "output, _ = self.o_proj(attn_output)",
-                     "return output"]
-    init = (root / "srt/models/gemma2.py").read_text()
-    for attr in ("self.num_heads =", "self.num_kv_heads =", "self.head_dim =", "self.q_size =", "self.kv_size =",
-                 "self.rotary_emb = get_rope(", "self.attn = RadixAttention("):
-        assert attr in init, attr
+    module, name = target.split(":")
+    cls = name.split(".")[0]
+    path = root / (module.split(".", 1)[1].replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    f = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    assert [a.arg for a in f.args.args] == ["self", "positions", "hidden_states", "forward_batch"]
+    assert [ast.unparse(n) for n in f.body] == ["qkv, _ = self.qkv_proj(hidden_states)",
+                                                "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
+                                                "q, k = self.rotary_emb(positions, q, k)",
+                                                "attn_output = self.attn(q, k, v, forward_batch)",
+                                                "output, _ = self.o_proj(attn_output)",
+                                                "return output"]
+    init = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    stored = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assert {"num_heads", "num_kv_heads", "head_dim", "q_size", "kv_size", "qkv_proj", "rotary_emb", "attn",
+            "o_proj"} <= stored
+    text = path.read_text()
+    assert "get_rope(" in text and "RadixAttention(" in text
     cfg = (root / "srt/configs/model_config.py").read_text()
     swa = cfg[cfg.index("def is_hybrid_swa_model"):]
-    assert "Gemma2ForCausalLM" not in swa[:swa.index("\ndef ", 10)]
+    arch = {"Gemma2Attention": "Gemma2ForCausalLM", "Qwen2Attention": "Qwen2ForCausalLM",
+            "Qwen2MoeAttention": "Qwen2MoeForCausalLM", "MixtralAttention": "MixtralForCausalLM"}[cls]
+    assert arch not in swa[:swa.index("\ndef ", 10)]
 
 
 @pytest.mark.wheels

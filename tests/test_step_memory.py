@@ -21,6 +21,7 @@ def _cfg(name: str) -> dict:
 def test_weight_bytes_of_the_shipped_configs():
     assert sm.weight_bytes(_cfg("qwen3-30b-a3b")) == pytest.approx(57 * GIB, rel=0.1)   # 30.5B params, bf16
     assert sm.weight_bytes(_cfg("llama3-8b")) == pytest.approx(15 * GIB, rel=0.1)
+    assert sm.weight_bytes(_cfg("qwen2.5-7b")) == pytest.approx(7.6e9 * 2, rel=0.05)  # untied 152064-row embeddings
     assert sm.weight_bytes(_cfg("llama3-70b")) == pytest.approx(70.6e9 * 2, rel=0.05)
     assert sm.weight_bytes(_cfg("llama-small")) < 1 * GIB
     # DeepSeek's first_k_dense_replace dense layers, n_routed_experts + n_shared_experts in the rest

@@ -1,5 +1,5 @@
-"""The patch adapter of a fused op: SGLang's LlamaAttention.forward and Gemma2Attention.forward (0.5.17, 0.5.23: the
-same body, and the attributes this adapter reads). On CUDA that body is the qkv GEMM, the JIT rope in place
+"""The patch adapter of a fused op: SGLang's LlamaAttention, Gemma2Attention, Qwen2Attention, Qwen2MoeAttention and
+MixtralAttention forwards (spec.REPLACES; 0.5.17, 0.5.23: the same body, and the attributes this adapter reads). On CUDA that body is the qkv GEMM, the JIT rope in place
 (RotaryEmbedding.forward_cuda -> apply_rope_with_cos_sin_cache_inplace, no store), then the attention, whose backend
 stores the KV first (MHATokenToKVPool.set_kv_buffer -> store_cache), and o_proj. The method is replaced where SGLang
 would fuse a KV store (enable_fused_set_kv_buffer: a bf16 MHA pool, no SWA pool, no context parallelism, the checks
@@ -17,9 +17,9 @@ from astra_sglang.patch.adapters import OpAdapter
 
 
 def _expand(a: Dict[str, Any]):
-    """{Llama,Gemma2}Attention.forward(self, positions, hidden_states, forward_batch) -> canonical arguments, or why
-    SGLang keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves what
-    the kernel does not take (patch/apply.py not_covered)."""
+    """An attention forward(self, positions, hidden_states, forward_batch) of spec.REPLACES -> canonical arguments, or
+    why SGLang keeps it. Every reason to decline comes before the qkv GEMM: after it, SGLang's kernel sequence serves
+    what the kernel does not take (patch/apply.py not_covered)."""
     import torch
 
     attn, positions, hs, fb = a["self"], a["positions"], a["hidden_states"], a["forward_batch"]

@@ -5,10 +5,11 @@ backend, the JIT KV store (csrc/elementwise/kvcache.cuh StoreKVCacheKernel, op k
 launches on one stream, exactly as SGLang makes them; a speedup of this op is over their SUM.
 
 The computation is rope_store's (SGLang's own fused rope + KV store, which it runs only in MoE attention such as
-Qwen3-MoE's); its contract, inputs, reference and bytes are taken from there. The patch replaces
-`LlamaAttention.forward` and `Gemma2Attention.forward` (the same body: qkv GEMM, split, rope, attention, o_proj;
-Gemma-2's sliding window lives in the attention and its KV pool is a plain one): the qkv GEMM, this op's kernel,
-the attention with save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
+Qwen3-MoE's); its contract, inputs, reference and bytes are taken from there. The patch replaces the forward of
+`LlamaAttention` (Llama, Mistral), `Gemma2Attention`, `Qwen2Attention` (Qwen2 / Qwen2.5), `Qwen2MoeAttention` and
+`MixtralAttention`: one body in all five (qkv GEMM, split, rope, attention, o_proj; Gemma-2's sliding window lives in
+the attention and its KV pool is a plain one), replaced by the qkv GEMM, this op's kernel, the attention with
+save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
 """
 from __future__ import annotations
 
@@ -22,14 +23,27 @@ from astra_sglang.spec import SourceFile, Variant
 
 HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 
-# Models whose attention is LlamaAttention or Gemma2Attention (rope, then the attention's KV store), and the TP
-# degrees. Gemma-2's rows (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26.
+# Models whose attention is one of REPLACES (rope, then the attention's KV store), and the TP degrees. Gemma-2's rows
+# (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26; Qwen2.5's and Mixtral's on
+# 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own).
 DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("llama-3-8b", (1, 2)),
     ("llama-3-70b", (4, 8)),
     ("gemma-2-2b", (1,)),
     ("gemma-2-9b", (1,)),
     ("gemma-2-27b", (1, 2)),
+    ("qwen2.5-7b", (1,)),
+    ("mixtral-8x7b", (2,)),
+)
+
+# The attention forwards the patch replaces: the same body in 0.5.17 and 0.5.23 (tests/test_op_dense_rope_store.py
+# reads each from the installed sources).
+REPLACES: Tuple[str, ...] = (
+    "sglang.srt.models.llama:LlamaAttention.forward",
+    "sglang.srt.models.gemma2:Gemma2Attention.forward",
+    "sglang.srt.models.qwen2:Qwen2Attention.forward",
+    "sglang.srt.models.qwen2_moe:Qwen2MoeAttention.forward",
+    "sglang.srt.models.mixtral:MixtralAttention.forward",
 )
 
 _dims = _rope_store_spec._dims
@@ -66,7 +80,7 @@ JIT = Variant(
 
 SPEC = qkv.spec(
     name="dense_rope_store",
-    summary="FUSED rope + KV store of dense (Llama, Gemma-2) attention in one launch (replaces SGLang's rope kernel, "
+    summary="FUSED rope + KV store of dense (Llama, Gemma-2, Qwen2, Mixtral) attention in one launch (replaces SGLang's rope kernel, "
     "then the attention backend's KV store; speedups are over the sum of the two kernels)",
     dim_names=_rope_store_spec.DIM_NAMES,
     pointers=(("q", "inout"), ("k", "inout"), ("v", "in"), ("k_cache", "inout"), ("v_cache", "inout"),
@@ -80,8 +94,7 @@ SPEC = qkv.spec(
     scalars=qkv.neox_scalars(_rope_store_spec._GPTJ),
     bytes_moved=_rope_store_spec.bytes_moved,
     distributions=("normal", "large"),
-    replaces=("sglang.srt.models.llama:LlamaAttention.forward",
-              "sglang.srt.models.gemma2:Gemma2Attention.forward"),
+    replaces=REPLACES,
     # only ours: SGLang's two kernels are attributed to the rope and kv_store ops
     kernel_symbols=(r"astra_drs::",),
     fuses=("rope", "kv_store"),
