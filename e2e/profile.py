@@ -48,7 +48,8 @@ def _fmt_dims(dims) -> str:
 
 
 # HF model types whose SGLang module has another name (Gemma-3's text model lives in gemma3_causal.py)
-_MODEL_MODULES = {"gemma3_text": "gemma3_causal", "gemma3": "gemma3_causal"}
+# model types whose decoder runs another model module's layers (MistralForCausalLM is a LlamaForCausalLM)
+_MODEL_MODULES = {"gemma3_text": "gemma3_causal", "gemma3": "gemma3_causal", "mistral": "llama"}
 
 
 def _site_of_model(target: str, model_type: str) -> bool:

@@ -627,6 +627,8 @@ def test_a_fused_op_s_call_site_in_a_model_module_counts_only_for_that_model_typ
     from astra_sglang.e2e.profile import _site_of_model
 
     assert _site_of_model("sglang.srt.models.llama:LlamaAttention.forward", "llama")
+    assert _site_of_model("sglang.srt.models.llama:LlamaAttention.forward", "mistral")  # a LlamaForCausalLM
+    assert _site_of_model("sglang.srt.models.qwen2:Qwen2Attention.forward", "qwen2")  # dense_rope_store's Qwen2 site
     assert not _site_of_model("sglang.srt.models.llama:LlamaAttention.forward", "qwen3")
     assert not _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "qwen3_moe")
     assert _site_of_model("sglang.srt.models.qwen3:Qwen3Attention.forward", "")  # unknown model: any
