@@ -103,8 +103,11 @@ def test_neighbours_names_the_gemms_and_an_unknown_one_is_one_error_line(tmp_pat
     """Session 20's parts b and c timed variants between cuBLAS GEMMs by default, not the ones a patched server runs."""
     base = {**os.environ, "DEADLINE": "0", "RES": str(tmp_path)}
     base.pop("SUMMARY_ONLY", None)
-    run = lambda env: subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a="], cwd=ROOT,
-                                     env=env, capture_output=True, text=True, timeout=120)
+
+    def run(env):
+        return subprocess.run(["bash", str(SCRIPT), "rmsnorm", "ws", "decode", "bf16", "a="], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
     out = run({**base, "NEIGHBOURS": "astra"})
     assert out.returncode == 0 and "in context: --neighbours astra" in out.stdout, out.stderr
     out = run({**base, "NEIGHBOURS": "vllm"})

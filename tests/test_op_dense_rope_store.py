@@ -1,9 +1,9 @@
-"""dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense (Llama, Gemma-2) attention, where SGLang
-runs its rope kernel and then the attention backend's KV store. On CPU: the spec is rope_store's computation under
-its own name and production; the corpus is Llama-3's and Gemma-2's and every row fits the store's launcher; the
-harness runs the edge shapes on CPU; the adapter binds both attentions' forward and discovery finds them in real
-SGLang, whose two bodies are the same sequence; the production
-launcher (SGLang's two JIT kernels back to back) extracts from sglang 0.5.17 and 0.5.23 and builds with nvcc.
+"""dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense attention (Llama, Gemma-2, Qwen2,
+Qwen2-MoE, Mixtral), where SGLang runs its rope kernel and then the attention backend's KV store. On CPU: the spec is
+rope_store's computation under its own name and production; the corpus is its models' and every row fits the store's
+launcher; the harness runs the edge shapes on CPU; the adapter binds the attentions' forward and discovery finds them
+in real SGLang, whose bodies are one sequence; the production launcher (SGLang's two JIT kernels back to back)
+extracts from sglang 0.5.17 and 0.5.23 and builds with nvcc.
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
@@ -122,12 +122,13 @@ def test_each_replaced_attention_forward_is_llama_s_sequence_over_the_attributes
     c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     f = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
     assert [a.arg for a in f.args.args] == ["self", "positions", "hidden_states", "forward_batch"]
-    assert [ast.unparse(n) for n in f.body] == ["qkv, _ = self.qkv_proj(hidden_states)",
-                                                "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
-                                                "q, k = self.rotary_emb(positions, q, k)",
-                                                "attn_output = self.attn(q, k, v, forward_batch)",
-                                                "output, _ = self.o_proj(attn_output)",
-                                                "return output"]
+    assert [ast.unparse(n) for n in f.body] == [
+        "qkv, _ = self.qkv_proj(hidden_states)",
+        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
+        "q, k = self.rotary_emb(positions, q, k)",
+        "attn_output = self.attn(q, k, v, forward_batch)",
+        "output, _ = self.o_proj(attn_output)",
+        "return output"]
     init = next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     stored = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])

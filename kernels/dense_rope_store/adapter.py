@@ -1,7 +1,8 @@
 """The patch adapter of a fused op: SGLang's LlamaAttention, Gemma2Attention, Qwen2Attention, Qwen2MoeAttention and
-MixtralAttention forwards (spec.REPLACES; 0.5.17, 0.5.23: the same body, and the attributes this adapter reads). On CUDA that body is the qkv GEMM, the JIT rope in place
-(RotaryEmbedding.forward_cuda -> apply_rope_with_cos_sin_cache_inplace, no store), then the attention, whose backend
-stores the KV first (MHATokenToKVPool.set_kv_buffer -> store_cache), and o_proj. The method is replaced where SGLang
+MixtralAttention forwards (spec.REPLACES; 0.5.17, 0.5.23: the same body, and the attributes this adapter reads). On
+CUDA that body is the qkv GEMM, the JIT rope in place (RotaryEmbedding.forward_cuda ->
+apply_rope_with_cos_sin_cache_inplace, no store), then the attention, whose backend stores the KV first
+(MHATokenToKVPool.set_kv_buffer -> store_cache), and o_proj. The method is replaced where SGLang
 would fuse a KV store (enable_fused_set_kv_buffer: a bf16 MHA pool, no SWA pool, no context parallelism, the checks
 qknorm_rope_store's dense site makes; Gemma-2's sliding window is the attention's, over a plain pool): it runs the
 GEMM, this op's kernel and the attention with save_kv_cache=False, as SGLang's own Qwen3-MoE path does.

@@ -80,8 +80,8 @@ JIT = Variant(
 
 SPEC = qkv.spec(
     name="dense_rope_store",
-    summary="FUSED rope + KV store of dense (Llama, Gemma-2, Qwen2, Mixtral) attention in one launch (replaces SGLang's rope kernel, "
-    "then the attention backend's KV store; speedups are over the sum of the two kernels)",
+    summary="FUSED rope + KV store of dense (Llama, Gemma-2, Qwen2, Mixtral) attention in one launch (replaces "
+    "SGLang's rope kernel, then the attention backend's KV store; speedups are over the sum of the two kernels)",
     dim_names=_rope_store_spec.DIM_NAMES,
     pointers=(("q", "inout"), ("k", "inout"), ("v", "in"), ("k_cache", "inout"), ("v_cache", "inout"),
               ("cos_sin_cache", "in"), ("positions", "in"), ("out_loc", "in")),

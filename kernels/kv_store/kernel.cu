@@ -24,6 +24,9 @@
 #ifndef ASTRA_TRIG_END
 #define ASTRA_TRIG_END 0
 #endif
+#ifndef ASTRA_THREADS
+#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
+#endif
 #ifndef ASTRA_PDL
 #define ASTRA_PDL 1
 #endif
@@ -32,9 +35,6 @@ namespace astra_kv_k {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-#ifndef ASTRA_THREADS
-#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
-#endif
 constexpr int kThreads = ASTRA_THREADS;
 
 __device__ __forceinline__ void pdl_wait() {

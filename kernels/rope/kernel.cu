@@ -41,14 +41,14 @@
 #ifndef ASTRA_TRIG_END
 #define ASTRA_TRIG_END 0
 #endif
+#ifndef ASTRA_THREADS
+#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
+#endif
 
 namespace astra_rope_k {
 // internal linkage: no GNU-unique statics shared with another loaded build of this file
 namespace {
 
-#ifndef ASTRA_THREADS
-#define ASTRA_THREADS 256  // dev knob: threads per block (a smaller block spreads a decode batch over more SMs)
-#endif
 constexpr int kThreads = ASTRA_THREADS;
 
 __device__ __forceinline__ void pdl_wait() {
