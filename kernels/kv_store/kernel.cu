@@ -11,8 +11,9 @@
 // Design:
 //  * A flat grid of 256-thread blocks over every 16-byte vector of every token's K and V rows (K and V need not
 //    be the same width); no per-row warp split to tune, and a decode batch is one or a few blocks.
-//  * The token's K/V vector and its slot index are loaded in the same batch, so the store waits for one
-//    round trip instead of index-then-data.
+//  * Meant: the token's K/V vector and its slot index loaded in the same batch, one round trip before the store
+//    instead of index-then-data. As shipped nvcc sinks the vector's load below the skip check, so it is still
+//    index-then-data, as production's; ASTRA_KV_LOAD_FIRST (below) pins the load, to be timed.
 //  * Programmatic dependent launch on sm_90+: all reads behind griddepcontrol.wait (k/v come from the kernels
 //    just before, the slots from the batch set-up); dependents are released right after the wait.
 //  * An index outside [0, size_limit) traps, as SGLang's device assert does, instead of writing out of bounds.
@@ -29,6 +30,12 @@
 #endif
 #ifndef ASTRA_PDL
 #define ASTRA_PDL 1
+#endif
+// Dev knob: 1 issues the K/V vector's load as a volatile asm, so it leaves with the slot's load. As plain C++ (0, the
+// shipped build) nvcc sinks it below the `slot == skip` return: the PTX loads the slot, branches, then loads the
+// vector, two round trips in a row (seen in the PTX on 2026-11-29; not yet timed on a GPU).
+#ifndef ASTRA_KV_LOAD_FIRST
+#define ASTRA_KV_LOAD_FIRST 0
 #endif
 
 namespace astra_kv_k {
@@ -54,6 +61,20 @@ template <> struct Raw<8> { using type = uint2; };
 template <> struct Raw<4> { using type = unsigned int; };
 template <> struct Raw<2> { using type = unsigned short; };
 
+// A read-only load the compiler may not move past a branch (asm volatile): ASTRA_KV_LOAD_FIRST.
+__device__ __forceinline__ void load_pinned(uint4& x, const char* p) {
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p));
+}
+__device__ __forceinline__ void load_pinned(uint2& x, const char* p) {
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(x.x), "=r"(x.y) : "l"(p));
+}
+__device__ __forceinline__ void load_pinned(unsigned int& x, const char* p) {
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(x) : "l"(p));
+}
+__device__ __forceinline__ void load_pinned(unsigned short& x, const char* p) {
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(x) : "l"(p));
+}
+
 // B: bytes per access. nk / nv: accesses per K / V row. Strides in bytes.
 template <int B>
 __global__ void __launch_bounds__(kThreads) kv_store_kernel(const char* __restrict__ k, const char* __restrict__ v,
@@ -74,7 +95,9 @@ __global__ void __launch_bounds__(kThreads) kv_store_kernel(const char* __restri
   const char* src = (is_k ? k + static_cast<int64_t>(t) * ks : v + static_cast<int64_t>(t) * vs) +
                     static_cast<int64_t>(col) * B;
   const int64_t slot = indices[t];
-  const R x = *reinterpret_cast<const R*>(src);
+  R x;
+  if (ASTRA_KV_LOAD_FIRST) load_pinned(x, src);
+  else x = *reinterpret_cast<const R*>(src);
   if (slot == skip) return;
   if (slot < 0 || (limit > 0 && slot >= limit)) __trap();
   char* dst = (is_k ? kc + slot * kcs : vc + slot * vcs) + static_cast<int64_t>(col) * B;
