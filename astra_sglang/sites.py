@@ -9,7 +9,7 @@ had it 0.5 us ahead. Between the graph's own two pairs, bench agreed with the gr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from .models import ALL_MODELS, ModelConfig, model
 
@@ -118,3 +118,22 @@ def gemma_norm_pair_sites(hidden: int, second: bool) -> Tuple[Site, ...]:
                  2 * m.intermediate // tp, **inner),
             Site(f"{m.name}{at} down_proj -> post-FFN norm, next input norm -> qkv", m.intermediate // tp,
                  _qkv_width(m, tp), **inner))
+
+
+def attention_input_sites(models: Sequence[Tuple[str, Sequence[int]]], heads: Tuple[int, int, int], op: str,
+                          follower: str) -> Tuple[Site, ...]:
+    """Where dense attention runs a small op on the qkv GEMM's output (q/k norm, rope) and SGLang's next JIT kernel
+    after it (rope after the q/k norm, the KV store after rope), both PDL-launched and waiting for their producer
+    first: qkv -> op -> follower -> attention. bench's generic pair puts a GEMM right after the op, which starts late
+    behind the op's early release; a PDL follower starts early, as Gemma's second norm of a pair did (gemma_rmsnorm
+    1.246x -> 1.544x at its sites, H200, 2026-11-29). astra's rmsnorm stands in for the follower (`norm_after`: the
+    same wait first, reading the op's output rows); a GEMM from the row set to the hidden size stands in for the
+    attention. The first of `models` (name, TP degrees) whose heads per rank, (q heads, kv heads, head_dim), are
+    `heads`, at its least such TP; () where none has them."""
+    for name, tps in models:
+        m = model(name)
+        for tp in sorted(tps):
+            if (m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_dim) == tuple(heads):
+                return (Site(f"{name}{_at(tp)} qkv -> {op} -> {follower} -> attention", m.hidden, m.hidden,
+                             norm_after=True),)
+    return ()

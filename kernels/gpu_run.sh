@@ -14,7 +14,7 @@
 #                                                           linear where it takes them; bench --neighbours)
 # Decode rows of an op whose spec names the GEMM pairs serving runs it between are timed between each (bench's default
 # --sites serving, astra_sglang/sites.py: fused_add_rmsnorm, gemma_post_attention_norms, the activations,
-# moe_combine, gemma_rmsnorm, gemma_fused_add_rmsnorm); the rest between bench's generic pair.
+# moe_combine, gemma_rmsnorm, gemma_fused_add_rmsnorm, qknorm, rope); the rest between bench's generic pair.
 #
 # The ops are every op in the registry with a shipped kernel (`astra-sglang ops --json`), each against
 # its first extract variant (what SGLang runs on Hopper; `astra-sglang ops` lists them).  Workspaces

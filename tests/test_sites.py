@@ -33,11 +33,11 @@ def test_moe_and_unknown_widths_keep_the_generic_pair():
     assert all(m.dense for m in ALL_MODELS if m.hidden in (4096, 5120, 8192) and m.name.startswith("llama"))
 
 
-def test_fused_add_rmsnorm_names_its_sites_and_the_plain_norms_do_not():
+def test_fused_add_rmsnorm_names_its_sites_and_the_plain_norm_does_not():
     spec = get_op("fused_add_rmsnorm")
     assert spec.context_sites((64, 4096)) == residual_norm_sites(4096)
     assert spec.context_sites((1, 7168)) == ()
-    assert get_op("rmsnorm").context_sites is None and get_op("qknorm").context_sites is None
+    assert get_op("rmsnorm").context_sites is None
 
 
 def _timed(base, cand, spread, floor, launch, gemms="cuBLAS / cuBLAS", failed=""):
@@ -160,3 +160,25 @@ def test_without_the_norm_built_a_norm_site_is_said_not_timed():
     note = time_in_context(get_op("moe_combine"), None, [], [], [], (1, 8, 2048), "bf16", {}, 1.0, 1.0, 1, None,
                            sites=[s], norm=None)
     assert "astra's norm beside the op" in note
+
+
+def test_the_q_k_norm_and_rope_sit_between_the_qkv_gemm_and_sglangs_next_pdl_kernel():
+    """Qwen3 runs qkv -> q/k norm -> rope -> attention; Llama qkv -> rope -> KV store -> attention. The follower (a
+    PDL JIT kernel that waits first) is astra's rmsnorm in bench (norm_after), the attention a GEMM to the hidden
+    size. A model's least TP of those heads; rope's rows of Qwen3 heads only (q/k norm before rope there) and
+    prefill rows keep the generic pair."""
+    from astra_sglang.harness.bench import serving_sites, sites_need_norm
+    from astra_sglang.sites import attention_input_sites
+
+    qkn, rope = get_op("qknorm"), get_op("rope")
+    (s,) = serving_sites(qkn, (16, 32, 8, 128, 6144, 6144))
+    assert (s.producer_k, s.consumer_width, s.norm_after, s.norm_before) == (4096, 4096, True, False)
+    assert s.name == "qwen3-8b qkv -> q/k norm -> rope -> attention"
+    (s,) = serving_sites(qkn, (1, 8, 1, 128, 1280, 1280))
+    assert s.name.startswith("qwen3-32b (TP 8)") and s.producer_k == 5120
+    (s,) = serving_sites(rope, (64, 16, 2, 128, 128, 2560, 2560))
+    assert s.name == "llama-3-70b (TP 4) qkv -> rope -> KV store -> attention" and s.producer_k == 8192
+    assert serving_sites(rope, (16, 32, 4, 128, 128, 5120, 5120)) == ()   # Qwen3-32B at TP 2 only
+    assert serving_sites(qkn, (1024, 32, 8, 128, 6144, 6144)) == ()
+    assert sites_need_norm(rope, [(1, 28, 4, 128, 128, 4608, 4608)])
+    assert attention_input_sites((("llama-3-8b", (1, 2)),), (7, 3, 128), "rope", "KV store") == ()

@@ -187,13 +187,15 @@ def spec(*, name: str, summary: str, dim_names: Tuple[str, ...], pointers: Seque
          bytes_moved: Callable[[Tuple[int, ...], str], int], distributions: Tuple[str, ...],
          replaces: Tuple[str, ...], kernel_symbols: Tuple[str, ...],
          tolerance: Tolerance = Tolerance(k=2.0), fuses: Tuple[str, ...] = (),
-         more_variants: Tuple[Variant, ...] = ()) -> OpSpec:
+         more_variants: Tuple[Variant, ...] = (),
+         context_sites: Optional[Callable[[Tuple[int, ...]], Tuple[Any, ...]]] = None) -> OpSpec:
     """An op spec of this family; `variant` ("jit") is the default production, `more_variants` other call sites'
-    production sequences (qknorm_rope_store's dense-attention sequence)."""
+    production sequences (qknorm_rope_store's dense-attention sequence); `context_sites` where serving runs a decode
+    row (sites.attention_input_sites)."""
     return OpSpec(
         name=name, summary=summary, dim_names=dim_names, abi=abi(pointers, dim_names, scalar_args),
         variants=(variant,) + tuple(more_variants), default_variant=lambda roots: "jit", dtypes=DTYPES, corpus=corpus,
         edge_shapes=edge_shapes, tolerance=tolerance, make_inputs=make_inputs, reference=reference,
         scalars=scalars, bytes_moved=bytes_moved, distributions=distributions, replaces=replaces,
-        kernel_symbols=kernel_symbols, fuses=fuses,
+        kernel_symbols=kernel_symbols, fuses=fuses, context_sites=context_sites,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import qkv
+from astra_sglang.sites import attention_input_sites
 from astra_sglang.spec import DTYPE_BYTES, Shape
 
 EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
@@ -150,4 +151,6 @@ SPEC = qkv.spec(
     ),
     # the kernels a profiler shows: SGLang's JIT kernel, ours (namespace in kernel.cu)
     kernel_symbols=(r"fused_qknorm_(?:half_)?warp|fused_qknorm_cta", r"astra_qkn::"),
+    # decode rows: qkv -> q/k norm -> SGLang's rope (PDL) -> attention, as an unpatched Qwen3 layer runs them
+    context_sites=lambda dims: attention_input_sites(QK_NORM_MODELS, dims[1:4], "q/k norm", "rope"),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import qkv
+from astra_sglang.sites import attention_input_sites
 from astra_sglang.spec import DTYPE_BYTES, Shape
 
 ROPE_DIMS = (32, 64, 128, 256)  # rope_dim instantiations the launchers carry
@@ -165,4 +166,8 @@ SPEC = qkv.spec(
     ),
     # the kernels a profiler shows: SGLang's JIT kernel, ours (namespace in kernel.cu)
     kernel_symbols=(r"fused_rope_kernel", r"astra_rope_k::"),
+    # decode rows: qkv -> rope -> SGLang's KV store (PDL) -> attention, as an unpatched Llama layer runs them (Qwen3
+    # runs its q/k norm between the qkv GEMM and rope: its heads alone keep bench's generic pair)
+    context_sites=lambda dims: attention_input_sites([m for m in ROPE_MODELS if not m[0].startswith("qwen3")],
+                                                     dims[1:4], "rope", "KV store"),
 )
