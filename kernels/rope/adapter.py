@@ -42,10 +42,12 @@ def _rope_normalize(c):
     return {"q": q, "k": k, "cos_sin_cache": cache, "positions": pos}, (t, hq, hk, hs, r, qs, ks)
 
 
-# `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
-DEFAULT_OFF = ("no gain in context: decode corpus geomean 1.012x on the H200, 3 of 48 rows slower (min 0.72x; "
-               "results/2026-11-29-h200/session20/rope-kv-corpus/). Qwen3, Llama and Gemma-2 run qknorm_rope(_store) / "
-               "dense_rope_store instead")
+# `--ops all` leaves this op out (name it to patch it anyway): it wins at its site, but where `--ops all` would run it
+# is unmeasured.
+DEFAULT_OFF = ("measured only where --ops all does not run it: at its serving site 1.522x in context and the "
+               "Llama-3-8B step -0.42% at batch 1 with rope alone (H200, results/2026-11-29-h200/session21/); with "
+               "--ops all, dense_rope_store and qknorm_rope(_store) take Llama's, Qwen2's, Gemma-2's and Qwen3's "
+               "calls, and where they decline (Gemma-3, an fp8 KV cache) no A/B has timed rope")
 
 ADAPTER = OpAdapter(
     op="rope",

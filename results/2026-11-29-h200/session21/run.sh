@@ -9,8 +9,10 @@
 #                   part) moe_grouped_router's rows without a shared column against the installed router (flashinfer's
 #                   fused_topk_deepseek), fp32 logits, both orders, --neighbours astra: shipped (early release), late
 #                   (ASTRA_PDL=2: release after the stores), plain (ASTRA_PDL=0)
-#   bash run.sh c   (wheelhouse staged) Qwen2.5-7B decode step A/B, arm A every default op but dense_rope_store, arm B every
-#                   default op: the op's counters and the step change on a third dense family (Qwen2Attention.forward)
+#   bash run.sh c M (wheelhouse staged) decode step A/B at batch 1 and 16: M = qwen25, Qwen2.5-7B, arm A every default op but
+#                   dense_rope_store, arm B every default op (the op's counters and the step change on a third dense family,
+#                   Qwen2Attention.forward); qknorm, Qwen3-8B, arm A unpatched, arm B qknorm alone; rope, Llama-3-8B, arm A
+#                   unpatched, arm B rope alone (part d's sites in SGLang's real step)
 #   bash run.sh d   (no wheelhouse) qknorm and rope at their serving sites (sites.attention_input_sites, new today): qkv GEMM ->
 #                   op -> SGLang's next PDL kernel (rope after the q/k norm, the KV store after rope; astra's rmsnorm stands in)
 #                   -> a GEMM for the attention; decode corpus, bf16, --neighbours astra; then the same rows at bench's generic
@@ -53,12 +55,21 @@ b)
     fp32 default= late=-DASTRA_PDL=2 plain=-DASTRA_PDL=0 > $O/grouped.log 2>&1
   echo "grouped router variants done at $(el)s"; grep -A10 "geomean (min)" $O/grouped.log ;;
 c)
+  # c qwen25: Qwen2.5-7B, arm A every default op but dense_rope_store, arm B every default op
+  # c qknorm: Qwen3-8B, arm A unpatched, arm B qknorm alone (then SGLang's rope follows it, as at its bench site)
+  # c rope: Llama-3-8B, arm A unpatched, arm B rope alone (then SGLang's KV store follows it)
+  case ${2:?qwen25, qknorm or rope} in
+    qwen25) spec="qwen2.5-7b-rope-store:qwen2.5-7b:250:--base-ops=all,-dense_rope_store --ops=all --port=31400" ;;
+    qknorm) spec="qwen3-8b-qknorm:qwen3-8b:250:--base-ops=none --ops=qknorm --port=31500" ;;
+    rope) spec="llama3-8b-rope:llama3-8b:250:--base-ops=none --ops=rope --port=31600" ;;
+    *) echo "error: part c takes qwen25, qknorm or rope" >&2; exit 2 ;;
+  esac
   bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
   echo "installed at $(el)s"
   STEP_ARGS="--procs 1 --batch-size 1,16 --input-len 256 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 \
---profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh \
-    "qwen2.5-7b-rope-store:qwen2.5-7b:$(( LIMIT - 60 )):--base-ops=all,-dense_rope_store --ops=all --port=31400" > $O/step.log 2>&1
-  echo "step done at $(el)s"; tail -8 $O/step.log ;;
+--profile-steps 10 --mem-fraction-static 0.5" RES=$O/$2 DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh "$spec" \
+    > $O/$2.log 2>&1
+  echo "step $2 done at $(el)s"; tail -6 $O/$2.log ;;
 d)
   RES=$O/serving NEIGHBOURS=astra DTYPES=bf16 OPS="qknorm rope" DEADLINE=$(( LIMIT / 2 - 60 )) \
     bash kernels/gpu_run.sh decode > $O/serving.log 2>&1
