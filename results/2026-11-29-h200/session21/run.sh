@@ -17,11 +17,12 @@
 #                   op -> SGLang's next PDL kernel (rope after the q/k norm, the KV store after rope; astra's rmsnorm stands in)
 #                   -> a GEMM for the attention; decode corpus, bf16, --neighbours astra; then the same rows at bench's generic
 #                   pair in the same run (--sites generic), where their standing numbers are
+#   bash run.sh e   (no wheelhouse) part d's serving sites in fp16 (issue 14 asks for both dtypes)
 # Workspaces extracted on the CPU from the sglang 0.5.17, flashinfer-python 0.6.15.post1 and apache-tvm-ffi 0.1.11 wheels,
 # carried as astra-work/ws: bash kernels/dev/workspaces_from_wheels.sh WHEELDIR astra-work/ws dense_rope_store=jit kv_store=jit \
 #   qknorm=jit rope=jit
 set -uo pipefail
-PART=${1:?a, b, c or d}
+PART=${1:?a, b, c, d or e}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=/tmp/s21/$PART; mkdir -p $O
 export WS=astra-work/ws
@@ -81,5 +82,9 @@ d)
       > $O/generic_$op.log 2>&1
     echo "generic $op rc=$? at $(el)s"; grep -E "^geomean|^rows:|in context|error" $O/generic_$op.log | cut -c1-300 | tail -4
   done ;;
-*) echo "error: run.sh takes a, b, c or d" >&2; exit 2 ;;
+e)
+  RES=$O/fp16 NEIGHBOURS=astra DTYPES=fp16 OPS="qknorm rope" DEADLINE=${DEADLINE:-150} bash kernels/gpu_run.sh decode \
+    > $O/fp16.log 2>&1
+  echo "fp16 sites done at $(el)s"; cut -c1-400 $O/fp16/summary.txt ;;
+*) echo "error: run.sh takes a, b, c, d or e" >&2; exit 2 ;;
 esac
