@@ -121,19 +121,21 @@ def gemma_norm_pair_sites(hidden: int, second: bool) -> Tuple[Site, ...]:
 
 
 def attention_input_sites(models: Sequence[Tuple[str, Sequence[int]]], heads: Tuple[int, int, int], op: str,
-                          follower: str) -> Tuple[Site, ...]:
+                          follower: str, before: str = "") -> Tuple[Site, ...]:
     """Where dense attention runs a small op on the qkv GEMM's output (q/k norm, rope) and SGLang's next JIT kernel
     after it (rope after the q/k norm, the KV store after rope), both PDL-launched and waiting for their producer
     first: qkv -> op -> follower -> attention. bench's generic pair puts a GEMM right after the op, which starts late
     behind the op's early release; a PDL follower starts early, as Gemma's second norm of a pair did (gemma_rmsnorm
     1.246x -> 1.544x at its sites, H200, 2026-11-29). astra's rmsnorm stands in for the follower (`norm_after`: the
     same wait first, reading the op's output rows); a GEMM from the row set to the hidden size stands in for the
-    attention. The first of `models` (name, TP degrees) whose heads per rank, (q heads, kv heads, head_dim), are
-    `heads`, at its least such TP; () where none has them."""
+    attention. `before`: a PDL JIT kernel between the qkv GEMM and the op (Qwen3's q/k norm before rope), astra's
+    rmsnorm standing in for it too (`norm_before`). The first of `models` (name, TP degrees) whose heads per rank,
+    (q heads, kv heads, head_dim), are `heads`, at its least such TP; () where none has them."""
     for name, tps in models:
         m = model(name)
         for tp in sorted(tps):
             if (m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_dim) == tuple(heads):
-                return (Site(f"{name}{_at(tp)} qkv -> {op} -> {follower} -> attention", m.hidden, m.hidden,
-                             norm_after=True),)
+                chain = " -> ".join(x for x in ("qkv", before, op, follower, "attention") if x)
+                return (Site(f"{name}{_at(tp)} {chain}", m.hidden, m.hidden, norm_after=True,
+                             norm_before=bool(before)),)
     return ()

@@ -432,7 +432,8 @@ def test_a_norm_after_the_op_reads_its_output_and_feeds_the_consumer_gemm():
         out.copy_(x * x.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * w)
 
     nb = Neighbours(spec, s, k=32, consumer_k=48, norm=norm)
-    assert nb.kinds == ("cuBLAS", "rmsnorm + cuBLAS") and nb.normed.shape == (3, 64) and nb.norm_w.shape == (64,)
+    assert nb.kinds == ("cuBLAS", "rmsnorm + cuBLAS") and nb.normed.shape == (3, 64) and nb.post_w.shape == (64,)
+    assert nb.pre is None and nb.pre_w is None
     s["out"].copy_(torch.randn_like(s["out"]))
     before = s["out"].clone()
     nb.consume(s)
@@ -461,14 +462,38 @@ def test_a_norm_before_the_op_reads_the_producers_output_and_writes_the_ops_inpu
 
     nb = Neighbours(spec, s, k=32, consumer_k=48, norm=norm, norm_before=True)
     assert nb.kinds == ("cuBLAS + rmsnorm", "cuBLAS") and nb.pre.shape == s["input"].shape == (3, 128)
-    assert nb.normed is None and nb.norm_w.shape == (128,)
+    assert nb.normed is None and nb.post_w is None and nb.pre_w.shape == (128,)
     nb.produce(s, 1)
     assert seen == [(nb.pre.data_ptr(), s["input"].data_ptr())]
     assert torch.allclose(nb.pre, nb.a[1] @ nb.b.T, atol=1e-5)
-    assert torch.allclose(s["input"], nb.pre * nb.pre.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * nb.norm_w)
+    assert torch.allclose(s["input"], nb.pre * nb.pre.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * nb.pre_w)
     s["out"].copy_(torch.randn_like(s["out"]))
     nb.consume(s)
     assert len(seen) == 1 and torch.allclose(nb.y, s["out"] @ nb.c.T, atol=1e-5)
+
+
+def test_a_norm_on_each_side_of_the_op_has_its_own_weight():
+    """A site with norm_before and norm_after (Qwen3: qkv -> q/k norm -> rope -> KV store): the producer's scratch goes
+    through one norm into the op's input, the op's output through the other into the consumer GEMM, each norm with a
+    weight over its own width."""
+    from astra_sglang.harness.timer import Neighbours
+
+    spec, dims, fresh, sets = _spec_and_sets(n=1, dims=(3, 64))
+    s = {k: v.float() for k, v in sets[0].items()}
+    seen = []
+
+    def norm(x, w, out):   # stands in for neighbour_gemm.AstraRMSNorm
+        seen.append((x.data_ptr(), w.shape[0], out.data_ptr()))
+        out.copy_(x * x.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * w)
+
+    nb = Neighbours(spec, s, k=32, consumer_k=48, norm=norm, norm_before=True, norm_after=True)
+    assert nb.kinds == ("cuBLAS + rmsnorm", "rmsnorm + cuBLAS")
+    assert nb.pre_w.shape == (128,) and nb.post_w.shape == (64,)
+    nb.produce(s, 0)
+    s["out"].copy_(torch.randn_like(s["out"]))
+    nb.consume(s)
+    assert seen == [(nb.pre.data_ptr(), 128, s["input"].data_ptr()), (s["out"].data_ptr(), 64, nb.normed.data_ptr())]
+    assert torch.allclose(nb.y, nb.normed @ nb.c.T, atol=1e-5)
 
 
 def test_the_astra_neighbour_follows_linears_adapter():

@@ -165,8 +165,8 @@ def test_without_the_norm_built_a_norm_site_is_said_not_timed():
 def test_the_q_k_norm_and_rope_sit_between_the_qkv_gemm_and_sglangs_next_pdl_kernel():
     """Qwen3 runs qkv -> q/k norm -> rope -> attention; Llama qkv -> rope -> KV store -> attention. The follower (a
     PDL JIT kernel that waits first) is astra's rmsnorm in bench (norm_after), the attention a GEMM to the hidden
-    size. A model's least TP of those heads; rope's rows of Qwen3 heads only (q/k norm before rope there) and
-    prefill rows keep the generic pair."""
+    size. A model's least TP of those heads; rope's rows of heads only Qwen3 has get its q/k norm before rope too
+    (norm_before); prefill rows keep the generic pair."""
     from astra_sglang.harness.bench import serving_sites, sites_need_norm
     from astra_sglang.sites import attention_input_sites
 
@@ -178,7 +178,10 @@ def test_the_q_k_norm_and_rope_sit_between_the_qkv_gemm_and_sglangs_next_pdl_ker
     assert s.name.startswith("qwen3-32b (TP 8)") and s.producer_k == 5120
     (s,) = serving_sites(rope, (64, 16, 2, 128, 128, 2560, 2560))
     assert s.name == "llama-3-70b (TP 4) qkv -> rope -> KV store -> attention" and s.producer_k == 8192
-    assert serving_sites(rope, (16, 32, 4, 128, 128, 5120, 5120)) == ()   # Qwen3-32B at TP 2 only
+    (s,) = serving_sites(rope, (16, 32, 4, 128, 128, 5120, 5120))   # heads only Qwen3-32B (TP 2) has
+    assert s.name == "qwen3-32b (TP 2) qkv -> q/k norm -> rope -> KV store -> attention"
+    assert (s.producer_k, s.norm_before, s.norm_after) == (5120, True, True)
+    assert s.as_dict()["norm_before"] is s.as_dict()["norm_after"] is True
     assert serving_sites(qkn, (1024, 32, 8, 128, 6144, 6144)) == ()
     assert sites_need_norm(rope, [(1, 28, 4, 128, 128, 4608, 4608)])
     assert attention_input_sites((("llama-3-8b", (1, 2)),), (7, 3, 128), "rope", "KV store") == ()

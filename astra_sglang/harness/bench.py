@@ -273,7 +273,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     `sites` (sites.Site, from spec.context_sites): the GEMM pairs serving runs the row between, each timed so, the row
     recording their mean and each on its own (`row.context_sites`); none: the one pair of `producer_k` and
     `consumer_width`. A site with norm_after puts `norm` (astra's rmsnorm) between the op and the consumer GEMM, one
-    with norm_before between the producer GEMM and the op.
+    with norm_before between the producer GEMM and the op, one with both on each side.
     Returns a note when it could not be measured ('' otherwise)."""
     import torch
 
@@ -286,7 +286,7 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
         if (norm_after or norm_before) and norm is None:
             return "in-context timing not measured: the site runs astra's norm beside the op, and none was built"
         t = time_at_site(spec, sets, prod_sets, impls, dims, dtype, scalars, est_us, gbps, replays, before, k, ck,
-                         helpers, gemm, norm if norm_after or norm_before else None, norm_before)
+                         helpers, gemm, norm if norm_after or norm_before else None, norm_before, norm_after)
         if isinstance(t, str):
             return t
         timed.append(t)
@@ -310,9 +310,9 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
 
 def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us: float, gbps: float, replays: int,
                  before, k: int, consumer_k: Optional[int], helpers: Optional[Helpers], gemm: Any,
-                 norm: Any = None, norm_before: bool = False) -> Any:
+                 norm: Any = None, norm_before: bool = False, norm_after: Optional[bool] = None) -> Any:
     """One place of time_in_context: the producer GEMM of inner size `k`, the consumer of width `consumer_k` (after
-    `norm` where given, or before the op with `norm_before`: timer.Neighbours). Returns
+    `norm` where given, or before the op with `norm_before`, or both with `norm_after` too: timer.Neighbours). Returns
     {"gemms", "marg": who -> stats.marginal, "neighbours_us", "floor": (marginal, launch) or None, "failed",
     "floor_note"}, or a note (str) when it could not be measured."""
     import torch
@@ -320,7 +320,8 @@ def time_at_site(spec, sets, prod_sets, impls, dims, dtype: str, scalars, est_us
     from .stats import marginal
 
     try:
-        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm, norm=norm, norm_before=norm_before)
+        nb = Neighbours(spec, sets[0], k=k, consumer_k=consumer_k, gemm=gemm, norm=norm, norm_before=norm_before,
+                        norm_after=norm_after)
     except (RuntimeError, ValueError, IndexError) as e:
         return f"in-context timing not measured ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     n = plan_context_calls(nb.gemm_bytes, est_us, gbps)
@@ -659,7 +660,8 @@ def bench(
     sites="serving": a decode row of an op with spec.context_sites is timed in context between each GEMM pair serving
     runs it between (sites.py), the row the mean (a site with norm_after puts astra's rmsnorm between the op and the
     consumer GEMM, as a patched server runs the next layer's norm after a MoE combine, norm_before between the
-    producer GEMM and the op, as before a Gemma layer's second norm of a pair); "generic": between one pair
+    producer GEMM and the op, as before a Gemma layer's second norm of a pair; both, as around Qwen3's rope);
+    "generic": between one pair
     of inner size `producer_k` and width
     `consumer_width` (both default CONTEXT_K), as every row was before 2026-11-28. Passing `producer_k` or
     `consumer_width` means "generic": they name the one pair.

@@ -386,10 +386,13 @@ class Neighbours:
     `norm` (neighbour_gemm.AstraRMSNorm; sites.Site.norm_after): astra's norm reads the op's output into a scratch
     row set and the consumer GEMM reads that, as a patched server runs a MoE combine's output through the next
     layer's norm first. With `norm_before` (sites.Site.norm_before) it runs between the producer GEMM, which then
-    writes a scratch row set, and the op, writing the op's input: a Gemma layer's second norm of a pair."""
+    writes a scratch row set, and the op, writing the op's input: a Gemma layer's second norm of a pair. Both
+    (`norm_before` and `norm_after`) put one on each side, each with its own weight: Qwen3's q/k norm before rope
+    and the KV store after it. `norm_after` defaults to "a norm, not before"."""
 
     def __init__(self, spec, tensors: Dict[str, Any], k: int = CONTEXT_K, seed: int = 0,
-                 consumer_k: Optional[int] = None, gemm: Any = None, norm: Any = None, norm_before: bool = False):
+                 consumer_k: Optional[int] = None, gemm: Any = None, norm: Any = None, norm_before: bool = False,
+                 norm_after: Optional[bool] = None):
         import torch
 
         ins = [a.name for a in spec.abi if a.ctype == "ptr" and a.role in ("in", "inout")]
@@ -418,16 +421,18 @@ class Neighbours:
         y_rows = dst.shape[0] if self.dst_scratch is None else rows
         self.y = torch.empty(y_rows, kc, device=dst.device, dtype=out_dtype)
         self.gemm_bytes = (self.b.numel() * self.b.element_size() + self.c.numel() * self.c.element_size())
-        self.norm, self.normed, self.norm_w, self.pre = None, None, None, None
+        self.norm, self.normed, self.pre, self.pre_w, self.post_w = None, None, None, None, None
+        if norm_after is None:
+            norm_after = not norm_before
         if norm is not None and norm_before:   # producer GEMM -> scratch -> norm -> the op's input
             if self.src_scratch is not None or not src.is_contiguous():
                 raise ValueError("a norm before the op needs a contiguous floating-point input")
-            self._take_norm(norm, "before", act, self.width_in, src.device, g)
+            self.pre_w = self._take_norm(norm, "before", act, self.width_in, src.device, g)
             self.pre = torch.empty(rows, self.width_in, device=src.device, dtype=act)
-        elif norm is not None:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
+        if norm is not None and norm_after:   # the op's output (a float activation) -> norm -> scratch -> consumer GEMM
             if self.dst_scratch is not None:
                 raise ValueError("a norm after the op needs a floating-point output")
-            self._take_norm(norm, "after", out_dtype, self.width_out, dst.device, g)
+            self.post_w = self._take_norm(norm, "after", out_dtype, self.width_out, dst.device, g)
             self.normed = torch.empty(y_rows, self.width_out, device=dst.device, dtype=out_dtype)
         takes = (lambda t, i, o, d: gemm is not None and gemm.declines(t, i, o, d) is None)
         # astra's linear takes contiguous rows only (its ABI): a strided op tensor keeps F.linear
@@ -439,18 +444,18 @@ class Neighbours:
         self.kinds = tuple("linear" if g is not None else "cuBLAS" for g in (self.prod_gemm, self.cons_gemm))
         if self.pre is not None:
             self.kinds = (f"{self.kinds[0]} + rmsnorm", self.kinds[1])
-        elif self.norm is not None:
+        if self.normed is not None:
             self.kinds = (self.kinds[0], f"rmsnorm + {self.kinds[1]}")
 
-    def _take_norm(self, norm: Any, where: str, dtype: Any, width: int, device: Any, g: Any) -> None:
-        """The norm beside the op and its weight over `width` (ValueError where it declines `dtype`)."""
+    def _take_norm(self, norm: Any, where: str, dtype: Any, width: int, device: Any, g: Any) -> Any:
+        """The norm beside the op; returns its weight over `width` (ValueError where it declines `dtype`)."""
         import torch
 
         why = norm.declines(dtype) if hasattr(norm, "declines") else None
         if why:
             raise ValueError(f"the norm {where} the op: {why}")
         self.norm = norm
-        self.norm_w = (1.0 + 0.1 * torch.randn(width, generator=g, device=device)).to(dtype)
+        return (1.0 + 0.1 * torch.randn(width, generator=g, device=device)).to(dtype)
 
     def produced(self, tensors: Dict[str, Any]):
         """The tensor the producer GEMM writes: the op's first input (or its bf16 stand-in)."""
@@ -467,7 +472,7 @@ class Neighbours:
         else:
             torch.nn.functional.linear(self.a[i % 2], self.b, out=out)
         if self.pre is not None:
-            self.norm(self.pre, self.norm_w, op_in)
+            self.norm(self.pre, self.pre_w, op_in)
 
     def consume(self, tensors: Dict[str, Any]) -> None:
         import torch
@@ -475,7 +480,7 @@ class Neighbours:
         t = tensors[self.dst_name] if self.dst_scratch is None else self.dst_scratch
         x = t.view(t.shape[0], self.width_out)
         if self.normed is not None:
-            self.norm(x, self.norm_w, self.normed)
+            self.norm(x, self.post_w, self.normed)
             x = self.normed
         if self.cons_gemm is not None:
             self.cons_gemm(x, self.c, self.y)

@@ -30,6 +30,15 @@ ROPE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 )
 
 
+def _sites(dims) -> tuple:
+    """Decode rows: qkv -> rope -> SGLang's KV store (PDL) -> attention, as an unpatched Llama layer runs them; heads
+    only Qwen3 has get its q/k norm (PDL) between the qkv GEMM and rope too."""
+    plain = [m for m in ROPE_MODELS if not m[0].startswith("qwen3")]
+    qk_norm = [m for m in ROPE_MODELS if m[0].startswith("qwen3")]
+    return (attention_input_sites(plain, dims[1:4], "rope", "KV store")
+            or attention_input_sites(qk_norm, dims[1:4], "rope", "KV store", before="q/k norm"))
+
+
 def _dims(t: int, hq: int, hk: int, d: int, rope: Optional[int] = None) -> Tuple[int, ...]:
     stride = qkv.qkv_stride(hq, hk, d)
     return (t, hq, hk, d, rope or d, stride, stride)
@@ -166,8 +175,5 @@ SPEC = qkv.spec(
     ),
     # the kernels a profiler shows: SGLang's JIT kernel, ours (namespace in kernel.cu)
     kernel_symbols=(r"fused_rope_kernel", r"astra_rope_k::"),
-    # decode rows: qkv -> rope -> SGLang's KV store (PDL) -> attention, as an unpatched Llama layer runs them (Qwen3
-    # runs its q/k norm between the qkv GEMM and rope: its heads alone keep bench's generic pair)
-    context_sites=lambda dims: attention_input_sites([m for m in ROPE_MODELS if not m[0].startswith("qwen3")],
-                                                     dims[1:4], "rope", "KV store"),
+    context_sites=_sites,
 )
