@@ -20,7 +20,8 @@ class Site:
     output width of the GEMM that reads its output. `norm_after`: serving runs astra's residual norm (PDL) on the
     op's output before that GEMM, as after a MoE combine; bench puts astra's rmsnorm there (the same PDL wait and
     early start, out of place, so the timed output can still be checked). `norm_before`: a norm runs between the
-    producer GEMM and the op (Gemma's second norm of a pair); bench puts astra's rmsnorm there too."""
+    producer GEMM and the op (Gemma's second norm of a pair); bench puts astra's rmsnorm there too. Both: one on each
+    side (rope between Qwen3's q/k norm and the KV store)."""
 
     name: str
     producer_k: int
