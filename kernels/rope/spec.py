@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.families import qkv
+from astra_sglang.kernels.qknorm import spec as _qknorm_spec
 from astra_sglang.sites import attention_input_sites
 from astra_sglang.spec import DTYPE_BYTES, Shape
 
@@ -30,13 +31,17 @@ ROPE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 )
 
 
+# Which of them run the q/k norm (PDL) between the qkv GEMM and rope: the models qknorm's corpus names (Qwen3).
+_QK_NORMED = {name for name, _ in _qknorm_spec.QK_NORM_MODELS}
+_PLAIN_SITES = tuple(m for m in ROPE_MODELS if m[0] not in _QK_NORMED)
+_QK_NORM_SITES = tuple(m for m in ROPE_MODELS if m[0] in _QK_NORMED)
+
+
 def _sites(dims) -> tuple:
     """Decode rows: qkv -> rope -> SGLang's KV store (PDL) -> attention, as an unpatched Llama layer runs them; heads
-    only Qwen3 has get its q/k norm (PDL) between the qkv GEMM and rope too."""
-    plain = [m for m in ROPE_MODELS if not m[0].startswith("qwen3")]
-    qk_norm = [m for m in ROPE_MODELS if m[0].startswith("qwen3")]
-    return (attention_input_sites(plain, dims[1:4], "rope", "KV store")
-            or attention_input_sites(qk_norm, dims[1:4], "rope", "KV store", before="q/k norm"))
+    only a q/k-normed model has get its q/k norm between the qkv GEMM and rope too."""
+    return (attention_input_sites(_PLAIN_SITES, dims[1:4], "rope", "KV store")
+            or attention_input_sites(_QK_NORM_SITES, dims[1:4], "rope", "KV store", before="q/k norm"))
 
 
 def _dims(t: int, hq: int, hk: int, d: int, rope: Optional[int] = None) -> Tuple[int, ...]:
