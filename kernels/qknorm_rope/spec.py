@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from astra_sglang.families import qkv
 from astra_sglang.kernels.qknorm import spec as _qknorm_spec
 from astra_sglang.kernels.rope import spec as _rope_spec
+from astra_sglang.sites import attention_input_sites
 from astra_sglang.spec import DTYPE_BYTES, Shape, SourceFile, Variant
 
 EPS = 1e-6  # Qwen3 rms_norm_eps (config.json)
@@ -159,4 +160,7 @@ SPEC = qkv.spec(
     # only ours: SGLang's two kernels are attributed to the qknorm and rope ops
     kernel_symbols=(r"astra_qkr::",),
     fuses=("qknorm", "rope"),
+    # decode rows: qkv -> q/k norm + rope -> SGLang's KV store (PDL, in the attention backend) -> attention, as a
+    # patched dense Qwen3 layer runs them; rope's site had the same follower (1.000x -> 1.522x there, H200, 2026-11-29)
+    context_sites=lambda dims: attention_input_sites(DENSE_MODELS, dims[1:4], "q/k norm + rope", "KV store"),
 )
