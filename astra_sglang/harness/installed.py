@@ -69,7 +69,8 @@ class InstalledImpl:
         return out
 
     def __call__(self, tensors, dims: Sequence[int], dtype: str, scalars, stream=None) -> int:
-        canon = {**dict(scalars or {}), **dict(tensors)}
+        # abi_dims: the shape, for a fused op's `sequence` that views the harness's row buffers as SGLang's layer does
+        canon = {**dict(scalars or {}), **dict(tensors), "abi_dims": tuple(dims)}
         self.binder.call_with(self.fn, {}, canon)  # torch's current stream, like SGLang's call
         return 0
 

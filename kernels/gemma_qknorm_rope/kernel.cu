@@ -1,0 +1,273 @@
+// astra-sglang optimized gemma_qknorm_rope (a FUSED op): Gemma-3's per-head q/k norm, x / rms(x) * (1 + w), then
+// its rotary embedding by the step's cos/sin rows, in place on the qkv output, in one launch.
+// It replaces what SGLang 0.5.17 runs on CUDA in Gemma3Attention.forward_native: Gemma3RMSNorm.forward_native on the
+// 4-D q and k views (torch ops: a copy to fp32, pow, mean, add, rsqrt, two multiplies, the weight's 1 + w, a copy
+// back: about eight kernels each) and apply_rotary_pos_emb (a torch.compile'd function, two Triton kernels), about
+// twenty launches a layer:
+//   q[t,h] <- rope(round(q[t,h] * rsqrt(mean(q[t,h]^2) + eps) * (1 + q_weight)), cos[t], sin[t])
+//   k[t,h] <- likewise with k_weight
+//   rope(x)[i] = x[i] cos[i] - x[i + D/2] sin[i]   (i < D/2),   x[i] cos[i] + x[i - D/2] sin[i]   (i >= D/2)
+// (rotate_half: NeoX halves, the only form apply_rotary_pos_emb has.) q/k: token rows q_stride / k_stride elements
+// apart, heads head_dim apart; cos/sin: [num_tokens, head_dim] rows of the storage dtype, as Gemma3RotaryEmbedding
+// returns them (cos.to(x.dtype)).
+//
+// Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
+// ABI:  extern "C" cudaError_t astra_gemma_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
+//         const void* cos, const void* sin, int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+//         int64_t head_dim, int64_t q_stride, int64_t k_stride, double eps, int dtype, cudaStream_t stream)
+// dtype: 1 fp16, 2 bf16. head_dim: 64, 128 or 256. Launches on `stream` only; no allocation, no host sync;
+// capturable.
+//
+// Design (kernels/qknorm_rope/kernel.cu's, with Gemma's weight and cos/sin rows instead of a cache and positions):
+//  * One warp per (token, head) work item over the q heads and then the k heads of every token, token major.
+//  * Each lane holds head_dim/32 contiguous elements as one vector access (bf16 head_dim 256: 8 elements, 16 bytes);
+//    the sum of squares is a full-warp xor-shuffle; the NeoX partner of element i (i +- D/2) is lane ^ 16.
+//  * fp32 math rounded as production rounds: the normed value to the storage dtype (production's norm returns it
+//    so, type_as(x)), then the rotation in fp32 and one rounding at the store.
+//  * 4 warps per block, as many blocks as work items need up to a full wave of resident blocks; a grid-stride loop
+//    over the rest (prefill).
+//  * Narrower accesses (4-byte pairs) when a pointer or a stride does not allow the wide ones.
+//  * PDL on sm_90+: the weights (model constants) load before griddepcontrol.wait; q, k and the cos/sin rows (the
+//    step's, written by an earlier kernel) only after it; dependents released right after the wait, as the other
+//    shipped kernels do.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace astra_gqkr {
+// internal linkage: no GNU-unique statics shared with another loaded build of this file
+namespace {
+
+constexpr int kWarps = 4;  // warps (work items in flight) per block
+constexpr int kThreads = kWarps * 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float2 to_f2(__half2 v) { return __half22float2(v); }
+__device__ __forceinline__ float2 to_f2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+template <typename T2> __device__ __forceinline__ T2 from_f2(float a, float b);
+template <> __device__ __forceinline__ __half2 from_f2<__half2>(float a, float b) { return __floats2half2_rn(a, b); }
+template <> __device__ __forceinline__ __nv_bfloat162 from_f2<__nv_bfloat162>(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+template <int BYTES> struct Raw;
+template <> struct Raw<16> { using type = uint4; };
+template <> struct Raw<8> { using type = uint2; };
+template <> struct Raw<4> { using type = unsigned int; };
+
+// N elements of T (N even) at p into fp32: one N*sizeof(T)-byte access (kWide) or N/2 four-byte ones.
+template <typename T, int N, bool kWide>
+__device__ __forceinline__ void load_f(const T* p, float (&f)[N]) {
+  using T2 = typename Pair<T>::type;
+  if constexpr (kWide) {
+    using R = typename Raw<N * sizeof(T)>::type;
+    const R r = *reinterpret_cast<const R*>(p);
+    const T2* h = reinterpret_cast<const T2*>(&r);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 a = to_f2(h[j]);
+      f[2 * j] = a.x;
+      f[2 * j + 1] = a.y;
+    }
+  } else {
+    const T2* h = reinterpret_cast<const T2*>(p);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 a = to_f2(h[j]);
+      f[2 * j] = a.x;
+      f[2 * j + 1] = a.y;
+    }
+  }
+}
+
+// N fp32 values rounded once to T, stored as one access (kWide) or N/2 four-byte ones.
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Packed {
+  typename Pair<T>::type h[N / 2];
+};
+template <typename T, int N, bool kWide>
+__device__ __forceinline__ void store_f(T* p, const float (&f)[N]) {
+  using T2 = typename Pair<T>::type;
+  Packed<T, N> x;
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) x.h[j] = from_f2<T2>(f[2 * j], f[2 * j + 1]);
+  if constexpr (kWide) {
+    using R = typename Raw<N * sizeof(T)>::type;
+    *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(&x);
+  } else {
+    T2* d = reinterpret_cast<T2*>(p);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) d[j] = x.h[j];
+  }
+}
+
+// the value production's norm returns (type_as(x)): rounded to the storage dtype
+template <typename T> __device__ __forceinline__ float stored(float v);
+template <> __device__ __forceinline__ float stored<__half>(float v) { return __half2float(__float2half_rn(v)); }
+template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// D: head_dim, V = D / 32 elements per lane. Work item w: token w / heads, head w % heads, heads = hq + hk
+// (q heads, then k heads).
+template <typename T, int D, bool kWide>
+__global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
+    T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
+    const T* __restrict__ cos, const T* __restrict__ sin, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs,
+    int64_t ks, float eps) {
+  constexpr int V = D / 32;
+  static_assert(V >= 2 && V % 2 == 0 && V * 32 == D, "head_dim must be 32 lanes of whole pairs");
+
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int off = lane * V;  // this lane's first element in a head row (and in a cos/sin row)
+  const bool lo = lane < 16;  // lanes 0-15 hold the first half of a head, 16-31 the second
+  const uint32_t warps = gridDim.x * kWarps;
+  uint32_t item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+
+  // the weights are model constants: load them (as 1 + w, production's fp32 math) while the upstream kernel ends
+  float wq[V], wk[V];
+  load_f<T, V, kWide>(qw + off, wq);
+  load_f<T, V, kWide>(kw + off, wk);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    wq[j] = 1.0f + wq[j];
+    wk[j] = 1.0f + wk[j];
+  }
+
+  pdl_wait();
+  pdl_trigger();
+
+  for (; item < total; item += warps) {  // warp-uniform: every lane of a warp takes the same path
+    const uint32_t t = item / heads;
+    const uint32_t h = item - t * heads;
+    const bool is_q = h < hq;
+    const uint32_t hh = is_q ? h : h - hq;
+    T* row = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * D
+                  : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * D;
+    float x[V], c[V], s[V];
+    load_f<T, V, kWide>(row + off, x);
+    load_f<T, V, kWide>(cos + static_cast<int64_t>(t) * D + off, c);
+    load_f<T, V, kWide>(sin + static_cast<int64_t>(t) * D + off, s);
+
+    // the norm over the head: sum of squares across the warp in fp32, as production's mean of x.float()^2
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(kFull, ss, m);
+    const float r = rsqrtf(ss / D + eps);
+#pragma unroll
+    for (int j = 0; j < V; ++j) x[j] = stored<T>((x[j] * r) * (is_q ? wq[j] : wk[j]));
+
+    // x cos + rotate_half(x) sin, rotate_half(x) = (-second half, first half)
+    float o[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float p = __shfl_xor_sync(kFull, x[j], 16);
+      o[j] = fmaf(x[j], c[j], (lo ? -p : p) * s[j]);
+    }
+    store_f<T, V, kWide>(row + off, o);
+  }
+}
+
+uint32_t sm_count() {
+  static int n = 0;  // one device per serving process
+  if (n == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (n <= 0) n = 1;
+  }
+  return static_cast<uint32_t>(n);
+}
+
+template <typename T, int D, bool kWide>
+cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void* cos, const void* sin,
+                   uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
+                   cudaStream_t stream) {
+  constexpr auto kernel = gemma_qknorm_rope_kernel<T, D, kWide>;
+  static const uint32_t wave = [] {  // resident blocks of one full wave
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0);
+    return static_cast<uint32_t>(b > 0 ? b : 1) * sm_count();
+  }();
+  const uint32_t need = (total + kWarps - 1) / kWarps;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(need < wave ? need : wave);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(qw),
+                            static_cast<const T*>(kw), static_cast<const T*>(cos), static_cast<const T*>(sin),
+                            total, heads, hq, qs, ks, eps);
+}
+
+template <typename T, int D>
+cudaError_t by_width(bool wide, void* q, void* k, const void* qw, const void* kw, const void* c, const void* s,
+                     uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
+                     cudaStream_t st) {
+  return wide ? launch<T, D, true>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, st)
+              : launch<T, D, false>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, st);
+}
+
+template <typename T>
+cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* cos, const void* sin, int64_t t,
+                int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, float eps, cudaStream_t st) {
+  if (t == 0) return cudaSuccess;
+  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d) return cudaErrorInvalidValue;
+  if (d != 64 && d != 128 && d != 256) return cudaErrorInvalidValue;
+  const int64_t total = t * (hq + hk);
+  if (total > 0x7fffffffLL) return cudaErrorInvalidValue;  // item + grid warps stays below 2^32
+  // widest access every pointer and row stride allows: a lane's head_dim/32 elements as one access; else pairs
+  const uintptr_t lane_bytes = static_cast<uintptr_t>(d / 32 * 2);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
+                         reinterpret_cast<uintptr_t>(qw) | reinterpret_cast<uintptr_t>(kw) |
+                         reinterpret_cast<uintptr_t>(cos) | reinterpret_cast<uintptr_t>(sin) |
+                         static_cast<uintptr_t>((qs | ks) * 2);
+  if (bits % 4) return cudaErrorMisalignedAddress;
+  const bool wide = bits % lane_bytes == 0;
+  const uint32_t N = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + hk);
+  const uint32_t Q = static_cast<uint32_t>(hq);
+  switch (d) {
+    case 64: return by_width<T, 64>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
+    case 128: return by_width<T, 128>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
+    default: return by_width<T, 256>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
+  }
+}
+
+}  // namespace
+}  // namespace astra_gqkr
+
+extern "C" cudaError_t astra_gemma_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
+                                               const void* cos, const void* sin, int64_t num_tokens,
+                                               int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                               int64_t q_stride, int64_t k_stride, double eps, int dtype,
+                                               cudaStream_t stream) {
+  const float e = static_cast<float>(eps);
+  switch (dtype) {
+    case 1: return astra_gqkr::run<__half>(q, k, q_weight, k_weight, cos, sin, num_tokens, num_q_heads,
+                                          num_kv_heads, head_dim, q_stride, k_stride, e, stream);
+    case 2: return astra_gqkr::run<__nv_bfloat16>(q, k, q_weight, k_weight, cos, sin, num_tokens, num_q_heads,
+                                                 num_kv_heads, head_dim, q_stride, k_stride, e, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
