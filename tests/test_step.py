@@ -183,6 +183,11 @@ def test_noise_floor_and_verdicts():
     assert ss.verdict(c) == "resolved: faster"
     c["gpu_ms"].update(lo=-0.006, hi=0.001)
     assert ss.verdict(c) == "not resolved"
+    # one process per arm, no A/A floor: the process effect is not in the interval, so not "resolved"
+    c["gpu_ms"].update(lo=-0.004, hi=-0.002, method="rounds")
+    assert ss.verdict(c) == "within one process pair: faster"
+    c["floor"] = {"floor": 0.001}
+    assert ss.verdict(c) == "resolved: faster"
     # an A/A whose CI excludes 0: the floor is its far edge
     off = {"primary": "gpu_ms", "base": "A", "other": "A2", "batch_size": 1, "aa": True,
            "gpu_ms": {"delta": 0.01, "lo": 0.004, "hi": 0.016, "half": 0.006}}
