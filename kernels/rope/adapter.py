@@ -44,10 +44,12 @@ def _rope_normalize(c):
 
 # `--ops all` leaves this op out (name it to patch it anyway): it wins at its site, but where `--ops all` would run it
 # is unmeasured.
-DEFAULT_OFF = ("measured only where --ops all does not run it: at its serving site 1.522x in context and the "
-               "Llama-3-8B step -0.42% at batch 1 with rope alone (H200, results/2026-11-29-h200/session21/); with "
-               "--ops all, dense_rope_store and qknorm_rope(_store) take Llama's, Qwen2's, Gemma-2's and Qwen3's "
-               "calls, and where they decline (Gemma-3, an fp8 KV cache) no A/B has timed rope")
+DEFAULT_OFF = ("measured only where --ops all does not run it: at its serving sites 1.609x (bf16) / 1.531x (fp16) in "
+               "context (H200, results/2026-11-29-h200/session22/), the Llama-3-8B step -0.42% at batch 1 with rope "
+               "alone (session21, one process per arm); with --ops all, dense_rope_store and qknorm_rope(_store) take "
+               "Llama's, Qwen2's, Gemma-2's and Qwen3's calls (Gemma-3 never calls it: its attention rotates with "
+               "torch ops, gemma_qknorm_rope's), and where they decline (a KV pool that is not bf16, a sliding-window "
+               "pool, context parallelism) no A/B has timed rope")
 
 ADAPTER = OpAdapter(
     op="rope",
