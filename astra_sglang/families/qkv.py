@@ -124,6 +124,21 @@ def norm_heads(x, heads: int, d: int, w, eps: float):
     return out
 
 
+def qk_rows(dims: Tuple[int, ...], dtype: str, gen, dist: str, device: str):
+    """(q, k, torch dtype) of the fused q/k ops' inputs: q and k as [tokens, q_stride] / [tokens, k_stride] row buffers
+    (dims (tokens, q heads, kv heads, head_dim, q_stride, k_stride)), N(0, 1), x16 for "large", drawn q first. The
+    whole row travels: the columns outside q / k are other heads' data a kernel must not touch."""
+    import torch
+
+    from ..spec import torch_dtype
+
+    t, qs, ks = dims[0], dims[4], dims[5]
+    dt = torch_dtype(dtype)
+    scale = 16.0 if dist == "large" else 1.0
+    q, k = ((torch.randn(shape, generator=gen, device=device) * scale).to(dt) for shape in ((t, qs), (t, ks)))
+    return q, k, dt
+
+
 def norm_weights(d: int, dt, gen, device: str):
     """(q_weight, k_weight) of a q/k norm: 1 + 0.25 N(0, 1) each, drawn in that order."""
     import torch

@@ -67,20 +67,10 @@ def cos_sin_rows(positions, d: int, dt, base: float = ROPE_BASE):
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
     import torch
 
-    from astra_sglang.spec import torch_dtype
-
-    t, hq, hk, d, qs, ks = dims
-    dt = torch_dtype(dtype)
-    scale = 16.0 if dist == "large" else 1.0
-
-    def draw(shape):
-        return (torch.randn(shape, generator=gen, device=device) * scale).to(dt)
-
-    # the whole row travels (the columns outside q / k are other heads' data the kernel must not touch)
-    q, k = draw((t, qs)), draw((t, ks))
+    t, d = dims[0], dims[3]
+    q, k, dt = qkv.qk_rows(dims, dtype, gen, dist, device)
     # Gemma's weights are offsets from 1 (the norm multiplies by 1 + w): drawn around 0
-    qw, kw = (0.25 * torch.randn((d,), generator=gen, device=device)).to(dt), \
-        (0.25 * torch.randn((d,), generator=gen, device=device)).to(dt)
+    qw, kw = ((0.25 * torch.randn((d,), generator=gen, device=device)).to(dt) for _ in range(2))
     pos = qkv.positions(t, MAX_POSITION - 1, gen, device) + 1  # not 0: its sin row is all zeros
     if t > 1:
         pos[-1] = MAX_POSITION - 1  # the farthest position drawn (the largest angles)

@@ -55,19 +55,8 @@ EDGE = (
 
 
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
-    import torch
-
-    from astra_sglang.spec import torch_dtype
-
-    t, hq, hk, d, qs, ks = dims
-    dt = torch_dtype(dtype)
-    scale = 16.0 if dist == "large" else 1.0
-
-    def draw(shape):
-        return (torch.randn(shape, generator=gen, device=device) * scale).to(dt)
-
-    # the whole row travels (the columns outside q / k are other heads' data the kernel must not touch)
-    q, k = draw((t, qs)), draw((t, ks))
+    t, d = dims[0], dims[3]
+    q, k, dt = qkv.qk_rows(dims, dtype, gen, dist, device)
     qw, kw = qkv.norm_weights(d, dt, gen, device)
     cache = qkv.cos_sin_cache(d, MAX_POSITION, device)
     pos = qkv.positions(t, MAX_POSITION, gen, device)
