@@ -1,5 +1,6 @@
-"""The patch adapter of a fused op: SGLang's Gemma3Attention.forward_native (0.5.17; Gemma3Attention.forward runs it on
-CUDA). Its body is the qkv GEMM, q_norm and k_norm (Gemma3RMSNorm on [1, heads, tokens, head_dim] views: torch ops),
+"""The patch adapter of a fused op: SGLang's Gemma3Attention.forward_native (0.5.17, 0.5.23; Gemma3Attention.forward
+runs it on CUDA). Its body is the qkv GEMM, q_norm and k_norm (Gemma3RMSNorm on the per-head q and k views, [1, heads,
+tokens, head_dim] in 0.5.17, token-major in 0.5.23: torch ops),
 apply_rotary_pos_emb (torch.compile'd) with the layer's cos/sin rows, the attention (whose backend stores the KV)
 and o_proj. The method is replaced; `expand` checks first that the kernel takes the call (else the method runs as
 before), then runs the layer's own qkv GEMM and hands q, k (column views of its output), the norms' weights and the

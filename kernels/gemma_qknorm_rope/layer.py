@@ -28,7 +28,7 @@ def _call_method(inp, dims, scalars):
         return torch.zeros((t, hq * d), device=q.device, dtype=q.dtype)
 
     attn = SimpleNamespace(
-        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, rotary_dim=d, q_norm=norms[0],
+        head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d, q_norm=norms[0],
         k_norm=norms[1], qkv_proj=lambda h: (qkv, None), attn=attention, o_proj=lambda x: (x, None))
     hidden = torch.empty((t, 8), device=qkv.device, dtype=qkv.dtype)  # what the stand-in GEMM ignores
     positions = torch.arange(t, device=qkv.device)  # forward_native rotates by position_embeddings, not these

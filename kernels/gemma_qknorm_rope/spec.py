@@ -1,8 +1,8 @@
 """gemma_qknorm_rope: a FUSED op. Gemma-3's per-head q/k norm (x / rms(x) * (1 + w)), then its rotary embedding by
 the step's cos/sin rows, in place on the qkv output, in one launch.
 
-It replaces what SGLang runs on CUDA in Gemma3Attention.forward_native (0.5.17): q and k are [1, heads, tokens,
-head_dim] views of the qkv output; q_norm / k_norm (Gemma3RMSNorm; a 4-D input takes forward_native: torch ops,
+It replaces what SGLang runs on CUDA in Gemma3Attention.forward_native: q and k are per-head views of the qkv output
+([1, heads, tokens, head_dim] in 0.5.17, [tokens, heads, head_dim] in 0.5.23); q_norm / k_norm (Gemma3RMSNorm; a 4-D input takes forward_native: torch ops,
 about eight kernels each) return new tensors rounded to the model's dtype; apply_rotary_pos_emb (torch.compile'd:
 q * cos + rotate_half(q) * sin in fp32, two Triton kernels) rotates them with the cos/sin rows Gemma3RotaryEmbedding
 made for the step ([1, tokens, head_dim] in the model's dtype, the local or the global table by layer). About twenty
@@ -48,7 +48,7 @@ EDGE = (
     Shape((1, 1, 1, 256, 768, 768), ("edge",), "one q head, one kv head"),
     Shape((3, 5, 1, 64, 448, 448), ("edge",), "head_dim 64, odd head count"),
     Shape((7, 4, 2, 128, 1024, 1024), ("edge",), "head_dim 128 (Gemma-3-27B)"),
-    Shape((9, 8, 2, 256, 2048, 512), ("edge",), "contiguous k (its own tensor), q a column block"),
+    Shape((9, 8, 2, 256, 2048, 512), ("edge",), "q and k contiguous (strides = their heads)"),
     Shape((33, 4, 1, 256, 1536, 1536), ("edge",), "tokens not a multiple of the warps per block"),
 )
 
