@@ -7,8 +7,8 @@ A kernel name is matched, first hit wins, against
 2. KNOWN: SGLang's other kernels by name pattern (norms, rope, KV store, q/k norm, MoE routing /
    align / combine, attention, GEMM, ...), so the table shows the ops astra does not cover yet;
 3. else "other: <short kernel name>".
-Categories: "op" (small memory-bound ops: the ones patching can speed up), "gemm", "attention",
-"other".
+Categories: "op" (small memory-bound ops: the ones patching can speed up, torch's own elementwise kernels and
+means among them), "gemm", "attention", "other".
 """
 from __future__ import annotations
 
@@ -62,8 +62,13 @@ KNOWN: Tuple[Rule, ...] = (
     Rule("tp communication", "communication", r"all_?reduce|all_?gather|reduce_?scatter|nccl|cross_device_reduce"),
     Rule("gemm", "gemm", r"nvjet|gemm|xmma|cutlass|splitk|cublas|matmul|sm90_|Kernel2\b|gemv"),
     Rule("embedding", "other", r"indexselect|index_select|embedding"),
+    # torch's mean over a row (a norm written in torch: Gemma3RMSNorm.forward_native on the q/k heads) before the
+    # sampling rule, whose reduce_kernel pattern is for the argmax
+    Rule("torch mean", "op", r"reduce_kernel.*MeanOps"),
     Rule("sampling/logits", "other", r"argmax|softmax|sampl|topk|sort|cumsum|reduce_kernel"),
-    Rule("torch elementwise/copy", "other", r"elementwise|copy|memcpy|memset|fill|cat_?array|index"),
+    # memory-bound work too: Gemma-3's torch q/k norm and rope were 17% of its decode step at batch 1 in this row, with
+    # no op claiming them (H200, results/2026-11-29-h200/session22/), so it counts with the small ops
+    Rule("torch elementwise/copy", "op", r"elementwise|copy|memcpy|memset|fill|cat_?array|index"),
 )
 
 

@@ -47,7 +47,11 @@ LLAMA = json.loads((HERE.parent / "e2e" / "configs" / "llama3-8b" / "config.json
     ("void moe_align_block_size_kernel<int>(...)", "moe_align", "op", None, False),
     ("triton_per_fused_copy__mul_sum_0", "moe_combine", "op", None, False),
     ("GemmaFusedAddRMSNormKernel", "gemma_fused_add_rmsnorm", "op", None, False),
-    ("void at::native::vectorized_elementwise_kernel<4>(...)", "torch elementwise/copy", "other", False, False),
+    ("void at::native::vectorized_elementwise_kernel<4>(...)", "torch elementwise/copy", "op", False, False),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+     "float>, unsigned int, float, 4, 4> >(...)", "torch mean", "op", False, False),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, "
+     "long, 4, 4> >(...)", "sampling/logits", "other", False, False),
 ])
 def test_classify_real_kernel_names(name, op, cat, covered, astra):
     m = at.classify(name)
