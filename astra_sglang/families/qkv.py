@@ -124,6 +124,13 @@ def norm_heads(x, heads: int, d: int, w, eps: float):
     return out
 
 
+def qk_dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
+    """(tokens, q heads, kv heads, head_dim, q_stride, k_stride) of the ops over q and k in place (qknorm, qknorm_rope,
+    gemma_qknorm_rope): q and k are column blocks of the fused qkv output, one row stride."""
+    s = qkv_stride(hq, hk, d)
+    return (t, hq, hk, d, s, s)
+
+
 def qk_rows(dims: Tuple[int, ...], dtype: str, gen, dist: str, device: str):
     """(q, k, torch dtype) of the fused q/k ops' inputs: q and k as [tokens, q_stride] / [tokens, k_stride] row buffers
     (dims (tokens, q heads, kv heads, head_dim, q_stride, k_stride)), N(0, 1), x16 for "large", drawn q first. The

@@ -37,12 +37,7 @@ MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride")
 
 
-def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    s = qkv.qkv_stride(hq, hk, d)  # q and k are column blocks of the fused qkv output
-    return (t, hq, hk, d, s, s)
-
-
-model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+model_dims = qkv.model_dims_of(qkv.qk_dims)  # the profile's speedup lookup: dims from a model's config.json
 
 EDGE = (
     Shape((1, 1, 1, 256, 768, 768), ("edge",), "one q head, one kv head"),
@@ -192,7 +187,7 @@ SPEC = OpSpec(
     variants=(INSTALLED,),
     default_variant=lambda roots: "installed",
     dtypes=qkv.DTYPES,
-    corpus=qkv.corpus(MODELS, _dims),
+    corpus=qkv.corpus(MODELS, qkv.qk_dims),
     edge_shapes=EDGE,
     tolerance=qkv.NORM_ROPE_TOLERANCE,  # production rounds the normed q/k before rotating (families/qkv.py)
     make_inputs=make_inputs,

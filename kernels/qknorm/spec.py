@@ -24,12 +24,7 @@ QK_NORM_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 )
 
 
-def _dims(tokens: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    stride = qkv.qkv_stride(hq, hk, d)
-    return (tokens, hq, hk, d, stride, stride)
-
-
-model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+model_dims = qkv.model_dims_of(qkv.qk_dims)  # the profile's speedup lookup: dims from a model's config.json
 
 
 EDGE = (
@@ -138,7 +133,7 @@ SPEC = qkv.spec(
         ),
         supports=_supports,
     ),
-    corpus=qkv.corpus(QK_NORM_MODELS, _dims),
+    corpus=qkv.corpus(QK_NORM_MODELS, qkv.qk_dims),
     edge_shapes=EDGE,
     make_inputs=make_inputs,
     reference=reference,

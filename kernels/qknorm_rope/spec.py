@@ -35,12 +35,7 @@ DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 )
 
 
-def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    s = qkv.qkv_stride(hq, hk, d)  # q and k are column blocks of the fused qkv output
-    return (t, hq, hk, d, s, s)
-
-
-model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
+model_dims = qkv.model_dims_of(qkv.qk_dims)  # the profile's speedup lookup: dims from a model's config.json
 
 _GPTJ = {(5, 8, 2, 128, 1536, 1536)}
 
@@ -137,7 +132,7 @@ SPEC = qkv.spec(
               ("positions", "in")),
     scalar_args=(("is_neox", "i64"), ("eps", "f64")),
     variant=JIT,
-    corpus=qkv.corpus(DENSE_MODELS, _dims),
+    corpus=qkv.corpus(DENSE_MODELS, qkv.qk_dims),
     edge_shapes=EDGE,
     make_inputs=make_inputs,
     reference=reference,
