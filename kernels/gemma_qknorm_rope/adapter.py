@@ -79,20 +79,24 @@ def _normalize(c):
     return views, dims
 
 
-def _gemma3_norm(c: Dict[str, Any], which: str):
-    """The layer's own Gemma3RMSNorm where the call came from a layer; else SGLang's, built on the CPU (no CUDA work:
-    the harness may call this inside a graph capture) around the op's weight."""
-    if c.get(f"{which}_norm") is not None:
-        return c[f"{which}_norm"]
+def gemma3_norm(weight, eps: float):
+    """SGLang's Gemma3RMSNorm around `weight` (its own, not a copy), built on the CPU: no CUDA work, so the harness
+    may call this inside a graph capture (and validate's layer builds its norms so)."""
     import torch
     from sglang.srt.layers.layernorm import Gemma3RMSNorm
 
     from astra_sglang.patch.layers import construct
 
-    w = c[f"{which}_weight"]
-    norm = construct(Gemma3RMSNorm, w.shape[0], eps=float(c["eps"]))
-    norm.weight = torch.nn.Parameter(w, requires_grad=False)
+    norm = construct(Gemma3RMSNorm, weight.shape[0], eps=float(eps))
+    norm.weight = torch.nn.Parameter(weight, requires_grad=False)
     return norm
+
+
+def _gemma3_norm(c: Dict[str, Any], which: str):
+    """The layer's own Gemma3RMSNorm where the call came from a layer; else SGLang's around the op's weight."""
+    if c.get(f"{which}_norm") is not None:
+        return c[f"{which}_norm"]
+    return gemma3_norm(c[f"{which}_weight"], c["eps"])
 
 
 def _sequence(c: Dict[str, Any]) -> None:

@@ -4,21 +4,16 @@ qkv GEMM, the attention and o_proj are not what is validated: the stand-in's qkv
 buffer, its attention records the q and k it is handed (and returns zeros), its o_proj passes them through."""
 from types import SimpleNamespace
 
-from astra_sglang.patch.layers import construct
+from .adapter import gemma3_norm
 
 
 def _call_method(inp, dims, scalars):
     import torch
-    from sglang.srt.layers.layernorm import Gemma3RMSNorm
     from sglang.srt.models.gemma3_causal import Gemma3Attention
 
     t, hq, hk, d, qs, ks = dims
     eps = float(scalars.get("eps", 1e-6))
-    norms = []
-    for w in (inp["q_weight"], inp["k_weight"]):
-        n = construct(Gemma3RMSNorm, d, eps=eps)
-        n.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
-        norms.append(n)
+    norms = [gemma3_norm(inp[w].clone(), eps) for w in ("q_weight", "k_weight")]
     # q and k column blocks of one row buffer, v after them (untouched by the op)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], torch.zeros_like(inp["k"][:, : hk * d])], dim=1)
     seen = {}
