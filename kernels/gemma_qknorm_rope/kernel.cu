@@ -20,8 +20,10 @@
 //
 // Design (kernels/qknorm_rope/kernel.cu's, with Gemma's weight and cos/sin rows instead of a cache and positions):
 //  * One warp per (token, head) work item over the q heads and then the k heads of every token, token major.
-//  * Each lane holds head_dim/32 contiguous elements as one vector access (bf16 head_dim 256: 8 elements, 16 bytes);
-//    the sum of squares is a full-warp xor-shuffle; the NeoX partner of element i (i +- D/2) is lane ^ 16.
+//  * Bit-identical to production: each lane holds the elements, and adds their squares in the order, that torch's
+//    reduce kernel gives one thread for the norm's mean (head_dim 256: 4 elements at 4t and 4 at 128 + 4t, each as
+//    one 8-byte access; see Layout), then a full-warp xor-shuffle in torch's warp order. Where a lane holds both
+//    halves, the NeoX partner of element i (i +- D/2) is in the same lane; otherwise in lane ^ 16.
 //  * fp32 math rounded as production rounds: the normed value to the storage dtype (production's norm returns it
 //    so, type_as(x)), then the rotation in fp32 and one rounding at the store.
 //  * 4 warps per block, as many blocks as work items need up to a full wave of resident blocks; a grid-stride loop
@@ -61,6 +63,11 @@ template <> __device__ __forceinline__ __half2 from_f2<__half2>(float a, float b
 template <> __device__ __forceinline__ __nv_bfloat162 from_f2<__nv_bfloat162>(float a, float b) {
   return __floats2bfloat162_rn(a, b);
 }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
@@ -70,16 +77,18 @@ template <> struct Raw<16> { using type = uint4; };
 template <> struct Raw<8> { using type = uint2; };
 template <> struct Raw<4> { using type = unsigned int; };
 
-// N elements of T (N even) at p into fp32: one N*sizeof(T)-byte access (kWide) or N/2 four-byte ones.
-template <typename T, int N, bool kWide>
-__device__ __forceinline__ void load_f(const T* p, float (&f)[N]) {
+// G elements of T at p into fp32: one G*sizeof(T)-byte access (kWide), G/2 four-byte ones, or one element (G 1).
+template <typename T, int G, bool kWide>
+__device__ __forceinline__ void load_f(const T* p, float* f) {
   using T2 = typename Pair<T>::type;
-  if constexpr (kWide) {
-    using R = typename Raw<N * sizeof(T)>::type;
+  if constexpr (G == 1) {
+    f[0] = to_f(*p);
+  } else if constexpr (kWide) {
+    using R = typename Raw<G * sizeof(T)>::type;
     const R r = *reinterpret_cast<const R*>(p);
     const T2* h = reinterpret_cast<const T2*>(&r);
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j) {
+    for (int j = 0; j < G / 2; ++j) {
       const float2 a = to_f2(h[j]);
       f[2 * j] = a.x;
       f[2 * j + 1] = a.y;
@@ -87,7 +96,7 @@ __device__ __forceinline__ void load_f(const T* p, float (&f)[N]) {
   } else {
     const T2* h = reinterpret_cast<const T2*>(p);
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j) {
+    for (int j = 0; j < G / 2; ++j) {
       const float2 a = to_f2(h[j]);
       f[2 * j] = a.x;
       f[2 * j + 1] = a.y;
@@ -95,58 +104,99 @@ __device__ __forceinline__ void load_f(const T* p, float (&f)[N]) {
   }
 }
 
-// N fp32 values rounded once to T, stored as one access (kWide) or N/2 four-byte ones.
-template <typename T, int N>
-struct alignas(N * sizeof(T)) Packed {
-  typename Pair<T>::type h[N / 2];
+// G fp32 values rounded once to T, stored as one access (kWide), G/2 four-byte ones, or one element (G 1).
+template <typename T, int G>
+struct alignas(G * sizeof(T)) Packed {
+  typename Pair<T>::type h[G / 2];
 };
-template <typename T, int N, bool kWide>
-__device__ __forceinline__ void store_f(T* p, const float (&f)[N]) {
+template <typename T, int G, bool kWide>
+__device__ __forceinline__ void store_f(T* p, const float* f) {
   using T2 = typename Pair<T>::type;
-  Packed<T, N> x;
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) x.h[j] = from_f2<T2>(f[2 * j], f[2 * j + 1]);
-  if constexpr (kWide) {
-    using R = typename Raw<N * sizeof(T)>::type;
-    *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(&x);
+  if constexpr (G == 1) {
+    *p = from_f<T>(f[0]);
   } else {
-    T2* d = reinterpret_cast<T2*>(p);
+    Packed<T, G> x;
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j) d[j] = x.h[j];
+    for (int j = 0; j < G / 2; ++j) x.h[j] = from_f2<T2>(f[2 * j], f[2 * j + 1]);
+    if constexpr (kWide) {
+      using R = typename Raw<G * sizeof(T)>::type;
+      *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(&x);
+    } else {
+      T2* d = reinterpret_cast<T2*>(p);
+#pragma unroll
+      for (int j = 0; j < G / 2; ++j) d[j] = x.h[j];
+    }
   }
 }
 
 // the value production's norm returns (type_as(x)): rounded to the storage dtype
-template <typename T> __device__ __forceinline__ float stored(float v);
-template <> __device__ __forceinline__ float stored<__half>(float v) { return __half2float(__float2half_rn(v)); }
-template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
+template <typename T> __device__ __forceinline__ float stored(float v) { return to_f(from_f<T>(v)); }
+
+// Where a lane's elements sit in a head row, chosen so that the lane's partial sum of squares is the one torch's
+// reduce kernel (ATen/native/cuda/Reduce.cuh, torch 2.11) forms for x.pow(2).mean(-1) over the same row: CH chunks of G
+// elements, chunk c at c * D/2 + lane * G.
+//   D 256: torch reads 4-float vectors; lane t holds elements 4t.. and 128 + 4t..   (CH 2, G 4)
+//   D 128: torch reads 4-float vectors, one a thread; lane t holds 4t..             (CH 1, G 4)
+//   D 64:  torch reads single floats t and t + 32 in thread t                        (CH 2, G 1)
+// With CH 2 the NeoX partner of an element (i +- D/2) is the same position of the lane's other chunk; with CH 1 it is
+// in lane ^ 16.
+template <int D> struct Layout {
+  static constexpr int G = D == 64 ? 1 : 4;
+  static constexpr int CH = D == 128 ? 1 : 2;
+  static constexpr int V = G * CH;
+  static_assert(CH * 32 * G == D, "head_dim must be 64, 128 or 256");
+};
+
+// The lane's share of sum(x^2), added in torch's order (no contraction into fma: torch squares, then adds).
+// `narrow`: the norm call has at least 16 rows (heads x tokens), so torch gives each row a 32-thread block row;
+// with fewer, 64 threads (D 256 only differs): thread t + 32 adds its chunk's sum after thread t's.
+template <int D>
+__device__ __forceinline__ float lane_sum_sq(const float* x, bool narrow) {
+  using L = Layout<D>;
+  float a[L::V];
+#pragma unroll
+  for (int j = 0; j < L::V; ++j) a[j] = __fmul_rn(x[j], x[j]);
+  if constexpr (L::CH == 1) {  // one vector: its four accumulators combined in order
+    return __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
+  } else if constexpr (L::G == 1) {  // two scalars (D 64, either block width)
+    return __fadd_rn(a[0], a[1]);
+  } else if (narrow) {  // one thread reads both vectors into four accumulators, then combines them in order
+    float s[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) s[g] = __fadd_rn(a[g], a[4 + g]);
+    return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
+  } else {  // a thread a vector; thread t + 32's total joins thread t's through shared memory
+    const float lo = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
+    const float hi = __fadd_rn(__fadd_rn(__fadd_rn(a[4], a[5]), a[6]), a[7]);
+    return __fadd_rn(lo, hi);
+  }
 }
 
-// D: head_dim, V = D / 32 elements per lane. Work item w: token w / heads, head w % heads, heads = hq + hk
-// (q heads, then k heads).
+// Work item w: token w / heads, head w % heads, heads = hq + hk (q heads, then k heads).
 template <typename T, int D, bool kWide>
 __global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
     T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
     const T* __restrict__ cos, const T* __restrict__ sin, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs,
-    int64_t ks, float eps) {
-  constexpr int V = D / 32;
-  static_assert(V >= 2 && V % 2 == 0 && V * 32 == D, "head_dim must be 32 lanes of whole pairs");
+    int64_t ks, float eps, bool q_narrow, bool k_narrow) {
+  using L = Layout<D>;
+  constexpr int G = L::G, CH = L::CH, V = L::V;
 
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int off = lane * V;  // this lane's first element in a head row (and in a cos/sin row)
-  const bool lo = lane < 16;  // lanes 0-15 hold the first half of a head, 16-31 the second
+  const bool lo = lane < 16;  // with CH 1: lanes 0-15 hold the first half of a head, 16-31 the second
   const uint32_t warps = gridDim.x * kWarps;
   uint32_t item = blockIdx.x * kWarps + (threadIdx.x >> 5);
 
   // the weights are model constants: load them (as 1 + w, production's fp32 math) while the upstream kernel ends
   float wq[V], wk[V];
-  load_f<T, V, kWide>(qw + off, wq);
-  load_f<T, V, kWide>(kw + off, wk);
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    load_f<T, G, kWide>(qw + c * (D / 2) + lane * G, wq + c * G);
+    load_f<T, G, kWide>(kw + c * (D / 2) + lane * G, wk + c * G);
+  }
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    wq[j] = 1.0f + wq[j];
-    wk[j] = 1.0f + wk[j];
+    wq[j] = __fadd_rn(1.0f, wq[j]);
+    wk[j] = __fadd_rn(1.0f, wk[j]);
   }
 
   pdl_wait();
@@ -159,29 +209,43 @@ __global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
     const uint32_t hh = is_q ? h : h - hq;
     T* row = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * D
                   : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * D;
+    const T* cr = cos + static_cast<int64_t>(t) * D;
+    const T* sr = sin + static_cast<int64_t>(t) * D;
     float x[V], c[V], s[V];
-    load_f<T, V, kWide>(row + off, x);
-    load_f<T, V, kWide>(cos + static_cast<int64_t>(t) * D + off, c);
-    load_f<T, V, kWide>(sin + static_cast<int64_t>(t) * D + off, s);
+#pragma unroll
+    for (int ch = 0; ch < CH; ++ch) {
+      const int at = ch * (D / 2) + lane * G;
+      load_f<T, G, kWide>(row + at, x + ch * G);
+      load_f<T, G, kWide>(cr + at, c + ch * G);
+      load_f<T, G, kWide>(sr + at, s + ch * G);
+    }
 
-    // the norm over the head: sum of squares across the warp in fp32, as production's mean of x.float()^2
-    float ss = 0.f;
+    // the norm over the head: torch's mean of x.float()^2, summed in its order; its warp step halves the offset
+    // each round (shfl_down 16, 8, .., 1), which a xor butterfly in the same order reproduces in every lane
+    float ss = lane_sum_sq<D>(x, is_q ? q_narrow : k_narrow);
 #pragma unroll
-    for (int j = 0; j < V; ++j) ss += x[j] * x[j];
+    for (int m = 16; m > 0; m >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, m));
+    const float r = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.0f / D), eps));  // mean: the sum times 1/D, exact for 2^k
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(kFull, ss, m);
-    const float r = rsqrtf(ss / D + eps);
-#pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = stored<T>((x[j] * r) * (is_q ? wq[j] : wk[j]));
+    for (int j = 0; j < V; ++j) x[j] = stored<T>(__fmul_rn(__fmul_rn(x[j], r), is_q ? wq[j] : wk[j]));
 
     // x cos + rotate_half(x) sin, rotate_half(x) = (-second half, first half)
     float o[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float p = __shfl_xor_sync(kFull, x[j], 16);
-      o[j] = fmaf(x[j], c[j], (lo ? -p : p) * s[j]);
+      float p;
+      bool first;  // element j is in the head's first half
+      if constexpr (CH == 2) {
+        p = x[(j + G) % V];
+        first = j < G;
+      } else {
+        p = __shfl_xor_sync(kFull, x[j], 16);
+        first = lo;
+      }
+      o[j] = fmaf(x[j], c[j], __fmul_rn(first ? -p : p, s[j]));
     }
-    store_f<T, V, kWide>(row + off, o);
+#pragma unroll
+    for (int ch = 0; ch < CH; ++ch) store_f<T, G, kWide>(row + ch * (D / 2) + lane * G, o + ch * G);
   }
 }
 
@@ -198,8 +262,8 @@ uint32_t sm_count() {
 
 template <typename T, int D, bool kWide>
 cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void* cos, const void* sin,
-                   uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
-                   cudaStream_t stream) {
+                   uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps, bool qn,
+                   bool kn, cudaStream_t stream) {
   constexpr auto kernel = gemma_qknorm_rope_kernel<T, D, kWide>;
   static const uint32_t wave = [] {  // resident blocks of one full wave
     int b = 0;
@@ -218,15 +282,15 @@ cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void*
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(qw),
                             static_cast<const T*>(kw), static_cast<const T*>(cos), static_cast<const T*>(sin),
-                            total, heads, hq, qs, ks, eps);
+                            total, heads, hq, qs, ks, eps, qn, kn);
 }
 
 template <typename T, int D>
 cudaError_t by_width(bool wide, void* q, void* k, const void* qw, const void* kw, const void* c, const void* s,
-                     uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
-                     cudaStream_t st) {
-  return wide ? launch<T, D, true>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, st)
-              : launch<T, D, false>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, st);
+                     uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps, bool qn,
+                     bool kn, cudaStream_t st) {
+  return wide ? launch<T, D, true>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, qn, kn, st)
+              : launch<T, D, false>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, qn, kn, st);
 }
 
 template <typename T>
@@ -237,8 +301,9 @@ cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* co
   if (d != 64 && d != 128 && d != 256) return cudaErrorInvalidValue;
   const int64_t total = t * (hq + hk);
   if (total > 0x7fffffffLL) return cudaErrorInvalidValue;  // item + grid warps stays below 2^32
-  // widest access every pointer and row stride allows: a lane's head_dim/32 elements as one access; else pairs
-  const uintptr_t lane_bytes = static_cast<uintptr_t>(d / 32 * 2);
+  // widest access every pointer and row stride allows: a lane's chunk of 4 elements as one access; else pairs
+  // (head_dim 64 reads single elements)
+  const uintptr_t lane_bytes = 8;
   const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
                          reinterpret_cast<uintptr_t>(qw) | reinterpret_cast<uintptr_t>(kw) |
                          reinterpret_cast<uintptr_t>(cos) | reinterpret_cast<uintptr_t>(sin) |
@@ -247,10 +312,13 @@ cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* co
   const bool wide = bits % lane_bytes == 0;
   const uint32_t N = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + hk);
   const uint32_t Q = static_cast<uint32_t>(hq);
+  // torch's reduce gives a norm call of 16 rows or more 32 threads a row, fewer rows 64 (Reduce.cuh
+  // set_block_dimension: 512 threads, at most 16 rows a block); q's call has tokens x q heads rows, k's tokens x kv
+  const bool qn = t * hq >= 16, kn = t * hk >= 16;
   switch (d) {
-    case 64: return by_width<T, 64>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
-    case 128: return by_width<T, 128>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
-    default: return by_width<T, 256>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, st);
+    case 64: return by_width<T, 64>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
+    case 128: return by_width<T, 128>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
+    default: return by_width<T, 256>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
   }
 }
 
