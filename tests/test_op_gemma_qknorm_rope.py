@@ -273,3 +273,26 @@ def test_discovery_finds_the_method_and_the_binder_takes_its_signature(version, 
     exec(compile(ast.fix_missing_locations(ast.Module(body=[stub], type_ignores=[])), "gemma3", "exec"), ns)
     binder = Binder(ns["forward_native"], op_part(OP, "adapter").ADAPTER, SPEC)
     assert binder.ok, binder.problem
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_kernel_is_bit_identical_to_sglang_s_torch_sequence(tmp_path, capsys):
+    """A GPU with SGLang installed: the kernel adds its squares in the order torch's reduce kernel adds the norm's
+    mean (kernel.cu, Layout), so every output of check (edge shapes either side of torch's 16-row switch, decode
+    and prefill rows, bf16 and fp16) equals production's in every bit (112 of 112 on the H200, 2026-11-29)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("needs SGLang installed: production is its torch sequence")
+    code, _, err = run_cli(["extract", OP, "--variant", "installed", "--out", str(tmp_path), "--no-build"], capsys)
+    assert code == 0, err
+    kernel = Path(op_part(OP, "spec").__file__).with_name("kernel.cu")
+    out = tmp_path / "check.json"
+    code, _, err = run_cli(["check", OP, "--workspace", str(tmp_path / OP), "--candidate", str(kernel),
+                            "--dtype", "bf16,fp16", "--json", str(out)], capsys)
+    assert code == 0, err
+    same = [d for d in json.loads(out.read_text())["details"] if d.get("identical") is not None]
+    assert same and all(d["identical"] == 1.0 for d in same), [
+        (d["shape"], d["dtype"], d["tensor"], d["identical"]) for d in same if d["identical"] != 1.0]
