@@ -24,6 +24,8 @@ def test_weight_bytes_of_the_shipped_configs():
     assert sm.weight_bytes(_cfg("qwen2.5-7b")) == pytest.approx(7.6e9 * 2, rel=0.05)  # untied 152064-row embeddings
     assert sm.weight_bytes(_cfg("llama3-70b")) == pytest.approx(70.6e9 * 2, rel=0.05)
     assert sm.weight_bytes(_cfg("llama-small")) < 1 * GIB
+    # 20 of Gemma-3-27B's 62 layers (0.83 GB each) and its tied 262208 x 5376 embeddings
+    assert sm.weight_bytes(_cfg("gemma3-27b-20l")) == pytest.approx(18 * GIB, rel=0.05)
     # DeepSeek's first_k_dense_replace dense layers, n_routed_experts + n_shared_experts in the rest
     assert sm.weight_bytes(_cfg("deepseek-v3-2l")) == pytest.approx(26 * GIB, rel=0.05)
     assert sm.kv_bytes_per_token(_cfg("deepseek-v3-2l"), tp=2) == 2 * (512 + 64) * 2  # MLA: one latent a layer
