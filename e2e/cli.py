@@ -41,7 +41,7 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
                 cuda_graph_max_bs: int, extra: List[str]) -> List[str]:
     """The launch_server flags, identical for both arms except the port."""
     args = ["--model-path", model_path, "--load-format", load_format, "--skip-tokenizer-init",
-            "--attention-backend", "triton", "--sampling-backend", "pytorch",
+            "--sampling-backend", "pytorch",           # the attention backend comes in `extra` (e2e/attention.py)
             "--disable-radix-cache",                  # every round prefills for real
             "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
             "--cuda-graph-max-bs", str(cuda_graph_max_bs),
@@ -190,6 +190,9 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
 @click.option("--self-check", default="first", show_default=True, type=click.Choice(["first", "always", "off"]))
 @click.option("--server-arg", "extra", multiple=True, help="Extra launch_server argument (repeatable, e.g. '--tp=2').")
 @click.option("--python", "python_exe", default=sys.executable, show_default=True)
+@click.option("--attention-backend", default="auto", show_default=True,
+              help="The servers' (and --step workers') attention backend: auto = SGLang's own default (fa3 on "
+              "Hopper) where sgl_kernel has its FA3 library, else triton (the trimmed offline wheelhouse); or a name.")
 @click.option("--startup-timeout", default=600.0, show_default=True)
 @click.option("--vocab-size", type=int, help="Token ids are drawn below this (default: config.json's vocab_size).")
 @click.option("--analyze", "analyze_path", type=click.Path(path_type=Path, exists=True),
@@ -243,7 +246,8 @@ def analyze(results_path: Path, out: Path, meta: Optional[dict] = None, n_boot: 
               "its own A/A (summary-aa.json of --calibrate) or --aa-floor's: OUT/collect.md, .png, .json. No GPU.")
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_total_tokens, mem_fraction,
-            cuda_graph_max_bs, self_check, extra, python_exe, startup_timeout, vocab_size, analyze_path, n_boot,
+            cuda_graph_max_bs, self_check, extra, python_exe, attention_backend, startup_timeout, vocab_size,
+            analyze_path, n_boot,
             step, batch_sizes, input_len, output_len, aa, calibrate, no_profile, profile_steps, prefill_graph,
             tokenizer_path, procs, procs_at_once, warmup_rounds, skip_steps, gpu_pad_us, aa_floor, candidate_items,
             base_ops, arm_env_items, tp, worker_module, server_profile_wl, each_op, collect_items):
@@ -353,6 +357,11 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
     if analyze_path:
         click.echo(analyze(analyze_path, out_dir, n_boot=n_boot, aa_floor=aa_floor))
         return
+    from .attention import attention_flags
+
+    att_flags, att_label = attention_flags(attention_backend, python_exe)
+    _say(f"attention backend: {att_label}")
+    extra = (*att_flags, *extra)   # a --server-arg naming another backend comes later and wins
     if step:
         from .step import run_step
 
@@ -379,6 +388,7 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         **{k: v for k, v in _versions().items()},
         "model": str(model_path),
         "arm A": "astra-sglang patch --serve --ops none",
+        "attention backend": att_label,
         "launch_server args": " ".join(server_args(model_path, load_format, port, max_total_tokens, mem_fraction,
                                                    cuda_graph_max_bs, list(extra))),
     }

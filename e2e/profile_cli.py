@@ -78,11 +78,14 @@ def _profile_url(url: str, out: Path, num_steps: int, timeout: float, cfg: dict,
               help="Bench JSON file or dir for the shipped kernels' speedups (default: results/).")
 @click.option("--server-arg", "extra", multiple=True, help="Extra launch_server flag (repeatable).")
 @click.option("--python", "python_exe", default=sys.executable, show_default=True)
+@click.option("--attention-backend", default="auto", show_default=True,
+              help="The workers' attention backend: auto = SGLang's own default (fa3 on Hopper) where sgl_kernel has "
+              "its FA3 library, else triton (the trimmed offline wheelhouse); or a name.")
 @click.option("--tokenizer-path", help="A tokenizer dir (default: one is generated beside the config).")
 @click.option("--startup-timeout", default=900.0, show_default=True)
 @click.option("--worker-module", default="astra_sglang.e2e.step_worker", hidden=True)
 def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url, analyze_dir_, from_counters, results,
-                extra, python_exe, tokenizer_path, startup_timeout, worker_module):
+                extra, python_exe, attention_backend, tokenizer_path, startup_timeout, worker_module):
     """Where each SGLang step's GPU time goes, per op; what the shipped kernels can win there."""
     from .model_configs import resolve_model_path
     from .profile import analyze_dir, write_outputs
@@ -133,6 +136,11 @@ def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url
         arm_ops = "none" if arm == "A" else ("all" if ops.strip() == "all" else [o.strip() for o in ops.split(",")])
         kv = kv_tokens_needed(sizes, input_len, 2, steps)
         tp_args = ["--tp-size", str(tp)] if tp > 1 else []
+        from .attention import attention_flags
+
+        att_flags, att_label = attention_flags(attention_backend, python_exe)
+        click.echo(f"  · attention backend: {att_label}", err=True)
+        extra = (*att_flags, *extra)   # a --server-arg naming another backend comes later and wins
         session = Session({arm: (arm, arm_ops)}, mdir, tok, out_dir, python_exe, worker_module,
                           lambda i: worker_server_args(max(sizes), sizes, kv, 0.85, 30300, False, [*tp_args, *extra]),
                           max(sizes), tp=tp)

@@ -126,7 +126,8 @@ class WorkerProc:
 def worker_server_args(max_bs: int, batch_sizes: Sequence[int], max_total_tokens: int, mem_fraction: float,
                        port: int, prefill_graph: bool, extra: Sequence[str]) -> List[str]:
     """launch_server flags of every arm (only the port differs)."""
-    args = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+    # the attention backend comes in `extra` (e2e/attention.py)
+    args = ["--load-format", "dummy", "--sampling-backend", "pytorch",
             "--cuda-graph-max-bs", str(max_bs), "--cuda-graph-bs", *[str(b) for b in sorted(set(batch_sizes))],
             "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
             "--random-seed", "0", "--port", str(port), "--log-level", "warning"]
