@@ -45,6 +45,9 @@ PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x
 
 # Files of sglang-kernel kept for sm90 (H100/H200). Everything else that is a binary is dropped.
 SGL_KERNEL_DROP = re.compile(r"^sgl_kernel/(flash_ops|flashmla_ops|infllm_ops)[^/]*\.so$|^sgl_kernel/sm100/")
+# --keep-fa3: keep flash_ops (FA3, SGLang's default attention on Hopper: 1.07 GB unpacked, 326 MiB in the wheel, about
+# 22 more carry parts), so e2e's servers can run SGLang's own default instead of triton (e2e/attention.py)
+SGL_KERNEL_DROP_KEEP_FA3 = re.compile(r"^sgl_kernel/(flashmla_ops|infllm_ops)[^/]*\.so$|^sgl_kernel/sm100/")
 
 
 def norm(name: str) -> str:
@@ -259,6 +262,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lock", type=Path, help="pin versions from a lock file written by an earlier run")
     ap.add_argument("--write-lock", type=Path, help="write name==version  sha256 for the set")
     ap.add_argument("--no-trim", action="store_true", help="keep sglang-kernel whole")
+    ap.add_argument("--keep-fa3", action="store_true",
+                    help="trim sglang-kernel but keep its FA3 library (flash_ops), SGLang's default attention on Hopper")
     ap.add_argument("--chunk-mib", default="0",
                     help="also write OUT/carry/partNN of at most this many MiB; 'auto': what a device call has left "
                     "beside this checkout (64 MiB less its working tree, less 1 MiB)")
@@ -297,7 +302,7 @@ def main(argv=None) -> int:
             p.unlink()
     if not args.no_trim and "sglang-kernel" in chosen:
         # Trim a copy so a re-run never trims twice or re-downloads.
-        trim_wheel(chosen["sglang-kernel"], SGL_KERNEL_DROP, log)
+        trim_wheel(chosen["sglang-kernel"], SGL_KERNEL_DROP_KEEP_FA3 if args.keep_fa3 else SGL_KERNEL_DROP, log)
     total = sum(p.stat().st_size for p in chosen.values())
     log(f"{len(chosen)} wheels, {total / 2**20:.1f} MiB in {dl}")
     if args.write_lock:

@@ -54,3 +54,28 @@ def test_auto_part_size_is_what_the_checkout_leaves(tmp_path, capsys):
     assert 64 - 4 - 1 - 0.1 < room <= 64 - 4 - 1   # 4 MiB carried (a few blocks over), the ignored 20 MiB not
     assert wh.main(["--out", str(tmp_path / "o"), "--chunk-mib", "lots"]) == 2
     assert capsys.readouterr().err.startswith("error: --chunk-mib takes a number of MiB or 'auto'")
+
+
+def test_trim_drops_sgl_kernel_s_lazy_binaries_and_keep_fa3_keeps_flash_ops(tmp_path):
+    """The trimmed sglang-kernel keeps the sm90 common ops; --keep-fa3 also keeps flash_ops (SGLang's default attention
+    on Hopper); RECORD lists exactly the members kept, with their hashes."""
+    import zipfile
+
+    wh = _wheelhouse()
+    members = ["sgl_kernel/__init__.py", "sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/flash_ops.abi3.so",
+               "sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",
+               "sgl_kernel/sm100/common_ops.abi3.so", "sgl_kernel/flash_attn.py"]
+    for drop, kept in ((wh.SGL_KERNEL_DROP, {0, 1, 6}), (wh.SGL_KERNEL_DROP_KEEP_FA3, {0, 1, 2, 6})):
+        whl = tmp_path / f"k{len(kept)}" / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"
+        whl.parent.mkdir()
+        with zipfile.ZipFile(whl, "w") as z:
+            for i, m in enumerate(members):
+                z.writestr(m, f"member {i}")
+            z.writestr("sglang_kernel-0.4.5.dist-info/RECORD", "stale\n")
+        wh.trim_wheel(whl, drop, lambda m: None)
+        with zipfile.ZipFile(whl) as z:
+            names = set(z.namelist())
+            record = z.read("sglang_kernel-0.4.5.dist-info/RECORD").decode().splitlines()
+        assert names == {members[i] for i in kept} | {"sglang_kernel-0.4.5.dist-info/RECORD"}
+        assert sorted(line.split(",")[0] for line in record if not line.endswith(",,")) == sorted(
+            members[i] for i in kept)
