@@ -72,10 +72,39 @@ def test_trim_drops_sgl_kernel_s_lazy_binaries_and_keep_fa3_keeps_flash_ops(tmp_
             for i, m in enumerate(members):
                 z.writestr(m, f"member {i}")
             z.writestr("sglang_kernel-0.4.5.dist-info/RECORD", "stale\n")
-        wh.trim_wheel(whl, drop, lambda m: None)
+        wh.trim_wheel(whl, drop, lambda m: None, lzma_over=8)   # "member 2" is 8 bytes: stays deflated
         with zipfile.ZipFile(whl) as z:
             names = set(z.namelist())
+            assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_DEFLATED}
+            assert all(z.read(members[i]) == f"member {i}".encode() for i in kept)
             record = z.read("sglang_kernel-0.4.5.dist-info/RECORD").decode().splitlines()
         assert names == {members[i] for i in kept} | {"sglang_kernel-0.4.5.dist-info/RECORD"}
         assert sorted(line.split(",")[0] for line in record if not line.endswith(",,")) == sorted(
             members[i] for i in kept)
+
+
+def test_a_big_member_is_stored_lzma_and_pip_installs_it(tmp_path):
+    """--keep-fa3 stores flash_ops LZMA-compressed (half the bytes of deflate for that library); pip (zipfile)
+    installs such a wheel byte for byte."""
+    import subprocess
+    import sys
+    import zipfile
+
+    wh = _wheelhouse()
+    whl = tmp_path / "sgl_kernel_fake-0.1-py3-none-any.whl"
+    blob = bytes(range(256)) * 4096   # 1 MiB
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("sgl_kernel_fake/__init__.py", "")
+        z.writestr("sgl_kernel_fake/flash_ops.abi3.so", blob)
+        z.writestr("sgl_kernel_fake-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: sgl-kernel-fake\nVersion: 0.1\n")
+        z.writestr("sgl_kernel_fake-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("sgl_kernel_fake-0.1.dist-info/RECORD", "")
+    wh.trim_wheel(whl, wh.SGL_KERNEL_DROP_KEEP_FA3, lambda m: None, lzma_over=2**19)
+    with zipfile.ZipFile(whl) as z:
+        assert z.getinfo("sgl_kernel_fake/flash_ops.abi3.so").compress_type == zipfile.ZIP_LZMA
+        assert z.getinfo("sgl_kernel_fake/__init__.py").compress_type == zipfile.ZIP_DEFLATED
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                        str(whl)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (site / "sgl_kernel_fake" / "flash_ops.abi3.so").read_bytes() == blob
