@@ -9,7 +9,7 @@ otherwise, so an A/B runs the attention the user's own server runs; a backend na
 from __future__ import annotations
 
 import subprocess
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 AUTO = "auto"
 FALLBACK = "triton"
@@ -28,8 +28,24 @@ def has_fa3(python: str, timeout: float = 60.0) -> bool:
         return False
 
 
-def attention_flags(choice: str, python: str) -> Tuple[List[str], str]:
-    """(launch_server flags, the line a report shows) for --attention-backend CHOICE, the servers running `python`."""
+def named_in(server_args: Sequence[str]) -> Optional[str]:
+    """The backend a launch_server argument list names itself (`--attention-backend X` or `=X`; the last wins, as in
+    SGLang's argparse), or None."""
+    found = None
+    for i, a in enumerate(server_args):
+        if a == "--attention-backend" and i + 1 < len(server_args):
+            found = server_args[i + 1]
+        elif a.startswith("--attention-backend="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def attention_flags(choice: str, python: str, server_args: Sequence[str] = ()) -> Tuple[List[str], str]:
+    """(launch_server flags, the line a report shows) for --attention-backend CHOICE, the servers running `python`;
+    a backend the user's own server arguments name (e2e's --server-arg) is the one that runs and the one reported."""
+    own = named_in(server_args)
+    if own is not None:
+        return [], f"{own} (--server-arg)"
     choice = (choice or AUTO).strip()
     if choice != AUTO:
         return ["--attention-backend", choice], choice

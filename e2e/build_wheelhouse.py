@@ -182,6 +182,12 @@ def trim_wheel(whl: Path, drop: re.Pattern, log, lzma_over: int = 0) -> Path:
     return whl
 
 
+def has_fa3(whl: Path) -> bool:
+    """Whether an sglang-kernel wheel still holds flash_ops (FA3)."""
+    with zipfile.ZipFile(whl) as z:
+        return any(re.match(r"sgl_kernel/flash_ops[^/]*\.so$", n) for n in z.namelist())
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -305,7 +311,12 @@ def main(argv=None) -> int:
         if p.name not in keep:
             p.unlink()
     if not args.no_trim and "sglang-kernel" in chosen:
-        # Trim a copy so a re-run never trims twice or re-downloads.
+        # Trimmed in place: a re-run finds the trimmed wheel (pip keeps it) and drops nothing more. So a wheel trimmed
+        # without FA3 by an earlier run cannot get it back: --keep-fa3 says so instead of building a set without it.
+        if args.keep_fa3 and not has_fa3(chosen["sglang-kernel"]):
+            print(f"error: {chosen['sglang-kernel']} was trimmed without FA3 by an earlier run: delete it, or build "
+                  f"the --keep-fa3 set into another --out", file=sys.stderr)
+            return 2
         if args.keep_fa3:
             trim_wheel(chosen["sglang-kernel"], SGL_KERNEL_DROP_KEEP_FA3, log, lzma_over=64 * 2**20)
         else:

@@ -359,9 +359,9 @@ def e2e_cmd(model_path, ops, load_format, workloads, rounds, out_dir, port, max_
         return
     from .attention import attention_flags
 
-    att_flags, att_label = attention_flags(attention_backend, python_exe)
+    att_flags, att_label = attention_flags(attention_backend, python_exe, extra)
     _say(f"attention backend: {att_label}")
-    extra = (*att_flags, *extra)   # a --server-arg naming another backend comes later and wins
+    extra = (*att_flags, *extra)
     if step:
         from .step import run_step
 

@@ -138,9 +138,9 @@ def profile_cmd(model_path, batch_sizes, input_len, tp, ops, steps, out_dir, url
         tp_args = ["--tp-size", str(tp)] if tp > 1 else []
         from .attention import attention_flags
 
-        att_flags, att_label = attention_flags(attention_backend, python_exe)
+        att_flags, att_label = attention_flags(attention_backend, python_exe, extra)
         click.echo(f"  · attention backend: {att_label}", err=True)
-        extra = (*att_flags, *extra)   # a --server-arg naming another backend comes later and wins
+        extra = (*att_flags, *extra)
         session = Session({arm: (arm, arm_ops)}, mdir, tok, out_dir, python_exe, worker_module,
                           lambda i: worker_server_args(max(sizes), sizes, kv, 0.85, 30300, False, [*tp_args, *extra]),
                           max(sizes), tp=tp)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from astra_sglang.e2e.attention import attention_flags, has_fa3
+from astra_sglang.e2e.attention import attention_flags, has_fa3, named_in
 
 
 def _sgl_kernel(root, with_fa3: bool):
@@ -41,3 +41,12 @@ def test_no_sgl_kernel_or_no_python_means_triton(tmp_path, monkeypatch):
 def test_a_named_backend_passes_through_without_a_probe():
     assert attention_flags("fa3", "/no/such/python") == (["--attention-backend", "fa3"], "fa3")
     assert attention_flags(" flashinfer ", "/no/such/python")[0] == ["--attention-backend", "flashinfer"]
+
+
+def test_a_backend_in_the_users_server_args_is_the_one_reported():
+    """e2e --server-arg=--attention-backend=X: X runs (e2e adds no flag of its own) and the report names it."""
+    assert named_in(["--tp-size", "2", "--attention-backend", "flashinfer"]) == "flashinfer"
+    assert named_in(["--attention-backend=fa3", "--attention-backend", "triton"]) == "triton"
+    assert named_in(["--attention-backend"]) is None and named_in([]) is None
+    assert attention_flags("auto", "/no/such/python", ["--attention-backend=fa3"]) == ([], "fa3 (--server-arg)")
+    assert attention_flags("triton", "/no/such/python", ["--attention-backend", "fa3"])[0] == []

@@ -6,7 +6,8 @@ stay inside its own sanity bound; the facts the adapter relies on hold in the re
 the adapter's sequence runs SGLang's own norm and rotation on the views forward_native makes, and its tail runs the
 attention and o_proj as the method does.
 
-No kernel runs here (no GPU in CI)."""
+No kernel runs on the CPU; on a GPU with SGLang installed, the last test checks the kernel against SGLang's own torch
+sequence, bit for bit."""
 from __future__ import annotations
 
 import json

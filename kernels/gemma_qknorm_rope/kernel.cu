@@ -312,8 +312,9 @@ cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* co
   const bool wide = bits % lane_bytes == 0;
   const uint32_t N = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + hk);
   const uint32_t Q = static_cast<uint32_t>(hq);
-  // torch's reduce gives a norm call of 16 rows or more 32 threads a row, fewer rows 64 (Reduce.cuh
-  // set_block_dimension: 512 threads, at most 16 rows a block); q's call has tokens x q heads rows, k's tokens x kv
+  // head_dim 256: torch's reduce gives a norm call of 16 rows or more 32 threads a row, fewer rows 64 (Reduce.cuh
+  // set_block_dimension: 512 threads, at most 16 rows a block; head_dim 128 always gets 32 and 64 sums alike either
+  // way); q's call has tokens x q heads rows, k's tokens x kv
   const bool qn = t * hq >= 16, kn = t * hk >= 16;
   switch (d) {
     case 64: return by_width<T, 64>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);

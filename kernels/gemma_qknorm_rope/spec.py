@@ -45,7 +45,7 @@ EDGE = (
     Shape((7, 4, 2, 128, 1024, 1024), ("edge",), "head_dim 128 (Gemma-3-27B)"),
     Shape((9, 8, 2, 256, 2048, 512), ("edge",), "q and k contiguous (strides = their heads)"),
     Shape((33, 4, 1, 256, 1536, 1536), ("edge",), "tokens not a multiple of the warps per block"),
-    # torch's mean gives a norm call of 16 rows or more 32 threads a row, fewer 64 (a different order of adds)
+    # head_dim 256: torch's mean gives a norm call of 16 rows or more 32 threads a row, fewer 64 (another order of adds)
     Shape((4, 4, 1, 256, 1536, 1536), ("edge",), "16 q rows and 4 k rows: either side of torch's reduce switch"),
     Shape((15, 4, 1, 256, 1536, 1536), ("edge",), "60 q rows and 15 k rows: k one row below the switch"),
 )
