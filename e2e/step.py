@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from astra_sglang.e2e.attention import named_in
 from astra_sglang.errors import AstraError
 from astra_sglang.patch.counters import fresh_counter_dir
 
@@ -391,6 +392,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
             "batch sizes": ",".join(map(str, batch_sizes)), "input_len": input_len, "output_len": output_len,
             "rounds": rounds, "warm-up rounds (dropped)": warmup_rounds, "steps dropped per run": skip_steps,
             "spin pad before each timed replay (µs)": gpu_pad_us, "server args (first process)": " ".join(sargs(0)),
+            "attention backend": named_in(sargs(0)) or "SGLang's default for the GPU and model (fa3 on Hopper)",
             "command": "astra-sglang " + " ".join(sys.argv[1:]) if "astra" in sys.argv[0] or sys.argv[0].endswith("cli.py")
             else " ".join(sys.argv)}
     if aa_floor:

@@ -355,6 +355,7 @@ def test_step_ab_end_to_end(tmp_path):
     assert {n for n, cmd in cmds if cmd == "profile"} == {"A-p1", "B-p1"}
     md = (out / "report.md").read_text()
     assert md.count("| A → B |") == 4 and "random effect" in md      # 2 in the Δ table, 2 in the spread table
+    assert "attention backend" in md   # the backend the workers ran (auto: triton where sgl_kernel has no FA3)
     assert (out / "step.png").is_file() and (out / "profile" / "profile.md").is_file()
     assert (out / "profile" / "shapes.json").is_file()
     assert (out / "worker-B-p2.log").is_file()
