@@ -182,8 +182,8 @@ def trim_wheel(whl: Path, drop: re.Pattern, log, lzma_over: int = 0) -> Path:
     return whl
 
 
-def has_fa3(whl: Path) -> bool:
-    """Whether an sglang-kernel wheel still holds flash_ops (FA3)."""
+def wheel_has_fa3(whl: Path) -> bool:
+    """Whether an sglang-kernel wheel still holds flash_ops (FA3); e2e/attention.py's has_fa3 asks an installed one."""
     with zipfile.ZipFile(whl) as z:
         return any(re.match(r"sgl_kernel/flash_ops[^/]*\.so$", n) for n in z.namelist())
 
@@ -313,14 +313,15 @@ def main(argv=None) -> int:
     if not args.no_trim and "sglang-kernel" in chosen:
         # Trimmed in place: a re-run finds the trimmed wheel (pip keeps it) and drops nothing more. So a wheel trimmed
         # without FA3 by an earlier run cannot get it back: --keep-fa3 says so instead of building a set without it.
-        if args.keep_fa3 and not has_fa3(chosen["sglang-kernel"]):
-            print(f"error: {chosen['sglang-kernel']} was trimmed without FA3 by an earlier run: delete it, or build "
-                  f"the --keep-fa3 set into another --out", file=sys.stderr)
-            return 2
-        if args.keep_fa3:
-            trim_wheel(chosen["sglang-kernel"], SGL_KERNEL_DROP_KEEP_FA3, log, lzma_over=64 * 2**20)
+        kernel_whl = chosen["sglang-kernel"]
+        if not args.keep_fa3:
+            trim_wheel(kernel_whl, SGL_KERNEL_DROP, log)
+        elif wheel_has_fa3(kernel_whl):
+            trim_wheel(kernel_whl, SGL_KERNEL_DROP_KEEP_FA3, log, lzma_over=64 * 2**20)
         else:
-            trim_wheel(chosen["sglang-kernel"], SGL_KERNEL_DROP, log)
+            print(f"error: {kernel_whl} was trimmed without FA3 by an earlier run: delete it, or build the --keep-fa3 "
+                  f"set into another --out", file=sys.stderr)
+            return 2
     total = sum(p.stat().st_size for p in chosen.values())
     log(f"{len(chosen)} wheels, {total / 2**20:.1f} MiB in {dl}")
     if args.write_lock:

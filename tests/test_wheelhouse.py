@@ -82,7 +82,7 @@ def test_trim_drops_sgl_kernel_s_lazy_binaries_and_keep_fa3_keeps_flash_ops(tmp_
         assert sorted(line.split(",")[0] for line in record if not line.endswith(",,")) == sorted(
             members[i] for i in kept)
         # a wheel trimmed without FA3 cannot give it back: --keep-fa3 refuses it (trimming is in place)
-        assert wh.has_fa3(whl) is (2 in kept)
+        assert wh.wheel_has_fa3(whl) is (2 in kept)
 
 
 def test_a_big_member_is_stored_lzma_and_pip_installs_it(tmp_path):
