@@ -658,7 +658,8 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert not _is_projection_gemm([[MAX_TOKENS + 1, h], [h, h]], cfg)  # more tokens: cuBLAS's
     assert _is_projection_gemm([[2, 14336], [14336, h]], cfg)       # Llama's down_proj: the 2-row CTAs
     assert not _is_projection_gemm([[4, 14336], [14336, h]], cfg)   # at 4 tokens: longer than MMA_MAX_IN_FEATURES
-    assert not _is_projection_gemm([[1, 16384], [16384, h]], cfg)   # wider than MAX_IN_FEATURES
+    assert _is_projection_gemm([[1, 18944], [18944, h]], cfg)       # a Qwen2.5-7B-long down_proj: 2-row CTAs too
+    assert not _is_projection_gemm([[1, 24576], [24576, h]], cfg)   # longer than MAX_IN_FEATURES
     assert not _is_projection_gemm([[1, h], [h, 6144], [6144]], cfg)  # a bias
     assert not _is_projection_gemm("garbage", cfg)
 

@@ -43,16 +43,21 @@ def _env_bound(name: str, default: int) -> int:
 MAX_TOKENS = 4
 FMA_MAX_TOKENS = 2
 MMA_MAX_OUT_FEATURES = 4096
-# 1-2 tokens: rows up to 14336 inputs. The 14336-wide down_proj (Llama-3-8B, Gemma-2-9B) takes the kernel's 2-row CTAs
-# (ASTRA_LONG_ROWS in kernel.cu): 1.10-1.12x cuBLAS in context at 1 token and -3.9% / -4.9% of those models' decode step
-# (H200, 2026-11-28); longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B
-# (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
-MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 14336)
+# 1-2 tokens: rows up to 21504 inputs, on the kernel's 2-row CTAs above 12288 (ASTRA_LONG_ROWS in kernel.cu). The
+# 14336-wide down_proj (Llama-3-8B, Gemma-2-9B): 1.10-1.12x cuBLAS in context at 1 token and -3.9% / -4.9% of those
+# models' decode step (H200, 2026-11-28). The longer down_proj rows (results/2026-11-30-h200/session24): in context
+# 1.08-1.32x (15360 -> 3840 Gemma-3-12B, 18944 -> 3584 Qwen2.5-7B, 21504 -> 5376 Gemma-3-27B; 1-4 tokens); decode step
+# on SGLang's default attention, every other default op in both arms: Gemma-3-12B -5.95% / -4.65% at batch 1 / 2,
+# Qwen2.5-7B -5.18% / -2.73% / -1.59% at batch 1 / 2 / 4. Longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES
+# (dev) moves the bound for a step A/B (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps
+# down_proj in arm A).
+MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 21504)
 # 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MAX_IN_FEATURES where out_features <=
 # MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path taking the 14336-wide down_proj (H200,
 # 2026-11-28, results/2026-11-28-h200x2/session14): Gemma-2-9B (-> 3584) -2.53%, Llama-3-8B (-> 4096) +0.37% (slower);
-# in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x. ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev) moves the first
-# bound for a batch-4 step A/B (then every width up to MMA_MAX_OUT_FEATURES).
+# in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x; 3-4 x 18944 -> 3584 (Qwen2.5-7B) 1.21-1.24x.
+# ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev) moves the first bound for a batch-4 step A/B (then every width up to
+# MMA_MAX_OUT_FEATURES).
 MMA_MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)
 MMA_LONG_MAX_OUT_FEATURES = 3584
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
