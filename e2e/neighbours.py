@@ -211,11 +211,13 @@ def _shape_kernels(pdir: Path, cap: dict) -> List[KernelEvent]:
 def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
     """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows. Kernels are
     classified as the profile classifies them (profile.op_classifier over both arms' eager shapes traces)."""
-    from .profile import META, op_classifier
+    from .profile import META, linear_bounds, op_classifier
 
     pdir = Path(pdir)
     caps = decode_captures(pdir)
-    cfg = json.loads((pdir / META).read_text()).get("config") or {}
+    meta = json.loads((pdir / META).read_text())
+    cfg = meta.get("config") or {}
+    bounds = linear_bounds(meta)   # as the profile attributes the arms' GEMMs
     out = []
     for (arm, bs), c in sorted(caps.items()):
         b0 = caps.get((base, bs))
@@ -223,7 +225,7 @@ def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
             continue
         if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
             continue
-        match = op_classifier(cfg, _shape_kernels(pdir, b0) + _shape_kernels(pdir, c))
+        match = op_classifier(cfg, _shape_kernels(pdir, b0) + _shape_kernels(pdir, c), bounds)
         ka, kb = load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels
         steps = int(c.get("steps", 1))
         out.append({"base": base, "arm": arm, "batch_size": bs, "rows": consumer_effects(ka, kb, steps, match=match),

@@ -136,10 +136,10 @@ def _projection_dims(dims) -> Optional[Tuple[int, int, int]]:
     return tokens, k, (w[1] if w[0] == k else w[0])
 
 
-def _is_projection_gemm(dims, cfg: dict) -> bool:
+def _is_projection_gemm(dims, cfg: dict, bounds: Optional[Tuple[int, int]] = None) -> bool:
     """Input Dims of a torch matmul that linear's adapter would take: a shape its `declined` rule keeps (tokens,
-    in_features, out_features), no bias, and neither the lm_head (N the vocabulary: SGLang's embedding method, not
-    the linear's) nor the MoE router's GEMM (moe_gate's)."""
+    in_features, out_features; `bounds` as `linear_bounds` gives them), no bias, and neither the lm_head (N the
+    vocabulary: SGLang's embedding method, not the linear's) nor the MoE router's GEMM (moe_gate's)."""
     from astra_sglang.kernels.linear.adapter import declined
 
     d = _projection_dims(dims)
@@ -149,7 +149,7 @@ def _is_projection_gemm(dims, cfg: dict) -> bool:
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if experts and _is_router_gemm(dims, int(cfg.get("hidden_size") or 0), experts):
         return False
-    return tokens > 0 and declined(tokens, k, n) is None and n not in _lm_head_widths(cfg)
+    return tokens > 0 and declined(tokens, k, n, bounds) is None and n not in _lm_head_widths(cfg)
 
 
 def _lm_head_widths(cfg: dict) -> set:
@@ -161,26 +161,27 @@ def _lm_head_widths(cfg: dict) -> set:
 
 
 def projection_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",
-                            gemma: bool = False) -> set:
+                            gemma: bool = False, bounds: Optional[Tuple[int, int]] = None) -> set:
     """Names of the GEMM kernels that, in the eager step, ran the dense projections linear takes and nothing else
     (`_is_projection_gemm`): linear's production. A name cuBLAS also used for another GEMM (the lm_head, often)
     stays a gemm: its graph calls cannot be told apart."""
     seen: Dict[str, set] = defaultdict(set)
     for k in shape_kernels:
         if k.shapes and classify(k.name, hidden_act, gemma=gemma).op == "gemm":
-            seen[k.name].add(_is_projection_gemm(k.shapes, cfg))
+            seen[k.name].add(_is_projection_gemm(k.shapes, cfg, bounds))
     return {n for n, v in seen.items() if v == {True}}
 
 
-def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = ()) -> Callable[[str], Match]:
+def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = (),
+                  bounds: Optional[Tuple[int, int]] = None) -> Callable[[str], Match]:
     """kernel name -> Match for this model: attribution.classify with its activation and Gemma's norms, and the GEMM
-    kernels `router_gemm_kernels` / `projection_gemm_kernels` find in `shape_kernels` as moe_gate / linear (the
-    profile and the neighbours table agree)."""
+    kernels `router_gemm_kernels` / `projection_gemm_kernels` (linear's shape rule with `bounds`) find in
+    `shape_kernels` as moe_gate / linear (the profile and the neighbours table agree)."""
     # Gemma-3 configs (transformers 5) name it hidden_activation only; Gemma-2 carries both
     hidden_act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
     gemma = str(cfg.get("model_type", "")).startswith("gemma")   # FlashInfer's norm kernels are the gemma ops
     router = router_gemm_kernels(shape_kernels, cfg, hidden_act, gemma)
-    projections = projection_gemm_kernels(shape_kernels, cfg, hidden_act, gemma) - router
+    projections = projection_gemm_kernels(shape_kernels, cfg, hidden_act, gemma, bounds) - router
 
     def match(name: str) -> Match:
         if name in router:   # SGLang's gate GEMM: the op moe_gate replaces
@@ -213,12 +214,13 @@ def _linear_saved(per_kernel: Dict[str, dict], linear_dims: Dict[str, set], spee
 
 
 def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, speedups: Optional[SpeedupTable],
-                    shape_kernels: Sequence[KernelEvent] = (), tp: int = 1) -> dict:
+                    shape_kernels: Sequence[KernelEvent] = (), tp: int = 1,
+                    bounds: Optional[Tuple[int, int]] = None) -> dict:
     dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype", "bfloat16")), "bf16")
     total = exclusive_times(kernels)
     steps = max(cap.steps, 1)
     hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
-    match = op_classifier(cfg, shape_kernels)
+    match = op_classifier(cfg, shape_kernels, bounds)
     seen_shapes: Dict[str, set] = defaultdict(set)
     linear_dims: Dict[str, set] = defaultdict(set)   # kernel name -> the projections it ran (eager step)
     for k in shape_kernels:
@@ -337,6 +339,7 @@ def analyze_dir(directory: Path, speedups: Optional[SpeedupTable] = None) -> dic
     meta = json.loads((directory / META).read_text())
     cfg = meta.get("config") or {}
     tp = int(meta.get("tp", 1))
+    bounds = linear_bounds(meta)
     out = {"meta": {k: v for k, v in meta.items() if k not in ("captures", "config")}, "captures": []}
     for c in meta.get("captures", []):
         cap = Capture.from_dict(c)
@@ -346,8 +349,23 @@ def analyze_dir(directory: Path, speedups: Optional[SpeedupTable] = None) -> dic
         tr = load_trace(directory / cap.trace)
         shape_k = load_trace(directory / cap.shapes_trace).kernels if cap.shapes_trace and \
             (directory / cap.shapes_trace).is_file() else tr.kernels   # an eager trace carries its own shapes
-        out["captures"].append(analyze_capture(tr.kernels, cap, cfg, speedups, shape_k, tp))
+        out["captures"].append(analyze_capture(tr.kernels, cap, cfg, speedups, shape_k, tp, bounds))
     return out
+
+
+def linear_bounds(meta: dict) -> Optional[Tuple[int, int]]:
+    """The widest of linear's shape rules the arms ran with (profile-meta's "arm_env": a step A/B's --arm-env, e.g.
+    B:ASTRA_LINEAR_MAX_IN_FEATURES=21504), or None where no arm moved them. Every arm's GEMMs are attributed with
+    it, so a projection one arm's linear takes is linear's row (its cuBLAS production) in the other arms too, and the
+    in-graph prediction compares the same calls (with each arm's own rule it read +19.6% for a -5.95% step,
+    2026-11-30)."""
+    envs = [e for e in (meta.get("arm_env") or {}).values() if e]
+    if not envs:
+        return None
+    from astra_sglang.kernels.linear.adapter import bounds_with
+
+    rules = [bounds_with({})] + [bounds_with(e) for e in envs]
+    return max(r[0] for r in rules), max(r[1] for r in rules)
 
 
 # ----------------------------------------------------------------------------- shapes corpus

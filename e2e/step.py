@@ -435,7 +435,7 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
                 # overhead (measured 2026-11-23: ~0.2 ms per host-timed step)
                 prof = [proc_name("A", idxs[0])] + [proc_name(a, idxs[0]) for a in patched_arms]
                 profile_arms(session, prof, batch_sizes, input_len, profile_steps, out / "profile",
-                             cfg, {**meta, "tp": tp}, cmd_timeout)
+                             cfg, {**meta, "tp": tp, "arm_env": arm_env or {}}, cmd_timeout)
         finally:
             codes.update(session.stop())
     meta["worker exit codes"] = ", ".join(f"{a}={c}" for a, c in codes.items())

@@ -673,6 +673,35 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert names == {"nvjet_a"}
 
 
+def test_an_arm_env_that_widens_linear_s_rule_widens_the_attribution_for_every_arm(monkeypatch):
+    """A step A/B of linear's bound (`--arm-env B:ASTRA_LINEAR_MAX_IN_FEATURES=...`): arm A's cuBLAS down_proj must sit
+    in linear's row too, or the in-graph prediction compares B's astra down_proj against nothing in A (it read +19.6%
+    for a measured -5.95%, 2026-11-30). The widest rule of the arms (and the driver's own) attributes every arm."""
+    from astra_sglang.e2e.profile import _is_projection_gemm, linear_bounds, projection_gemm_kernels
+    from astra_sglang.errors import AstraError
+    from astra_sglang.kernels.linear import adapter
+
+    monkeypatch.delenv("ASTRA_LINEAR_MAX_IN_FEATURES", raising=False)
+    cfg = json.loads((HERE.parent / "e2e" / "configs" / "qwen3-8b" / "config.json").read_text())
+    h = cfg["hidden_size"]
+    wide = {"ASTRA_LINEAR_MAX_IN_FEATURES": "30000"}
+    assert linear_bounds({}) is None and linear_bounds({"arm_env": {"A": {}, "B": {}}}) is None
+    assert linear_bounds({"arm_env": {"B": wide}}) == (30000, adapter.MMA_MAX_IN_FEATURES)
+    # an arm that narrows it: the other arms (and this process) still take more, so the widest stands
+    assert linear_bounds({"arm_env": {"A": {"ASTRA_LINEAR_MAX_IN_FEATURES": "12288"}}}) == (
+        adapter.MAX_IN_FEATURES, adapter.MMA_MAX_IN_FEATURES)
+    long_row = [[1, 24576], [24576, h]]
+    assert not _is_projection_gemm(long_row, cfg)
+    assert _is_projection_gemm(long_row, cfg, linear_bounds({"arm_env": {"B": wide}}))
+    k = KernelEvent("nvjet_down", ts=0.0, dur=1.0)
+    k.shapes, k.torch_op = long_row, "aten::mm"
+    assert projection_gemm_kernels([k], cfg) == set()
+    assert projection_gemm_kernels([k], cfg, bounds=(30000, 12288)) == {"nvjet_down"}
+    assert "24576 > 21504" in adapter.declined(1, 24576, h) and adapter.declined(1, 24576, h, (30000, 12288)) is None
+    with pytest.raises(AstraError, match="ASTRA_LINEAR_MAX_IN_FEATURES='wide'"):
+        linear_bounds({"arm_env": {"B": {"ASTRA_LINEAR_MAX_IN_FEATURES": "wide"}}})
+
+
 def test_linear_s_prediction_reads_each_projection_kernel_at_its_own_shapes():
     """A step runs several projections: each kernel name's time is discounted by the bench speedup of the shapes it
     ran (the lowest where it ran several); a name with an unmeasured shape saves nothing; no measured name at all

@@ -19,15 +19,16 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from astra_sglang.errors import AstraError
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 
-def _env_bound(name: str, default: int) -> int:
-    """A shape bound below, or the environment's value where set (read once, at import: a worker's setting)."""
-    v = os.environ.get(name, "").strip()
+def _env_bound(name: str, default: int, env: Optional[Mapping[str, str]] = None) -> int:
+    """A shape bound below, or the environment's value where set (read once, at import: a worker's setting); env:
+    another process's environment instead of this one's."""
+    v = (os.environ if env is None else env).get(name, "").strip()
     if not v:
         return default
     if not v.isdigit():
@@ -100,6 +101,13 @@ def _off_hopper(tokens: int, device) -> Optional[str]:
     return None
 
 
+def bounds_with(env: Mapping[str, str]) -> Tuple[int, int]:
+    """(MAX_IN_FEATURES, MMA_MAX_IN_FEATURES) of a worker started with `env` on top of this process's environment
+    (a step A/B arm's --arm-env)."""
+    return (_env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", MAX_IN_FEATURES, env),
+            _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", MMA_MAX_IN_FEATURES, env))
+
+
 def _kept(dims) -> Optional[str]:
     """The adapter's `keeps` (validate's n/a): the shape rule, and 3+ tokens where the current GPU is not Hopper."""
     import torch
@@ -110,17 +118,20 @@ def _kept(dims) -> Optional[str]:
     return why
 
 
-def declined(tokens: int, in_features: int, out_features: int) -> Optional[str]:
+def declined(tokens: int, in_features: int, out_features: int,
+             bounds: Optional[Tuple[int, int]] = None) -> Optional[str]:
     """Why a [tokens, in_features] x [out_features, in_features] projection stays with cuBLAS by design, or None: the
-    one rule expand, validate (n/a, not a failure) and profile's attribution of cuBLAS kernels to linear share."""
+    one rule expand, validate (n/a, not a failure) and profile's attribution of cuBLAS kernels to linear share.
+    bounds: (MAX_IN_FEATURES, MMA_MAX_IN_FEATURES) of another process (a step A/B arm's --arm-env), else this one's."""
+    max_in, mma_max_in = bounds or (MAX_IN_FEATURES, MMA_MAX_IN_FEATURES)
     if tokens > MAX_TOKENS:
         return f"{tokens} tokens > {MAX_TOKENS}: SGLang's cuBLAS GEMM"
     if in_features % 8:
         return f"in_features {in_features} is not a multiple of 8"
-    if in_features > MAX_IN_FEATURES:
-        return f"in_features {in_features} > {MAX_IN_FEATURES}: not measured on such long rows"
-    if tokens > FMA_MAX_TOKENS and in_features > MMA_MAX_IN_FEATURES and out_features > MMA_LONG_MAX_OUT_FEATURES:
-        return (f"{tokens} tokens x {in_features} inputs (> {MMA_MAX_IN_FEATURES}) x {out_features} outputs "
+    if in_features > max_in:
+        return f"in_features {in_features} > {max_in}: not measured on such long rows"
+    if tokens > FMA_MAX_TOKENS and in_features > mma_max_in and out_features > MMA_LONG_MAX_OUT_FEATURES:
+        return (f"{tokens} tokens x {in_features} inputs (> {mma_max_in}) x {out_features} outputs "
                 f"(> {MMA_LONG_MAX_OUT_FEATURES}): the tensor-core path only ties cuBLAS on such long rows")
     if tokens > FMA_MAX_TOKENS and out_features > MMA_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {out_features} outputs (> {MMA_MAX_OUT_FEATURES}): cuBLAS is as fast as the "
