@@ -9,6 +9,7 @@ predicted step gain (Amdahl: saved = t_op * (1 - 1/speedup), gain = saved / step
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,13 +194,109 @@ def op_classifier(cfg: dict, shape_kernels: Sequence[KernelEvent] = (),
     return match
 
 
-def _linear_saved(per_kernel: Dict[str, dict], linear_dims: Dict[str, set], speedups: Optional[SpeedupTable],
-                  dtype: str, steps: int):
+# model types whose SGLang attention runs the q/k norm + rope as plain torch ops (Gemma3Attention.forward_native:
+# Gemma3RMSNorm.forward_native on q and k, then the torch.compile'd apply_rotary_pos_emb), and the fused op that
+# replaces that sequence
+TORCH_QK_PATHS = {"gemma3": "gemma_qknorm_rope", "gemma3_text": "gemma_qknorm_rope"}
+# what torch's own kernels classify as by name (elementwise, copies, the norm's mean, other reductions) ...
+_TORCH_KERNEL_OPS = ("torch elementwise/copy", "torch mean", "sampling/logits")
+# ... and inductor's, the compiled rope's (triton_poi_fused_add_cat_mul_neg_...)
+_INDUCTOR = re.compile(r"^triton_(poi|per|red)_fused")
+# the kernels that open a layer's attention: its KV store or the attention itself
+_ATTENTION_INPUT = ("kv_store", "rope+kv_store", "attention")
+
+
+def _is_torch_kernel(name: str, m: Match) -> bool:
+    return not m.astra and (m.op in _TORCH_KERNEL_OPS or (m.op.startswith("other: ") and bool(_INDUCTOR.match(name))))
+
+
+def _is_gemm_call(m: Match) -> bool:
+    """A projection's kernel (the qkv GEMM): cuBLAS's (split-K reduce included), linear's, a fused norm + linear's."""
+    return m.category == "gemm" or m.op in ("linear", "add_rmsnorm_linear")
+
+
+def qk_path_runs(kernels: Sequence[KernelEvent], match: Callable[[str], Match], op: str) -> List[List[KernelEvent]]:
+    """The runs of a layer's q/k norm + rope on each stream, in launch order: the kernels between the qkv GEMM and the
+    attention's first kernel (its KV store or attention), where every one of them is a torch kernel (elementwise,
+    copy, mean, inductor's) or `op`'s own (a patched arm: its kernel and any copy around it). A run must start right
+    after a GEMM and end right before the attention input: so the embedding's scale, the step's cos/sin and positions
+    (before the first layer's norm), the sampling (after the lm_head) and the MLP never fall in one."""
+    by_stream: Dict[Tuple[int, int], List[KernelEvent]] = defaultdict(list)
+    for k in kernels:
+        by_stream[(k.device, k.stream)].append(k)
+    runs: List[List[KernelEvent]] = []
+    for ks in by_stream.values():
+        ks = sorted(ks, key=lambda e: e.ts)
+        ms = [match(k.name) for k in ks]
+        start = None   # index of the run's first kernel, right after a GEMM
+        for i, (k, m) in enumerate(zip(ks, ms)):
+            if m.op == op or _is_torch_kernel(k.name, m):
+                if start is None and i and _is_gemm_call(ms[i - 1]):
+                    start = i
+                continue
+            if start is not None and (m.op in _ATTENTION_INPUT or m.category == "attention"):
+                runs.append(ks[start:i])
+            start = None
+    return runs
+
+
+def _heads_of(cfg: dict) -> set:
+    """q and kv head counts of a config, whole and split over tensor-parallel ranks."""
+    out = set()
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        n = int(cfg.get(key) or 0)
+        out |= {n // tp for tp in (1, 2, 4, 8, 16) if n and n % tp == 0}
+    return out
+
+
+def _qk_shaped(dims, head_dim: int, heads: set) -> bool:
+    """Whether a torch op's input Dims hold a q/k tensor ([1, heads, tokens, head_dim], its [.., 1] mean) or a
+    [head_dim] norm weight."""
+    for d in dims or ():
+        if not isinstance(d, list) or not d or not all(isinstance(x, int) for x in d):
+            continue
+        if d == [head_dim] or (d[-1] in (head_dim, 1) and any(x in heads for x in d[:-1])):
+            return True
+    return False
+
+
+def qk_path_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Callable[[str], Match],
+                      op: str) -> bool:
+    """Whether the eager step agrees with `qk_path_runs`: every kernel of its runs whose launching op's shapes were
+    recorded ran on q/k (`_qk_shaped`). A trace without shapes (a live server's) cannot disagree."""
+    head_dim = int(cfg.get("head_dim") or 0)
+    heads = _heads_of(cfg)
+    return all(_qk_shaped(k.shapes, head_dim, heads) for run in qk_path_runs(shape_kernels, match, op)
+               for k in run if k.shapes)
+
+
+def kernel_matcher(cfg: dict, match: Callable[[str], Match], traces: Sequence[Sequence[KernelEvent]],
+                   shape_traces: Sequence[Sequence[KernelEvent]] = ()) -> Callable[[KernelEvent], Match]:
+    """kernel event -> Match: `match` by name, except, in a model whose q/k norm + rope SGLang runs as torch ops
+    (TORCH_QK_PATHS), the kernels of `qk_path_runs` in `traces`: the fused op's production (covered, SGLang's), or its
+    own kernel. torch's kernel names are shared with every other torch op, so only their place in the layer tells
+    them apart; the graph trace records no shapes, so its runs are found by place alone, and the eager step's shapes
+    (each of `shape_traces`) must confirm the rule (qk_path_confirmed) or nothing is moved."""
+    op = TORCH_QK_PATHS.get(str(cfg.get("model_type", "")))
+    if not op or not all(qk_path_confirmed(ks, cfg, match, op) for ks in shape_traces):
+        return lambda k: match(k.name)
+    path = {id(k) for ks in traces for run in qk_path_runs(ks, match, op) for k in run}
+    production = Match(op, "op", True, False)
+
+    def of(k: KernelEvent) -> Match:
+        m = match(k.name)
+        return production if id(k) in path and m.op != op else m
+
+    return of
+
+
+def _linear_saved(per_kernel: Dict[Tuple[str, str], dict], linear_dims: Dict[str, set],
+                  speedups: Optional[SpeedupTable], dtype: str, steps: int):
     """-> (µs per step saved over SGLang's projection kernels, bench sources) or (None, ()) where no kernel name has a
     measured speedup. A name with no speedup for one of its shapes saves nothing."""
     saved, srcs, found = 0.0, set(), False
-    for name, pk in per_kernel.items():
-        shapes = linear_dims.get(name)
+    for pk in per_kernel.values():
+        shapes = linear_dims.get(pk["name"])
         if pk["op"] != "linear" or not shapes or not speedups:
             continue
         sps = [speedups.lookup("linear", d, dtype) for d in sorted(shapes)]
@@ -221,11 +318,13 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     steps = max(cap.steps, 1)
     hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
     match = op_classifier(cfg, shape_kernels, bounds)
+    # by event: Gemma-3's torch q/k path is told apart by its place in the layer, not by its kernels' names
+    of = kernel_matcher(cfg, match, (kernels, shape_kernels), (shape_kernels,))
     seen_shapes: Dict[str, set] = defaultdict(set)
     linear_dims: Dict[str, set] = defaultdict(set)   # kernel name -> the projections it ran (eager step)
     for k in shape_kernels:
         if k.shapes:
-            m = match(k.name)
+            m = of(k)
             s = _fmt_dims(k.shapes)
             if s:
                 seen_shapes[m.op].add(f"{s} ({k.torch_op})" if k.torch_op else s)
@@ -234,16 +333,16 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
                 if d:
                     linear_dims[k.name].add(d)
     ops: Dict[str, dict] = {}
-    per_kernel: Dict[str, dict] = {}
+    per_kernel: Dict[Tuple[str, str], dict] = {}
     last_on_stream: Dict[Tuple[int, int], Tuple[str, Match]] = {}   # (device, stream) -> its previous kernel
     for k in sorted(kernels, key=lambda e: e.ts):
-        m = match(k.name)
+        m = of(k)
         prev = last_on_stream.get((k.device, k.stream))
         last_on_stream[(k.device, k.stream)] = (k.name, m)
         if prev and SPLITK_REDUCE.search(k.name) and prev[1].op in ("linear", "moe_gate") and not prev[1].astra:
             # cuBLAS's split-K reduction of the projection GEMM just before it: part of that F.linear (the bench's
             # installed baseline times both), so it counts as that op's, with that GEMM's name and call
-            pk = per_kernel[prev[0]]
+            pk = per_kernel[(prev[0], prev[1].op)]
             pk["excl"] += k.excl
             o = ops[prev[1].op]
             o["excl"] += k.excl
@@ -258,7 +357,9 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
         o["calls"] += 1
         o["astra"] = o["astra"] or m.astra
         o["kernels"].add(short_name(k.name, 50))
-        pk = per_kernel.setdefault(k.name, {"kernel": short_name(k.name, 80), "op": m.op, "excl": 0.0, "calls": 0})
+        # by name and op: a torch kernel name runs in Gemma-3's q/k path and elsewhere
+        pk = per_kernel.setdefault((k.name, m.op), {"name": k.name, "kernel": short_name(k.name, 80), "op": m.op,
+                                                    "excl": 0.0, "calls": 0})
         pk["excl"] += k.excl
         pk["calls"] += 1
     rows = []
