@@ -241,7 +241,7 @@ def qk_path_runs(kernels: Sequence[KernelEvent], match: Callable[[str], Match], 
 
 
 def _heads_of(cfg: dict) -> set:
-    """q and kv head counts of a config, whole and split over tensor-parallel ranks."""
+    """q and kv head counts of a config on one rank, at each tensor-parallel degree that divides them."""
     out = set()
     for key in ("num_attention_heads", "num_key_value_heads"):
         n = int(cfg.get(key) or 0)
@@ -250,12 +250,14 @@ def _heads_of(cfg: dict) -> set:
 
 
 def _qk_shaped(dims, head_dim: int, heads: set) -> bool:
-    """Whether a torch op's input Dims hold a q/k tensor ([1, heads, tokens, head_dim], its [.., 1] mean) or a
-    [head_dim] norm weight."""
+    """Whether a torch op's input Dims hold a q/k view ([1, heads, tokens, head_dim] in 0.5.17, its [.., 1] mean, the
+    [1, tokens, heads, head_dim] permute; [tokens, heads, head_dim] in 0.5.23) or a [head_dim] norm weight."""
     for d in dims or ():
         if not isinstance(d, list) or not d or not all(isinstance(x, int) for x in d):
             continue
-        if d == [head_dim] or (d[-1] in (head_dim, 1) and any(x in heads for x in d[:-1])):
+        if d == [head_dim] or (len(d) == 3 and d[1] in heads and d[2] in (head_dim, 1)):
+            return True
+        if len(d) == 4 and d[0] == 1 and (d[1] in heads or d[2] in heads) and d[3] in (head_dim, 1):
             return True
     return False
 
@@ -263,11 +265,14 @@ def _qk_shaped(dims, head_dim: int, heads: set) -> bool:
 def qk_path_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Callable[[str], Match],
                       op: str) -> bool:
     """Whether the eager step agrees with `qk_path_runs`: every kernel of its runs whose launching op's shapes were
-    recorded ran on q/k (`_qk_shaped`). A trace without shapes (a live server's) cannot disagree."""
-    head_dim = int(cfg.get("head_dim") or 0)
+    recorded ran on q/k (`_qk_shaped`), but `op`'s own (its name says it). A trace without shapes (a live server's)
+    cannot disagree."""
+    from astra_sglang.families.qkv import heads_of_config
+
+    head_dim = (heads_of_config(cfg) or (0, 0, 0))[2]   # as the op's dims read it (gemma_qknorm_rope's spec)
     heads = _heads_of(cfg)
     return all(_qk_shaped(k.shapes, head_dim, heads) for run in qk_path_runs(shape_kernels, match, op)
-               for k in run if k.shapes)
+               for k in run if k.shapes and match(k.name).op != op)
 
 
 def kernel_matcher(cfg: dict, match: Callable[[str], Match], traces: Sequence[Sequence[KernelEvent]],

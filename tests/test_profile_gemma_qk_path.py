@@ -223,3 +223,32 @@ def test_the_neighbours_table_attributes_the_path_as_the_profile_does(tmp_path):
     assert rows[("gemma_qknorm_rope", "gemma_qknorm_rope")]["calls_per_step"] == 21 * LAYERS
     assert not any(r["op"] == "torch elementwise/copy" for r in res["rows"])   # not covered: never a row's op
     assert saved_with_consumers(res["rows"]) == pytest.approx(PATH_US - 2.0 * LAYERS)
+
+
+def test_q_k_shapes_are_either_layout_at_any_tp_degree():
+    """0.5.17 norms q as [1, heads, tokens, head_dim] views, 0.5.23 as [tokens, heads, head_dim]; at TP 2 the rank's
+    heads are half; Gemma-3-1B has one kv head. A hidden-state or logits tensor is none of them."""
+    from astra_sglang.e2e.profile import _heads_of, _qk_shaped
+
+    heads = _heads_of(G3)
+    assert heads == {16, 8, 4, 2, 1}
+    assert _qk_shaped([[1, 16, 4, 256], []], 256, heads) and _qk_shaped([[1, 8, 4, 1]], 256, heads)
+    assert _qk_shaped([[4, 8, 256], [4, 8, 1]], 256, heads)          # 0.5.23, or TP 2's q
+    assert _qk_shaped([[256], []], 256, heads)                        # 1 + w
+    assert not _qk_shaped([[1, 3840], []], 256, heads) and not _qk_shaped([[1, 262208]], 256, heads)
+    assert not _qk_shaped([[4, 3840, 256]], 256, heads) and not _qk_shaped(None, 256, heads)
+    one_kv = {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256}
+    assert _qk_shaped([[1, 1, 1, 256]], 256, _heads_of(one_kv))
+
+
+def test_a_patched_arm_s_kernel_and_a_copy_around_it_are_the_op_s():
+    """In the patched arm the run is astra's kernel and whatever torch copy still sits between it and the KV store: the
+    copy counts with the op in both arms (A's run held it too), so the in-graph difference is the kernels replaced."""
+    def patched_with_copy():
+        return [(ASTRA, "astra::gemma_qknorm_rope", [[1, 8192], [1, 8192]]), (COPY, "aten::copy_", [[1, 8, 256]])]
+
+    step = decode_step(False, patched_with_copy)
+    c = analyze(G3, step=step)
+    q = {r["op"]: r for r in c["ops"]}["gemma_qknorm_rope"]
+    assert q["astra_kernel"] and q["calls_per_step"] == 2 * LAYERS
+    assert q["us_per_step"] == pytest.approx((2.0 + 1.5) * LAYERS)
