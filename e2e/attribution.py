@@ -66,8 +66,9 @@ KNOWN: Tuple[Rule, ...] = (
     # sampling rule, whose reduce_kernel pattern is for the argmax
     Rule("torch mean", "op", r"reduce_kernel.*MeanOps"),
     Rule("sampling/logits", "other", r"argmax|softmax|sampl|topk|sort|cumsum|reduce_kernel"),
-    # memory-bound work too: Gemma-3's torch q/k norm and rope were 17% of its decode step at batch 1 in this row, with
-    # no op claiming them (H200, results/2026-11-29-h200/session22/), so it counts with the small ops
+    # memory-bound work too: Gemma-3's torch q/k norm and rope were 17% of its decode step at batch 1 in this row (H200,
+    # results/2026-11-29-h200/session22/); by name alone they stay here, the profile moves them by place
+    # (profile.kernel_matcher: gemma_qknorm_rope's production)
     Rule("torch elementwise/copy", "op", r"elementwise|copy|memcpy|memset|fill|cat_?array|index"),
 )
 
