@@ -540,3 +540,326 @@ def test_random_inputs_have_no_near_ties_a_sigmoids_rounding_could_reorder(dist)
     for seed in range(4):
         moved |= (_route_with_sigmoid_error(raw, b, dims, 3e-6, seed) != rref).any(-1)
     assert not (moved & ~flagged).any() and flagged.float().mean() < 0.1
+
+
+# --------------------------------------------------------------------------- the warp variant (ASTRA_ROUTER_WARP)
+# kernel.cu's select_slots / finish emulated lane by lane in numpy (a lane axis of 32; shuffles as index arrays),
+# against the reference's ids and the CTA kernel's weights bit for bit (its butterfly, in fp32).
+import re  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+_F32 = np.float32
+_LANES = np.arange(32)
+
+
+def _kernel_src() -> str:
+    from astra_sglang.registry import op_dir
+
+    return (op_dir(OP) / "kernel.cu").read_text()
+
+
+def _networks():
+    """The exchanges of kernel.cu's sort4 / sort8, read from the source (the emulation runs exactly those)."""
+    src = _kernel_src()
+
+    def body(name):
+        i = src.index(f"void {name}(")
+        return src[i:src.index("\n}\n", i)]
+
+    s4 = [(int(a), int(b)) for a, b in re.findall(r"cx\(x(\d), x(\d)\)", body("sort4"))]
+    s8 = [(int(a), int(b)) for a, b in re.findall(r"cx\(x\[(\d)\], x\[(\d)\]\)", body("sort8"))]
+    return s4, s8
+
+
+def warp_pick(e, routed, groups):
+    """kernel.cu's wr::pick_v: (V values a lane, GL lanes a group), or None (the CTA kernel takes the shape)."""
+    if routed > 8:
+        return None
+    if groups > 1:
+        epg = e // groups
+        for v in (1, 2, 4, 8):
+            if 32 * v >= e:
+                if epg % v or (epg // v) & (epg // v - 1):
+                    return None
+                return v, epg // v
+        return None
+    for v in (1, 2, 4, 8, 12):
+        if 32 * v >= e:
+            return (v, 32) if e % v == 0 else None
+    return None
+
+
+def _cx(x, i, j):
+    hi, lo = np.maximum(x[..., i], x[..., j]), np.minimum(x[..., i], x[..., j])
+    x[..., i], x[..., j] = hi, lo
+
+
+def _merge_top(a, b):
+    c = np.maximum(a, b[..., ::-1])
+    for s in (4, 2, 1):
+        for i in range(8):
+            if not i & s:
+                _cx(c, i, i + s)
+    return c
+
+
+def _lane_list(k, v, nets):
+    s4, s8 = nets
+    n = k.shape[0]
+    lst = np.full((n, 32, 8), -np.inf, _F32)
+    lst[..., :min(v, 8)] = k[..., :min(v, 8)]
+    if v == 2:
+        _cx(lst, 0, 1)
+    elif v == 4:
+        for i, j in s4:
+            _cx(lst, i, j)
+    elif v >= 8:
+        for i, j in s8:
+            _cx(lst, i, j)
+    if v == 12:
+        b = np.full((n, 32, 8), -np.inf, _F32)
+        b[..., :4] = k[..., 8:12]
+        for i, j in s4:
+            _cx(b, i, j)
+        lst = _merge_top(lst, b)
+    return lst
+
+
+def _ordered(f):
+    u = f.astype(_F32).view(np.uint32)
+    return np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
+
+
+def canon_keys(k):
+    """The kernel's key rules: NaN ranks as -1e30, -0 is +0."""
+    k = np.where(k == k, k, _F32(-1e30)).astype(_F32)
+    return np.where(k == 0, _F32(0), k).astype(_F32)
+
+
+def warp_emulation(keys, sg, dims, scale=1.0, shared_div=1.0, renormalize=True, broken=None):
+    """ASTRA_ROUTER_WARP's selection and weights for rows of fp32 keys / sigmoids [N, E] (keys already canonical):
+    (ids [N, topk], weights [N, topk] fp32, rows that took the exact argmax rounds). `broken` names a deliberate
+    error, to show the comparison catches it."""
+    e, topk, groups, tg, shared = (int(d) for d in dims[1:])
+    routed = topk - shared
+    v, gl = warp_pick(e, routed, groups)
+    shift = gl.bit_length() - 1
+    n = keys.shape[0]
+    k = np.full((n, 32, v), -np.inf, _F32)
+    s = np.zeros((n, 32, v), _F32)
+    k[:, :e // v] = keys.reshape(n, e // v, v)
+    s[:, :e // v] = sg.reshape(n, e // v, v)
+    lst = _lane_list(k, v, _networks())
+
+    def merge_xor(lst, o):
+        return _merge_top(lst, lst[:, _LANES ^ o])
+
+    o = 1
+    while o < gl:
+        lst = merge_xor(lst, o)
+        o <<= 1
+    if groups > 1:
+        g = _LANES >> shift
+        score = (lst[..., 0] + lst[..., 1]).astype(_F32)
+        grank = np.zeros((n, 32), np.int64)
+        for j in range(groups):
+            sj = score[:, j << shift][:, None]
+            tie = (j > g) if broken == "group ties to the higher id" else (j < g)
+            grank += (sj > score) | ((sj == score) & tie)
+        kept = (g < groups) & (grank < tg)
+        lst = np.where(kept[..., None], lst, _F32(-np.inf))
+        k = np.where(kept[..., None], k, _F32(-np.inf))
+        o = gl
+        while o < 32:
+            lst = merge_xor(lst, o)
+            o <<= 1
+    assert (lst == lst[:, :1]).all(), "the merged list must be the same in every lane"
+    top = lst[:, 0]  # [N, 8]
+    distinct = np.ones(n, bool)
+    for r in range(routed - 1):
+        distinct &= top[:, r] > top[:, r + 1]
+    if broken == "no exact rounds":
+        distinct[:] = True
+    owner = np.zeros((n, 32), np.int64)
+    oj = np.zeros((n, 32), np.int64)
+    rows = np.arange(n)
+    f = np.nonzero(distinct)[0]
+    for r in range(routed):  # a ballot per slot: the lowest lane holding list[r], then its lowest index
+        hit = (k[f] == top[f, r][:, None, None]).any(-1)
+        assert hit.any(-1).all()
+        w = (31 - np.argmax(hit[:, ::-1], -1)) if broken == "the highest lane" else np.argmax(hit, -1)
+        owner[f, r] = w
+        oj[f, r] = np.argmax(k[f, w] == top[f, r][:, None], -1)
+    sl = np.nonzero(~distinct)[0]
+    rk = k[sl].copy()
+    for r in range(routed):  # exact argmax rounds: lane best (the lowest index), the highest key, the lowest lane
+        bj = np.argmax(rk, -1)
+        bk = np.take_along_axis(rk, bj[..., None], -1)[..., 0]
+        u = _ordered(bk)
+        w = np.argmax(u == u.max(-1, keepdims=True), -1)
+        wj = bj[np.arange(len(sl)), w]
+        rk[np.arange(len(sl)), w, wj] = -np.inf
+        owner[sl, r], oj[sl, r] = w, wj
+    ids = owner[:, :routed] * v + oj[:, :routed]
+    w = np.zeros((n, 32), _F32)
+    w[:, :routed] = s[rows[:, None], owner[:, :routed], oj[:, :routed]]
+    if broken == "the sum in slot order":
+        tot = np.zeros(n, _F32)
+        for i in range(8):
+            tot = (tot + w[:, i]).astype(_F32)
+    else:
+        a = [w[:, i] for i in range(8)]
+        tot = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))).astype(_F32)
+    return (ids,) + _finish(w, tot, routed, topk, e, renormalize, scale, shared_div) + (sl,)
+
+
+def _finish(w, tot, routed, topk, e, renormalize, scale, shared_div):
+    """kernel.cu's last steps from each lane's routed sigmoid w [N, 32] and their sum: renormalize, scale, the
+    shared columns (the 32-lane butterfly), in fp32."""
+    den = np.where(tot > 0, tot, _F32(1)).astype(_F32) if renormalize else np.ones_like(tot)
+    fw = ((w / den[:, None]).astype(_F32) * _F32(scale)).astype(_F32)
+    fsum = fw.copy()
+    for o in (16, 8, 4, 2, 1):
+        fsum = (fsum + fsum[:, _LANES ^ o]).astype(_F32)
+    out = fw[:, :topk].copy()
+    out[:, routed:] = (fsum[:, routed:topk] / _F32(shared_div)).astype(_F32)
+    return (out,)
+
+
+def cta_weights(ids, sg, dims, scale=1.0, shared_div=1.0, renormalize=True):
+    """The CTA kernel's weights for the reference's ids: slot r's sigmoid in lane r, its 32-lane butterfly sum."""
+    e, topk, _, _, shared = (int(d) for d in dims[1:])
+    routed = topk - shared
+    n = ids.shape[0]
+    w = np.zeros((n, 32), _F32)
+    w[:, :routed] = np.take_along_axis(sg, ids, -1)
+    tot = w.copy()
+    for o in (16, 8, 4, 2, 1):
+        tot = (tot + tot[:, _LANES ^ o]).astype(_F32)
+    return _finish(w, tot[:, 0], routed, topk, e, renormalize, scale, shared_div)[0]
+
+
+def _ref_ids(keys, dims):
+    """The reference's selection (spec._kept_groups + a stable descending sort) on canonical fp32 keys."""
+    _, keys_m = SPEC_MOD._kept_groups(torch.from_numpy(keys), int(dims[3]), int(dims[4]))
+    return torch.sort(keys_m, dim=-1, descending=True, stable=True).indices[:, :int(dims[2]) - int(dims[5])].numpy()
+
+
+def _tie_rows(n, dims, rng):
+    """Heavy ties: keys from a few values (equal group scores, equal keys across groups and inside a lane), -0 and
+    +0, NaN (-1e30), whole rows of one value; sigmoids arbitrary."""
+    e = int(dims[1])
+    k = (rng.integers(0, 4, (n, e)) / 4).astype(_F32)
+    k[n // 4: n // 2] = rng.choice(np.array([0.0, -0.0, 0.5, -0.5], _F32), (n // 2 - n // 4, e))
+    k[n // 2: n // 2 + 3] = _F32(0.25)
+    k[n // 2 + 3: n // 2 + 6] = _F32(-0.0)
+    nan = rng.random((n, e)) < 0.02
+    k[nan] = np.nan
+    # the last quarter: distinct keys above, the boundary tied (the ballot path's own tie: the lowest id)
+    for r in range(3 * n // 4, n):
+        k[r] = (rng.random(e) * 0.4).astype(_F32)
+        at = rng.permutation(e)
+        top = max(1, int(dims[2]) - int(dims[5]) - 1)
+        k[r, at[:top]] = (0.9 + 0.01 * np.arange(top)).astype(_F32)
+        k[r, at[top:top + max(2, e // 16)]] = _F32(0.8)
+    sg = rng.random((n, e)).astype(_F32)
+    return k, sg
+
+
+def _spec_rows(dims, dist, seed):
+    inp = SPEC.make_inputs((64,) + tuple(dims[1:]), "fp32", torch.Generator().manual_seed(seed), dist, device="cpu")
+    sg = torch.sigmoid(inp["scores"].double()).float()
+    return keys32(inp["scores"], inp["bias"]).numpy(), sg.numpy()
+
+
+WARP_SHAPES = [(0, 256, 8, 8, 4, 0), (0, 256, 9, 8, 4, 1), (0, 384, 8, 1, 1, 0), (0, 64, 6, 8, 3, 0),
+               (0, 64, 8, 8, 3, 2), (0, 16, 4, 8, 2, 0), (0, 32, 1, 4, 1, 0), (0, 8, 8, 1, 1, 0),
+               (0, 128, 5, 4, 2, 1), (0, 160, 8, 1, 1, 0), (0, 3, 3, 1, 1, 0), (0, 96, 5, 3, 2, 0),
+               (0, 256, 8, 32, 8, 0), (0, 256, 8, 16, 4, 0), (0, 8, 2, 8, 2, 0), (0, 384, 12, 1, 1, 4)]
+
+
+def _check_warp(dims, keys, sg, broken=None):
+    """(rows whose ids differ from the reference's, rows whose weights differ from the CTA kernel's bit for bit,
+    rows that took the exact rounds)."""
+    scale, apply = (2.5, 1) if dims[5] else (1.0, 0)
+    keys = canon_keys(keys)
+    ids, w, slow = warp_emulation(keys, sg, dims, scale=scale if apply else 1.0, shared_div=scale, broken=broken)
+    ref = _ref_ids(keys, dims)
+    bad_ids = (ids != ref).any(-1)
+    ref_w = cta_weights(ref, sg, dims, scale=scale if apply else 1.0, shared_div=scale)
+    bad_w = (w.view(np.uint32) != ref_w.view(np.uint32)).any(-1)
+    return bad_ids, bad_w, slow
+
+
+def test_warp_variant_takes_the_deepseek_and_kimi_rows_and_leaves_the_rest():
+    assert warp_pick(256, 8, 8) == (8, 4)    # DeepSeek-V3: a group on 4 lanes of 8 experts
+    assert warp_pick(384, 8, 1) == (12, 32)  # Kimi-K2: one group, 12 experts a lane
+    assert warp_pick(1024, 32, 32) is None and warp_pick(512, 8, 1) is None  # too wide: the CTA kernel
+    assert warp_pick(256, 9, 8) is None      # more than 8 routed
+    assert warp_pick(96, 8, 32) is None      # 3 experts a group, V = 4: no whole lanes
+    assert warp_pick(257, 8, 1) is None      # experts % V
+    src = _kernel_src()
+    assert "#define ASTRA_ROUTER_WARP 0" in src  # off by default
+    m = re.search(r"static const int kGrouped\[\] = \{([^}]*)\}, kOne\[\] = \{([^}]*)\};", src)
+    assert m and m.group(1) == "1, 2, 4, 8" and m.group(2) == "1, 2, 4, 8, 12"  # what warp_pick mirrors
+
+
+def test_warp_sort_networks_sort_every_0_1_input():
+    s4, s8 = _networks()
+    assert len(s4) == 5 and len(s8) == 19
+    for size, net in ((4, s4), (8, s8)):
+        x = ((np.arange(1 << size)[:, None] >> np.arange(size)) & 1).astype(_F32)
+        for i, j in net:
+            _cx(x, i, j)
+        assert (np.diff(x, axis=-1) <= 0).all()  # 0-1 principle: a network sorting these sorts everything
+
+
+@pytest.mark.parametrize("dims", WARP_SHAPES, ids=lambda d: "x".join(map(str, d[1:])))
+def test_warp_variant_selection_and_weights_are_the_cta_kernels(dims):
+    """Every row: ids equal the reference's (ties: the larger key, then the lowest id; groups: the larger score,
+    then the lowest group), weights equal the CTA kernel's bit for bit (its renormalizing butterfly's order)."""
+    rng = np.random.default_rng(int(dims[1]) * 31 + int(dims[2]))
+    sets = [_spec_rows(dims, dist, seed) for seed, dist in enumerate(SPEC.distributions)]
+    sets.append(_tie_rows(192, dims, rng))
+    slow_rows = 0
+    for keys, sg in sets:
+        bad_ids, bad_w, slow = _check_warp(dims, keys, sg)
+        assert not bad_ids.any() and not bad_w.any(), (dims, np.nonzero(bad_ids | bad_w)[0][:5])
+        slow_rows += len(slow)
+    if int(dims[2]) - int(dims[5]) > 1:
+        assert slow_rows > 0  # the tie rows reach the exact rounds too
+
+
+def test_warp_emulation_catches_a_broken_tie_rule():
+    dims = (0, 256, 8, 8, 4, 0)
+    rng = np.random.default_rng(3)
+    keys, sg = _tie_rows(192, dims, rng)
+    for broken in ("the highest lane", "group ties to the higher id", "no exact rounds"):
+        bad_ids, _, _ = _check_warp(dims, keys, sg, broken=broken)
+        assert bad_ids.any(), broken
+    keys, sg = _spec_rows(dims, "normal", 0)
+    _, bad_w, _ = _check_warp(dims, keys, sg, broken="the sum in slot order")
+    assert bad_w.any()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("warp", [1, 2])
+def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, warp):
+    from astra_sglang.build import find_nvcc
+    from astra_sglang.registry import op_dir
+
+    r = subprocess.run([find_nvcc(), "-std=c++20", "-O3", "--expt-relaxed-constexpr", "-gencode",
+                        "arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+                        f"-DASTRA_ROUTER_WARP={warp}", "-o", str(tmp_path / "k.so"), str(op_dir(OP) / "kernel.cu")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warning" not in r.stderr.lower(), r.stderr[-2000:]
+    kernels = {}
+    for chunk in r.stderr.split("Compiling entry function '")[1:]:
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", chunk)
+        kernels[chunk.split("'")[0]] = m.groups()
+    assert len([k for k in kernels if "warp_router_kernel" in k]) == 15  # 3 dtypes x V = 1, 2, 4, 8, 12
+    assert all(v == ("0", "0", "0") for v in kernels.values()), kernels
+    sym = subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
+    assert "astra_moe_grouped_router" in sym

@@ -38,6 +38,21 @@
 //  * Warp 0 renormalizes (a warp sum), scales when asked, appends the fused shared-expert columns as SGLang does
 //    after flashinfer (id = num_experts, weight = the routed weights' sum / routed_scaling_factor) and stores.
 //  * Programmatic dependent launch on sm_90+ (house style).
+//
+// Variant ASTRA_ROUTER_WARP=1 (dev, off by default; the same results bit for bit, fallback to the CTA kernel above
+// for any shape it does not take): one warp per token, 4 tokens a CTA, no shared memory, no __syncthreads.
+//  * Lane l holds experts l*V .. l*V+V-1 (V = 1, 2, 4, 8 grouped, experts <= 256; 1, 2, 4, 8, 12 with one group,
+//    experts <= 384; experts % V == 0), loaded as vectors; a group spans GL = experts a group / V lanes (a power of 2;
+//    DeepSeek-V3: V = 8, GL = 4). Needs routed <= 8.
+//  * Values only (fmaxf / fminf, no ids): each lane sorts its keys (Batcher, 19 exchanges for 8), then bitonic
+//    top-8 merges with the xor partners 1 .. GL/2 give every lane its group's 8 best keys (with multiplicity): the
+//    group score is the first two. Groups are ranked by shuffles; a dropped group's list and keys become -inf; merges
+//    with the xor partners GL .. 16 give every lane v[0..7], the 8 best keys of the kept groups.
+//  * Ids: when v[0] > v[1] > .. > v[routed-1] (no tie among the chosen keys), slot r's expert is the lowest-id kept
+//    expert whose key is v[r] (a ballot per slot: the lowest lane, then the lowest index in it); a key above the
+//    last one is unique, and the last one's ties go to the lowest id. Otherwise (a tie among the chosen keys) routed
+//    rounds of an exact warp argmax on (key, lowest id). Lane r then fetches its weight from the owner lane.
+//  * The renormalizing sum adds the routed weights in the order the CTA kernel's butterfly does (lanes past 8 are 0).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -45,6 +60,10 @@
 
 #ifndef ASTRA_PDL
 #define ASTRA_PDL 1  // 0: plain launch; 1: PDL, trigger right after the wait; 2 (dev): PDL, trigger after the stores
+#endif
+
+#ifndef ASTRA_ROUTER_WARP
+#define ASTRA_ROUTER_WARP 0  // 0: one CTA a token; 1 (dev): one warp a token where the shape allows (header)
 #endif
 
 namespace astra_moegr {
@@ -226,6 +245,431 @@ cudaError_t dispatch(const Args& a, cudaStream_t stream) {
   return launch<T, 32>(a, stream);
 }
 
+#if ASTRA_ROUTER_WARP
+// ---------------------------------------------------------------------------------------------- the warp router
+namespace wr {
+
+constexpr int kL = 8;              // each lane's sorted list: the 8 best keys (routed <= 8)
+constexpr int kWarpsPerCta = 4;    // ASTRA_ROUTER_WARP=2: one token a warp
+constexpr int kMaxWarpExperts = 384;  // ASTRA_ROUTER_WARP=1: one thread an expert
+
+__device__ __forceinline__ void cx(float& a, float& b) {  // a, b <- max, min (keys carry no NaN)
+  const float hi = fmaxf(a, b);
+  b = fminf(a, b);
+  a = hi;
+}
+
+// Batcher's odd-even merge sorts, descending (the tests read the exchanges from this source)
+__device__ __forceinline__ void sort4(float& x0, float& x1, float& x2, float& x3) {
+  cx(x0, x1); cx(x2, x3);
+  cx(x0, x2); cx(x1, x3);
+  cx(x1, x2);
+}
+
+__device__ __forceinline__ void sort8(float (&x)[kL]) {
+  cx(x[0], x[1]); cx(x[2], x[3]); cx(x[4], x[5]); cx(x[6], x[7]);
+  cx(x[0], x[2]); cx(x[1], x[3]); cx(x[4], x[6]); cx(x[5], x[7]);
+  cx(x[1], x[2]); cx(x[5], x[6]);
+  cx(x[0], x[4]); cx(x[1], x[5]); cx(x[2], x[6]); cx(x[3], x[7]);
+  cx(x[2], x[4]); cx(x[3], x[5]);
+  cx(x[1], x[2]); cx(x[3], x[4]); cx(x[5], x[6]);
+}
+
+// c[i] = max(a[i], b[7 - i]) of two descending lists holds the 8 best of both, bitonic: sort it
+__device__ __forceinline__ void merge_top(float (&a)[kL], const float (&b)[kL]) {
+#pragma unroll
+  for (int i = 0; i < kL; ++i) a[i] = fmaxf(a[i], b[kL - 1 - i]);
+#pragma unroll
+  for (int s = kL / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kL; ++i)
+      if ((i & s) == 0) cx(a[i], a[i + s]);
+  }
+}
+
+__device__ __forceinline__ void merge_xor(float (&list)[kL], int o) {
+  float p[kL];
+#pragma unroll
+  for (int i = 0; i < kL; ++i) p[i] = __shfl_xor_sync(kFull, list[i], o);
+  merge_top(list, p);
+}
+
+// this lane's keys, sorted, as a list of kL (padded with -inf)
+template <int V>
+__device__ __forceinline__ void lane_list(const float (&k)[V], float (&list)[kL]) {
+  static_assert(V == 1 || V == 2 || V == 4 || V == 8 || V == 12, "V");
+#pragma unroll
+  for (int i = 0; i < kL; ++i) list[i] = i < V ? k[i] : -INFINITY;
+  if constexpr (V == 2) {
+    cx(list[0], list[1]);
+  } else if constexpr (V == 4) {
+    sort4(list[0], list[1], list[2], list[3]);
+  } else if constexpr (V >= 8) {
+    sort8(list);
+  }
+  if constexpr (V == 12) {
+    float b[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) b[i] = i < 4 ? k[8 + i] : -INFINITY;
+    sort4(b[0], b[1], b[2], b[3]);
+    merge_top(list, b);
+  }
+}
+
+// an unsigned key with the order of the float (no NaN; -0 is +0 by then)
+__device__ __forceinline__ unsigned ordered(float f) {
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned warp_max(unsigned x) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  return __reduce_max_sync(kFull, x);
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+#endif
+}
+
+// V elements of T from p (aligned to the widest chunk that divides V * sizeof(T): the dispatch checks the base)
+template <int BYTES>
+__host__ __device__ constexpr int chunk_bytes() {
+  return BYTES % 16 == 0 ? 16 : BYTES % 8 == 0 ? 8 : BYTES % 4 == 0 ? 4 : 2;
+}
+
+template <typename T>
+__device__ __forceinline__ float from_bits(unsigned short h) {  // T: __half or __nv_bfloat16
+  T t;
+  memcpy(&t, &h, sizeof(h));
+  return to_f(t);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void load_row(const T* __restrict__ p, float (&out)[V]) {
+  constexpr int kBytes = V * static_cast<int>(sizeof(T));
+  constexpr int kChunk = chunk_bytes<kBytes>();
+  if constexpr (kChunk < 4) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = to_f(p[i]);
+  } else {
+    unsigned w[kBytes / 4];
+    if constexpr (kChunk == 16) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) {
+        const uint4 q = reinterpret_cast<const uint4*>(p)[i];
+        w[4 * i] = q.x;
+        w[4 * i + 1] = q.y;
+        w[4 * i + 2] = q.z;
+        w[4 * i + 3] = q.w;
+      }
+    } else if constexpr (kChunk == 8) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 8; ++i) {
+        const uint2 q = reinterpret_cast<const uint2*>(p)[i];
+        w[2 * i] = q.x;
+        w[2 * i + 1] = q.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBytes / 4; ++i) w[i] = reinterpret_cast<const unsigned*>(p)[i];
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        out[i] = __uint_as_float(w[i]);
+      } else {
+        out[i] = from_bits<T>(static_cast<unsigned short>(w[i / 2] >> (16 * (i % 2))));
+      }
+    }
+  }
+}
+
+// The routed slots from V keys a lane (lane l: experts l*V ..; -inf past the row), in warp 0 or any whole warp:
+// lane r < routed gets slot r's expert, index oj of lane owner (id owner * V + oj). key ends masked (-inf outside
+// the kept groups).
+template <int V>
+__device__ __forceinline__ void select_slots(float (&key)[V], int lane, int routed, int groups, int topk_group,
+                                             int gl, int gl_shift, int& owner, int& oj) {
+  // the group's 8 best keys in every lane of the group (the whole warp with one group)
+  float list[kL];
+  lane_list<V>(key, list);
+  for (int o = 1; o < gl; o <<= 1) merge_xor(list, o);
+  if (groups > 1) {
+    const int g = lane >> gl_shift;
+    const float score = list[0] + list[1];  // the two best with multiplicity; -inf for one expert a group
+    int grank = 0;
+#pragma unroll 8
+    for (int j = 0; j < groups; ++j) {
+      const float sj = __shfl_sync(kFull, score, j << gl_shift);
+      grank += (sj > score || (sj == score && j < g)) ? 1 : 0;
+    }
+    if (!(g < groups && grank < topk_group)) {
+#pragma unroll
+      for (int i = 0; i < kL; ++i) list[i] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < V; ++j) key[j] = -INFINITY;
+    }
+    for (int o = gl; o < 32; o <<= 1) merge_xor(list, o);
+  }
+  // list: the 8 best keys of the kept groups, the same in every lane
+
+  bool distinct = true;
+#pragma unroll
+  for (int r = 0; r + 1 < kL; ++r)
+    if (r + 1 < routed) distinct = distinct && list[r] > list[r + 1];
+  owner = 0;
+  oj = 0;
+  if (distinct) {
+    // slot r: the lowest-id kept expert whose key is list[r] (unique but for the last slot's ties)
+    float mine = list[0];
+#pragma unroll
+    for (int r = 0; r < kL; ++r) {
+      if (r < routed) {
+        bool hit = false;
+#pragma unroll
+        for (int j = 0; j < V; ++j) hit |= key[j] == list[r];
+        const unsigned m = __ballot_sync(kFull, hit);
+        if (lane == r) {
+          owner = __ffs(m) - 1;
+          mine = list[r];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = V - 1; j >= 0; --j)
+      if (__shfl_sync(kFull, key[j], owner) == mine) oj = j;  // the lowest index holding it
+  } else {
+    // a tie among the chosen keys: routed rounds of an exact argmax on (key, lowest id)
+#pragma unroll 1
+    for (int r = 0; r < routed; ++r) {
+      float bk = key[0];
+      int bj = 0;
+#pragma unroll
+      for (int j = 1; j < V; ++j)
+        if (key[j] > bk) {
+          bk = key[j];
+          bj = j;
+        }
+      const unsigned u = ordered(bk);
+      const int w = __ffs(__ballot_sync(kFull, u == warp_max(u))) - 1;  // the lowest lane: the lowest id
+      const int wj = __shfl_sync(kFull, bj, w);
+      if (lane == w) {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (j == wj) key[j] = -INFINITY;
+      }
+      if (lane == r) {
+        owner = w;
+        oj = wj;
+      }
+    }
+  }
+}
+
+// Renormalize, scale, the shared columns, store (lanes < topk of the warp; w: slot lane's sigmoid, lane < routed)
+__device__ __forceinline__ void finish(float w, int id, int lane, int64_t row, float* __restrict__ weights,
+                                      int32_t* __restrict__ ids, int experts, int topk, int routed, int renormalize,
+                                      float scale, float shared_div) {
+  const bool is_routed = lane < routed;
+  w = is_routed ? w : 0.f;
+  // the CTA kernel's butterfly over 32 lanes, lanes >= routed (<= 8) adding +0: ((0+4)+(2+6))+((1+5)+(3+7))
+  float wv[kL];
+#pragma unroll
+  for (int i = 0; i < kL; ++i) wv[i] = __shfl_sync(kFull, w, i);
+  const float sum = ((wv[0] + wv[4]) + (wv[2] + wv[6])) + ((wv[1] + wv[5]) + (wv[3] + wv[7]));
+  const float den = renormalize ? (sum > 0.f ? sum : 1.f) : 1.f;
+  const float fw = w / den * scale;
+  float fsum = fw;  // the shared columns: the CTA kernel's butterfly as is
+  if (topk > routed) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) fsum += __shfl_xor_sync(kFull, fsum, o);
+  }
+  if (lane < topk) {
+    weights[row * topk + lane] = is_routed ? fw : fsum / shared_div;
+    ids[row * topk + lane] = is_routed ? id : experts;
+  }
+}
+
+__device__ __forceinline__ float key_of(float sg, float b) {
+  float k = sg + b;
+  k = (k == k) ? k : -1e30f;    // NaN ranks as -1e30, as in the CTA kernel
+  return (k == 0.f) ? 0.f : k;  // -0 == +0
+}
+
+// ASTRA_ROUTER_WARP=1: one CTA a token, one thread an expert for the sigmoid (as the CTA kernel: the double exp
+// and division branch, so a lane's sigmoids run one after the other), one __syncthreads, then warp 0 alone.
+template <typename T, int V>
+__global__ void __launch_bounds__(kMaxWarpExperts)
+    cta_warp_router_kernel(const T* __restrict__ scores, const float* __restrict__ bias, float* __restrict__ weights,
+                           int32_t* __restrict__ ids, int experts, int topk, int routed, int groups, int topk_group,
+                           int gl, int gl_shift, int renormalize, float scale, float shared_div) {
+  __shared__ __align__(16) float s_key[32 * V];
+  __shared__ __align__(16) float s_sg[32 * V];
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const bool valid = tid < experts;
+  const float b = valid ? bias[tid] : 0.f;
+  if (ASTRA_PDL) {
+    pdl_wait();
+    if (ASTRA_PDL == 1) pdl_trigger();
+  }
+  if (valid) {
+    const float sg = sigmoid_rn(to_f(scores[row * experts + tid]));
+    s_sg[tid] = sg;
+    s_key[tid] = key_of(sg, b);
+  }
+  __syncthreads();
+  if (tid < 32) {
+    const int lane = tid;
+    float key[V];
+    if (lane * V < experts) {  // experts % V == 0
+      load_row<float, V>(s_key + lane * V, key);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) key[j] = -INFINITY;
+    }
+    int owner, oj;
+    select_slots<V>(key, lane, routed, groups, topk_group, gl, gl_shift, owner, oj);
+    const int id = owner * V + oj;
+    const float w = lane < routed ? s_sg[id] : 0.f;
+    finish(w, id, lane, row, weights, ids, experts, topk, routed, renormalize, scale, shared_div);
+  }
+  if (ASTRA_PDL == 2) pdl_trigger();
+}
+
+// ASTRA_ROUTER_WARP=2: one warp a token (4 a CTA), no shared memory: each lane computes V sigmoids in a row
+template <typename T, int V>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    warp_router_kernel(const T* __restrict__ scores, const float* __restrict__ bias, float* __restrict__ weights,
+                       int32_t* __restrict__ ids, int64_t tokens, int experts, int topk, int routed, int groups,
+                       int topk_group, int gl, int gl_shift, int renormalize, float scale, float shared_div) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const bool live = lane * V < experts;  // experts % V == 0
+  float b[V];
+  if (live) {
+    load_row<float, V>(bias + lane * V, b);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) b[j] = 0.f;
+  }
+  if (ASTRA_PDL) {
+    pdl_wait();
+    if (ASTRA_PDL == 1) pdl_trigger();
+  }
+  if (row < tokens) {  // the whole warp
+    float sg[V], key[V];
+    if (live) {
+      float x[V];
+      load_row<T, V>(scores + row * experts + lane * V, x);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        sg[j] = sigmoid_rn(x[j]);
+        key[j] = key_of(sg[j], b[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        sg[j] = 0.f;
+        key[j] = -INFINITY;
+      }
+    }
+    int owner, oj;
+    select_slots<V>(key, lane, routed, groups, topk_group, gl, gl_shift, owner, oj);
+    float w = 0.f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float s = __shfl_sync(kFull, sg[j], owner);
+      if (j == oj) w = s;
+    }
+    finish(w, owner * V + oj, lane, row, weights, ids, experts, topk, routed, renormalize, scale, shared_div);
+  }
+  if (ASTRA_PDL == 2) pdl_trigger();
+}
+
+template <typename T, int V>
+cudaError_t launch(const Args& a, int gl, cudaStream_t stream) {
+  int gl_shift = 0;
+  while ((1 << gl_shift) < gl) ++gl_shift;
+  cudaLaunchConfig_t cfg = {};
+#if ASTRA_ROUTER_WARP == 2
+  const int wpc = a.tokens < kWarpsPerCta ? static_cast<int>(a.tokens) : kWarpsPerCta;
+  cfg.gridDim = dim3(static_cast<unsigned>((a.tokens + wpc - 1) / wpc));
+  cfg.blockDim = dim3(32 * wpc);
+#else
+  cfg.gridDim = dim3(static_cast<unsigned>(a.tokens));
+  cfg.blockDim = dim3(static_cast<unsigned>((a.experts + 31) / 32 * 32));
+#endif
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (ASTRA_PDL && device_major() >= 9) ? 1 : 0;
+#if ASTRA_ROUTER_WARP == 2
+  return cudaLaunchKernelEx(&cfg, warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias, a.weights,
+                            a.ids, a.tokens, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift,
+                            a.renormalize, a.scale, a.shared_div);
+#else
+  return cudaLaunchKernelEx(&cfg, cta_warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias, a.weights,
+                            a.ids, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift, a.renormalize,
+                            a.scale, a.shared_div);
+#endif
+}
+
+// V (values a lane) for this shape, and GL (lanes a group; 32 with one group); 0: not this kernel's
+int pick_v(const Args& a, int& gl) {
+  if (a.routed > kL) return 0;
+  static const int kGrouped[] = {1, 2, 4, 8}, kOne[] = {1, 2, 4, 8, 12};
+  if (a.groups > 1) {
+    const int epg = a.experts / a.groups;
+    for (int v : kGrouped) {
+      if (32 * v < a.experts) continue;
+      if (epg % v) return 0;
+      gl = epg / v;
+      return (gl & (gl - 1)) == 0 ? v : 0;
+    }
+    return 0;
+  }
+  for (int v : kOne) {
+    if (32 * v < a.experts) continue;
+    gl = 32;
+    return a.experts % v == 0 ? v : 0;
+  }
+  return 0;
+}
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0; }
+
+template <typename T, int V>
+cudaError_t launch_checked(const Args& a, int gl, cudaStream_t stream, bool& taken) {
+  constexpr int kScoreChunk = chunk_bytes<V * static_cast<int>(sizeof(T))>();
+  constexpr int kBiasChunk = chunk_bytes<V * 4>();
+  taken = (ASTRA_ROUTER_WARP != 2 ||
+           (aligned(a.scores, kScoreChunk < 4 ? static_cast<int>(sizeof(T)) : kScoreChunk) &&
+            aligned(a.bias, kBiasChunk)));
+  return taken ? launch<T, V>(a, gl, stream) : cudaSuccess;
+}
+
+template <typename T>
+cudaError_t dispatch(const Args& a, cudaStream_t stream, bool& taken) {
+  int gl = 0;
+  taken = false;
+  switch (pick_v(a, gl)) {
+    case 1: return launch_checked<T, 1>(a, gl, stream, taken);
+    case 2: return launch_checked<T, 2>(a, gl, stream, taken);
+    case 4: return launch_checked<T, 4>(a, gl, stream, taken);
+    case 8: return launch_checked<T, 8>(a, gl, stream, taken);
+    case 12: return launch_checked<T, 12>(a, gl, stream, taken);
+    default: return cudaSuccess;
+  }
+}
+
+}  // namespace wr
+#endif  // ASTRA_ROUTER_WARP
+
 }  // namespace
 }  // namespace astra_moegr
 
@@ -264,6 +708,19 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
   a.renormalize = renormalize ? 1 : 0;
   a.scale = apply_routed_scaling_factor_on_output ? static_cast<float>(routed_scaling_factor) : 1.f;
   a.shared_div = num_fused_shared_experts > 0 ? static_cast<float>(routed_scaling_factor) : 1.f;
+#if ASTRA_ROUTER_WARP
+  {
+    bool taken = false;
+    cudaError_t err = cudaSuccess;
+    switch (dtype) {
+      case 0: err = wr::dispatch<float>(a, stream, taken); break;
+      case 1: err = wr::dispatch<__half>(a, stream, taken); break;
+      case 2: err = wr::dispatch<__nv_bfloat16>(a, stream, taken); break;
+      default: break;
+    }
+    if (taken) return err;  // else the CTA kernel below
+  }
+#endif
   switch (dtype) {
     case 0: return dispatch<float>(a, stream);
     case 1: return dispatch<__half>(a, stream);
