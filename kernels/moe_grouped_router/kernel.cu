@@ -39,20 +39,27 @@
 //    after flashinfer (id = num_experts, weight = the routed weights' sum / routed_scaling_factor) and stores.
 //  * Programmatic dependent launch on sm_90+ (house style).
 //
-// Variant ASTRA_ROUTER_WARP=1 (dev, off by default; the same results bit for bit, fallback to the CTA kernel above
-// for any shape it does not take): one warp per token, 4 tokens a CTA, no shared memory, no __syncthreads.
-//  * Lane l holds experts l*V .. l*V+V-1 (V = 1, 2, 4, 8 grouped, experts <= 256; 1, 2, 4, 8, 12 with one group,
-//    experts <= 384; experts % V == 0), loaded as vectors; a group spans GL = experts a group / V lanes (a power of 2;
-//    DeepSeek-V3: V = 8, GL = 4). Needs routed <= 8.
-//  * Values only (fmaxf / fminf, no ids): each lane sorts its keys (Batcher, 19 exchanges for 8), then bitonic
-//    top-8 merges with the xor partners 1 .. GL/2 give every lane its group's 8 best keys (with multiplicity): the
-//    group score is the first two. Groups are ranked by shuffles; a dropped group's list and keys become -inf; merges
-//    with the xor partners GL .. 16 give every lane v[0..7], the 8 best keys of the kept groups.
-//  * Ids: when v[0] > v[1] > .. > v[routed-1] (no tie among the chosen keys), slot r's expert is the lowest-id kept
-//    expert whose key is v[r] (a ballot per slot: the lowest lane, then the lowest index in it); a key above the
-//    last one is unique, and the last one's ties go to the lowest id. Otherwise (a tie among the chosen keys) routed
-//    rounds of an exact warp argmax on (key, lowest id). Lane r then fetches its weight from the owner lane.
-//  * The renormalizing sum adds the routed weights in the order the CTA kernel's butterfly does (lanes past 8 are 0).
+// Dev variant ASTRA_ROUTER_WARP (default 0: the kernel above; not yet timed on a GPU): the same results bit for bit
+// (ids, weights, ties, NaN, -0, the shared columns), the CTA kernel above for every shape it does not take.
+//  * Takes: routed <= 8; grouped: experts <= 256, V = the least of 1, 2, 4, 8 with 32 V >= experts, V dividing the
+//    experts a group and GL = experts a group / V a power of 2 (DeepSeek-V3: V = 8, GL = 4); one group: experts
+//    <= 384, V = the least of 1, 2, 4, 8, 12 with 32 V >= experts, experts % V == 0 (Kimi-K2: V = 12).
+//  * =1: one CTA a token, one thread an expert for the sigmoid as above (a lane's double exp and division each
+//    branch to a slow path, so nvcc runs V of them in a row: several a lane would cost V times the latency), keys
+//    and sigmoids to shared memory, ONE __syncthreads, then warp 0 alone, in registers: lane l holds experts
+//    l*V .. l*V+V-1, a group spans GL lanes.
+//    =2: one warp a token (4 a CTA), no shared memory, no barrier: each lane computes its V sigmoids itself.
+//  * Selection on values only (fmaxf / fminf, no ids): each lane sorts its keys (Batcher, 19 exchanges for 8), then
+//    bitonic top-8 merges with the xor partners 1 .. GL/2 give every lane its group's 8 best keys with multiplicity
+//    (the group score is the first two); groups are ranked by shuffles (ties: the lowest group); a dropped group's
+//    list and keys become -inf; merges with the xor partners GL .. 16 give every lane v[0..7], the 8 best keys of
+//    the kept groups.
+//  * Ids: when v[0] > .. > v[routed-1], slot r's expert is the lowest-id kept expert whose key is v[r] (a ballot per
+//    slot: the lowest lane, then its lowest index): a key above the last is unique, the last one's ties go to the
+//    lowest id. Otherwise (equal chosen keys) routed rounds of an exact warp argmax on (key, lowest id).
+//  * The renormalizing sum adds the routed weights in the CTA kernel's butterfly order (lanes past 8 add +0):
+//    ((0+4)+(2+6))+((1+5)+(3+7)); the shared columns take its 32-lane butterfly as is. Emulated lane by lane in
+//    tests/test_op_moe_grouped_router.py (test_warp_variant_*), against the reference and the CTA kernel's weights.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -63,7 +70,7 @@
 #endif
 
 #ifndef ASTRA_ROUTER_WARP
-#define ASTRA_ROUTER_WARP 0  // 0: one CTA a token; 1 (dev): one warp a token where the shape allows (header)
+#define ASTRA_ROUTER_WARP 0  // 0: the CTA kernel; 1, 2 (dev): warp-selection variants where the shape allows (header)
 #endif
 
 namespace astra_moegr {
@@ -422,19 +429,16 @@ __device__ __forceinline__ void select_slots(float (&key)[V], int lane, int rout
   oj = 0;
   if (distinct) {
     // slot r: the lowest-id kept expert whose key is list[r] (unique but for the last slot's ties)
+    // (every slot asked, no branch: the 8 ballots interleave; a slot past routed is never read)
     float mine = list[0];
 #pragma unroll
     for (int r = 0; r < kL; ++r) {
-      if (r < routed) {
-        bool hit = false;
+      bool hit = false;
 #pragma unroll
-        for (int j = 0; j < V; ++j) hit |= key[j] == list[r];
-        const unsigned m = __ballot_sync(kFull, hit);
-        if (lane == r) {
-          owner = __ffs(m) - 1;
-          mine = list[r];
-        }
-      }
+      for (int j = 0; j < V; ++j) hit |= key[j] == list[r];
+      const int w = __ffs(__ballot_sync(kFull, hit)) - 1;
+      owner = lane == r ? w : owner;
+      mine = lane == r ? list[r] : mine;
     }
 #pragma unroll
     for (int j = V - 1; j >= 0; --j)
