@@ -153,12 +153,16 @@ def _is_projection_gemm(dims, cfg: dict, bounds: Optional[Tuple[int, int]] = Non
     return tokens > 0 and declined(tokens, k, n, bounds) is None and n not in _lm_head_widths(cfg)
 
 
+def _per_rank(n: int) -> set:
+    """n split over each tensor-parallel degree that divides it (one rank's share of a width or a head count)."""
+    return {n // tp for tp in (1, 2, 4, 8, 16) if n and n % tp == 0}
+
+
 def _lm_head_widths(cfg: dict) -> set:
     """N of the lm_head's GEMM on one rank: the vocabulary, padded to a multiple of 64 (SGLang's vocab padding) and
     split over tensor-parallel ranks (Gemma-2-9B at TP 2: 128000 per rank)."""
     vocab = int(cfg.get("vocab_size") or 0)
-    padded = -(-vocab // 64) * 64
-    return {vocab} | {padded // tp for tp in (1, 2, 4, 8, 16) if padded % tp == 0}
+    return {vocab} | _per_rank(-(-vocab // 64) * 64)
 
 
 def projection_gemm_kernels(shape_kernels: Sequence[KernelEvent], cfg: dict, hidden_act: str = "silu",
@@ -242,11 +246,7 @@ def qk_path_runs(kernels: Sequence[KernelEvent], match: Callable[[str], Match], 
 
 def _heads_of(cfg: dict) -> set:
     """q and kv head counts of a config on one rank, at each tensor-parallel degree that divides them."""
-    out = set()
-    for key in ("num_attention_heads", "num_key_value_heads"):
-        n = int(cfg.get(key) or 0)
-        out |= {n // tp for tp in (1, 2, 4, 8, 16) if n and n % tp == 0}
-    return out
+    return _per_rank(int(cfg.get("num_attention_heads") or 0)) | _per_rank(int(cfg.get("num_key_value_heads") or 0))
 
 
 def _qk_shaped(dims, head_dim: int, heads: set) -> bool:
