@@ -800,7 +800,10 @@ def test_warp_variant_takes_the_deepseek_and_kimi_rows_and_leaves_the_rest():
     assert warp_pick(96, 8, 32) is None      # 3 experts a group, V = 4: no whole lanes
     assert warp_pick(257, 8, 1) is None      # experts % V
     src = _kernel_src()
-    assert "#define ASTRA_ROUTER_WARP 0" in src  # off by default
+    assert "#define ASTRA_ROUTER_WARP 1" in src  # on by default (timed in context, 2026-11-30)
+    # ... only for calls without a fused shared column: the CTA kernel keeps the timed shared rows
+    assert "if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED) {" in src
+    assert "#define ASTRA_ROUTER_WARP_SHARED 0" in src
     m = re.search(r"static const int kGrouped\[\] = \{([^}]*)\}, kOne\[\] = \{([^}]*)\};", src)
     assert m and m.group(1) == "1, 2, 4, 8" and m.group(2) == "1, 2, 4, 8, 12"  # what warp_pick mirrors
 

@@ -15,8 +15,8 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept by design (`_kept`): calls without a fused
-shared column, where SGLang's router alone is faster in context."""
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept for now (`_kept`): calls without a fused
+shared column, until the warp router that wins them in context passes check and validate on a GPU."""
 from __future__ import annotations
 
 import sys
@@ -120,12 +120,14 @@ def _normalize(c):
 
 
 def _kept(dims) -> Optional[str]:
-    """Calls without a fused shared column stay SGLang's: there flashinfer's kernel runs alone, and astra's was
-    slower than it in context (0.65-0.92x on DeepSeek-V3's rows, 0.65-0.76x against the Triton router on
-    Kimi-K2's; H200, 2026-11-27). With the shared column SGLang adds four torch kernels after flashinfer's, which
-    astra's kernel writes in the same launch (2.9-4.2x in context)."""
+    """Calls without a fused shared column stay SGLang's for now. There flashinfer's kernel runs alone, and astra's
+    CTA kernel was slower than it in context (0.65-0.92x on DeepSeek-V3's rows, 0.65-0.76x against the Triton router
+    on Kimi-K2's; H200, 2026-11-27). The warp router that kernel.cu now runs for these calls won in context (1.346x,
+    min 1.081x, bench's re-check passed; H200, 2026-11-30) but has not yet run `check` or validate on a GPU: this
+    rule goes when both pass. With the shared column SGLang adds four torch kernels after flashinfer's, which astra's
+    kernel writes in the same launch (2.9-4.2x in context)."""
     if not int(dims[5]):
-        return "no fused shared column: SGLang's router alone is faster in context"
+        return "no fused shared column: left to SGLang until the warp router passes check and validate on a GPU"
     return None
 
 

@@ -39,8 +39,12 @@
 //    after flashinfer (id = num_experts, weight = the routed weights' sum / routed_scaling_factor) and stores.
 //  * Programmatic dependent launch on sm_90+ (house style).
 //
-// Dev variant ASTRA_ROUTER_WARP (default 0: the kernel above; not yet timed on a GPU): the same results bit for bit
-// (ids, weights, ties, NaN, -0, the shared columns), the CTA kernel above for every shape it does not take.
+// The warp router, ASTRA_ROUTER_WARP (default 1: calls without a fused shared column; the CTA kernel above takes the
+// rest, and every shape the warp router does not take). The same results bit for bit (ids, weights, ties, NaN, -0,
+// the shared columns). In context on the H200 the CTA kernel lost to production where no shared column follows
+// (0.749x over DeepSeek-V3's and Kimi-K2's rows) and the warp router won (1.346x, min 1.081x; RESULTS.md); with a
+// shared column the CTA kernel is the one timed (2.9-4.2x), so it keeps those calls unless ASTRA_ROUTER_WARP_SHARED
+// (dev) is 1. ASTRA_ROUTER_WARP=0: the CTA kernel for every call.
 //  * Takes: routed <= 8; grouped: experts <= 256, V = the least of 1, 2, 4, 8 with 32 V >= experts, V dividing the
 //    experts a group and GL = experts a group / V a power of 2 (DeepSeek-V3: V = 8, GL = 4); one group: experts
 //    <= 384, V = the least of 1, 2, 4, 8, 12 with 32 V >= experts, experts % V == 0 (Kimi-K2: V = 12).
@@ -70,7 +74,11 @@
 #endif
 
 #ifndef ASTRA_ROUTER_WARP
-#define ASTRA_ROUTER_WARP 0  // 0: the CTA kernel; 1, 2 (dev): warp-selection variants where the shape allows (header)
+#define ASTRA_ROUTER_WARP 1  // 0: the CTA kernel; 1: the warp router where the shape allows; 2 (dev): a warp a token
+#endif
+
+#ifndef ASTRA_ROUTER_WARP_SHARED
+#define ASTRA_ROUTER_WARP_SHARED 0  // 1 (dev): the warp router also for calls with a fused shared column (untimed)
 #endif
 
 namespace astra_moegr {
@@ -713,7 +721,7 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
   a.scale = apply_routed_scaling_factor_on_output ? static_cast<float>(routed_scaling_factor) : 1.f;
   a.shared_div = num_fused_shared_experts > 0 ? static_cast<float>(routed_scaling_factor) : 1.f;
 #if ASTRA_ROUTER_WARP
-  {
+  if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED) {
     bool taken = false;
     cudaError_t err = cudaSuccess;
     switch (dtype) {
