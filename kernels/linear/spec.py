@@ -38,12 +38,17 @@ PROJECTION_MODELS: Tuple[Tuple[str, Tuple[Tuple[str, int, int], ...]], ...] = (
 DECODE = (1, 2, 4, 8)
 
 
+# validate's sample of the corpus misses the rows the adapter's widest bound rests on: these run in SGLang's layer too
+VALIDATE_MIN_IN_FEATURES = 14337
+
+
 def _corpus() -> Tuple[Shape, ...]:
     out = []
     for model, projections in PROJECTION_MODELS:
         for proj, k, n in projections:
             for t in DECODE:
-                out.append(Shape((t, k, n), ("decode",), f"{model} {proj}"))
+                tags = ("decode", "validate") if k >= VALIDATE_MIN_IN_FEATURES and t <= 4 else ("decode",)
+                out.append(Shape((t, k, n), tags, f"{model} {proj}"))
     return dedupe_shapes(out)
 
 
