@@ -36,16 +36,16 @@ from .attribution import SPLITK_REDUCE, Match, classify
 from .trace import KernelEvent, load_trace
 
 Pair = Tuple[float, float, float]      # (op µs, next µs, span µs)
+Classifier = Callable[[KernelEvent], Match]   # the op a kernel event belongs to
 
 
 def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
-          match: Optional[Callable[[str], Match]] = None,
-          of: Optional[Callable[[KernelEvent], Match]] = None) -> Dict[Tuple[str, str], List[Pair]]:
-    """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream; kernel
-    names classified as for the model (attribution.classify: its activation, Gemma's norms), or by `match`
-    (profile.op_classifier: the profile's own attribution, SGLang's router GEMM included), or each kernel by `of`
-    (profile.kernel_matcher: Gemma-3's torch q/k path, known by its place in the layer)."""
-    match = _event_classifier(match or _classifier(hidden_act, gemma), of)
+          of: Optional[Classifier] = None) -> Dict[Tuple[str, str], List[Pair]]:
+    """(covered op, next kernel's op) -> one (op dur, next dur, span) per occurrence, stream by stream; each kernel
+    classified by `of` (profile.kernel_matcher: the profile's own attribution, its projection GEMMs and Gemma-3's
+    torch q/k path, known by its place in the layer), else by its name as for the model (attribution.classify: its
+    activation, Gemma's norms)."""
+    match = _event_classifier(hidden_act, gemma, of)
     out: Dict[Tuple[str, str], List[Pair]] = defaultdict(list)
     for calls in _stream_calls(kernels):
         for (p, p_start, p_end, _), (n, n_start, n_end, _) in zip(calls, calls[1:]):
@@ -56,13 +56,8 @@ def pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool 
     return out
 
 
-def _classifier(hidden_act: str, gemma: bool) -> Callable[[str], Match]:
-    return lambda name: classify(name, hidden_act, gemma=gemma)
-
-
-def _event_classifier(match: Callable[[str], Match],
-                      of: Optional[Callable[[KernelEvent], Match]]) -> Callable[[KernelEvent], Match]:
-    return of or (lambda k: match(k.name))
+def _event_classifier(hidden_act: str, gemma: bool, of: Optional[Classifier]) -> Classifier:
+    return of or (lambda k: classify(k.name, hidden_act, gemma=gemma))
 
 
 def _stream_calls(kernels: Sequence[KernelEvent]) -> List[List[Tuple[KernelEvent, float, float, bool]]]:
@@ -100,13 +95,12 @@ def _calls(ks: Sequence[KernelEvent]) -> List[Tuple[KernelEvent, float, float, b
 
 
 def producer_pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gemma: bool = False,
-                   match: Optional[Callable[[str], Match]] = None,
-                   of: Optional[Callable[[KernelEvent], Match]] = None) -> Dict[Tuple[str, str], List[float]]:
+                   of: Optional[Classifier] = None) -> Dict[Tuple[str, str], List[float]]:
     """(the call before, covered op) -> the op's exposed µs per occurrence, stream by stream; a split-K GEMM before
     it is "OP (split-K)". Its last kernel, cuBLAS's reduce, releases a PDL-launched op early; one nvjet kernel does
     not: behind them a PDL and a plain launch of fused_add_rmsnorm differed by 0.6 µs and by nothing (Llama-3-8B,
     batch 64, H200, 2026-11-28, results/2026-11-28-h200/session17)."""
-    match = _event_classifier(match or _classifier(hidden_act, gemma), of)
+    match = _event_classifier(hidden_act, gemma, of)
     out: Dict[Tuple[str, str], List[float]] = defaultdict(list)
     for calls in _stream_calls(kernels):
         for (q, _, _, split), (p, p_start, p_end, _) in zip(calls, calls[1:]):
@@ -117,12 +111,11 @@ def producer_pairs(kernels: Sequence[KernelEvent], hidden_act: str = "silu", gem
 
 
 def producer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
-                     gemma: bool = False, match: Optional[Callable[[str], Match]] = None,
-                     of: Optional[Callable[[KernelEvent], Match]] = None) -> List[dict]:
+                     gemma: bool = False, of: Optional[Classifier] = None) -> List[dict]:
     """One row per (call before, op) seen in either arm: the op's exposed µs behind it, A and B (None in an arm
     without it), largest |Δ per step| first. Where a launch change helps behind one producer and hurts behind
     another, the rows say which."""
-    pa, pb = producer_pairs(a, hidden_act, gemma, match, of), producer_pairs(b, hidden_act, gemma, match, of)
+    pa, pb = producer_pairs(a, hidden_act, gemma, of), producer_pairs(b, hidden_act, gemma, of)
     rows = []
     for key in sorted(set(pa) | set(pb)):
         na, nb = len(pa[key]) / max(steps, 1), len(pb[key]) / max(steps, 1)
@@ -142,13 +135,12 @@ def _per_step(us: Optional[float], calls: float) -> float:
 
 
 def consumer_effects(a: Sequence[KernelEvent], b: Sequence[KernelEvent], steps: int, hidden_act: str = "silu",
-                     gemma: bool = False, match: Optional[Callable[[str], Match]] = None,
-                     of: Optional[Callable[[KernelEvent], Match]] = None) -> List[dict]:
+                     gemma: bool = False, of: Optional[Classifier] = None) -> List[dict]:
     """One row per (op, next op) seen in either arm, largest |Δ span per step| first. A pair one arm lacks (a fused
     op in B where A ran its members) has None for that arm's µs and counts 0 there, so the rows' Δs sum to the
     whole change: Gemma-2-9B's gemma_post_attention_norms, in B only, had been left out while its members' rows in A
     claimed their whole span as saved (a with-consumers prediction of -52.8% for a -4.3% step, H200, 2026-11-29)."""
-    pa, pb = pairs(a, hidden_act, gemma, match, of), pairs(b, hidden_act, gemma, match, of)
+    pa, pb = pairs(a, hidden_act, gemma, of), pairs(b, hidden_act, gemma, of)
     rows = []
     for key in sorted(set(pa) | set(pb)):
         xa, xb = pa[key], pb[key]

@@ -179,11 +179,11 @@ def test_a_split_k_gemm_is_one_call_named_by_its_gemm_kernel():
                 ks.append(KernelEvent(name, u, dur, stream=7))
                 u += dur
         t += 100.0
-    pa = pairs(a, match=match)
+    pa = pairs(a, of=lambda k: match(k.name))
     assert len(pa[("linear", "fused_add_rmsnorm")]) == 4        # both projections, the split one included
     assert sorted(x[0] for x in pa[("linear", "fused_add_rmsnorm")]) == [6.0, 6.0, 9.0, 9.0]  # GEMM + its reduce
     assert ("gemm", "fused_add_rmsnorm") not in pa
-    r = next(x for x in consumer_effects(a, b, steps=2, match=match) if x["op"] == "linear")
+    r = next(x for x in consumer_effects(a, b, steps=2, of=lambda k: match(k.name)) if x["op"] == "linear")
     assert (r["calls_per_step"], r["calls_per_step_b"]) == (2.0, 2.0)
     assert r["op_delta_step_us"] == pytest.approx((5.0 + 7.0) - (6.0 + 9.0))
 
