@@ -507,6 +507,23 @@ def test_no_shared_column_is_a_zero_dim_not_an_empty_call(tmp_path):
     assert not isinstance(ok, str) and ok[1] == (8, 256, 9, 8, 4, 1)
 
 
+def test_the_dev_knob_lets_the_adapter_take_calls_without_a_shared_column(monkeypatch):
+    """ASTRA_ROUTER_TAKE_NO_SHARED=1 (read when the adapter is imported, as a worker's environment sets it) lets the
+    warp router's calls through for a GPU validate and step A/B; unset, those calls stay SGLang's."""
+    import importlib
+
+    mod = op_part(OP, "adapter")
+    try:
+        monkeypatch.setenv("ASTRA_ROUTER_TAKE_NO_SHARED", "1")
+        assert importlib.reload(mod)._kept((8, 256, 8, 8, 4, 0)) is None
+        monkeypatch.delenv("ASTRA_ROUTER_TAKE_NO_SHARED")
+        assert "no fused shared column" in importlib.reload(mod)._kept((8, 256, 8, 8, 4, 0))
+        assert mod._kept((8, 256, 9, 8, 4, 1)) is None   # the shared column: always astra's
+    finally:
+        monkeypatch.delenv("ASTRA_ROUTER_TAKE_NO_SHARED", raising=False)
+        importlib.reload(mod)
+
+
 def _route_with_sigmoid_error(scores, bias, dims, rel: float, seed: int):
     """ids of route() where each sigmoid is off by up to `rel` (flashinfer's fast-math 0.5 tanhf(x/2) + 0.5 is off
     by ~3e-6): what another correct-looking implementation would pick."""

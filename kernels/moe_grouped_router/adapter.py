@@ -19,6 +19,7 @@ SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept for now (`_kept`
 shared column, until the warp router that wins them in context passes check and validate on a GPU."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -119,6 +120,11 @@ def _normalize(c):
     return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg, shared)
 
 
+# ASTRA_ROUTER_TAKE_NO_SHARED=1 (dev): the adapter takes those calls too, for check's and validate's GPU run and a step
+# A/B (`e2e --step --arm-env B:ASTRA_ROUTER_TAKE_NO_SHARED=1 --server-arg=--disable-shared-experts-fusion`)
+TAKE_NO_SHARED = os.environ.get("ASTRA_ROUTER_TAKE_NO_SHARED", "") == "1"
+
+
 def _kept(dims) -> Optional[str]:
     """Calls without a fused shared column stay SGLang's for now. There flashinfer's kernel runs alone, and astra's
     CTA kernel was slower than it in context (0.65-0.92x on DeepSeek-V3's rows, 0.65-0.76x against the Triton router
@@ -126,7 +132,7 @@ def _kept(dims) -> Optional[str]:
     min 1.081x, bench's re-check passed; H200, 2026-11-30) but has not yet run `check` or validate on a GPU: this
     rule goes when both pass. With the shared column SGLang adds four torch kernels after flashinfer's, which astra's
     kernel writes in the same launch (2.9-4.2x in context)."""
-    if not int(dims[5]):
+    if not int(dims[5]) and not TAKE_NO_SHARED:
         return "no fused shared column: left to SGLang until the warp router passes check and validate on a GPU"
     return None
 
