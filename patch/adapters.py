@@ -20,6 +20,7 @@ and generic over the callables that reach it:
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
@@ -119,6 +120,13 @@ class OpAdapter:
         if self.keeps is not None:
             return self.keeps(tuple(dims))
         return None
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An adapter's on/off switch from the environment, read when the adapter is imported (a worker's setting):
+    unset or empty is `default`; 0 / false / off / no is off, anything else on."""
+    v = os.environ.get(name, "").strip().lower()
+    return default if not v else v not in ("0", "false", "off", "no")
 
 
 def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:

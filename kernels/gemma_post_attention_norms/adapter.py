@@ -56,13 +56,12 @@ and eps) in place of its input_layernorm. The hand-off:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from typing import Any, Dict, Optional
 
-from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem, loaded_class,
-                                         module_call_hooked)
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, cuda_dispatch_problem, env_switch,
+                                         loaded_class, module_call_hooked)
 
 log = logging.getLogger("astra_sglang.patch")
 
@@ -82,7 +81,7 @@ NORM_FNS = ("gemma_rmsnorm", "gemma_fused_add_rmsnorm")  # what GemmaRMSNorm._fo
 # adapter is imported (patch time). On by default since 2026-11-28 (H200, SGLang 0.5.17): validate 84/84 with the
 # hand-off, and the decode step of Gemma-2-9B -0.67% / -0.81% and Gemma-3-12B -0.39% / -0.74% (batch 1 / 2) over the
 # pair inside the layer alone, greedy tokens identical (RESULTS.md).
-ACROSS = os.environ.get("ASTRA_GPAN_ACROSS_LAYERS", "1").strip().lower() not in ("0", "false", "off", "no")
+ACROSS = env_switch("ASTRA_GPAN_ACROSS_LAYERS", True)
 # The model forwards whose decoder loop hands layer i's (hidden_states, residual) straight to layer i+1 and the last
 # layer's to the final norm (tests pin both loops): LAYERS kind -> (module, class)
 LOOPS = {"gemma2": ("sglang.srt.models.gemma2", "Gemma2Model"),

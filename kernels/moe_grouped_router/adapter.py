@@ -19,11 +19,11 @@ SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept for now (`_kept`
 shared column, until the warp router that wins them in context passes check and validate on a GPU."""
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional
 
-from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_output_alloc, topk_outputs_problem
+from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, env_switch, topk_output_alloc,
+                                        topk_outputs_problem)
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
@@ -122,7 +122,7 @@ def _normalize(c):
 
 # ASTRA_ROUTER_TAKE_NO_SHARED=1 (dev): the adapter takes those calls too, for check's and validate's GPU run and a step
 # A/B (`e2e --step --arm-env B:ASTRA_ROUTER_TAKE_NO_SHARED=1 --server-arg=--disable-shared-experts-fusion`)
-TAKE_NO_SHARED = os.environ.get("ASTRA_ROUTER_TAKE_NO_SHARED", "") == "1"
+TAKE_NO_SHARED = env_switch("ASTRA_ROUTER_TAKE_NO_SHARED", False)
 
 
 def _kept(dims) -> Optional[str]:
