@@ -213,7 +213,7 @@ def _shape_kernels(pdir: Path, cap: dict) -> List[KernelEvent]:
 def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
     """Every (arm, batch) with a decode trace beside the base arm's: its consumer-effect rows. Kernels are
     classified as the profile classifies them (profile.op_classifier over both arms' eager shapes traces)."""
-    from .profile import META, kernel_matcher, linear_bounds, op_classifier
+    from .profile import META, attributors, linear_bounds
 
     pdir = Path(pdir)
     caps = decode_captures(pdir)
@@ -228,9 +228,8 @@ def compare_dir(pdir: Path, base: str = "A") -> List[dict]:
         if not ((pdir / b0["trace"]).is_file() and (pdir / c["trace"]).is_file()):
             continue
         eager = (_shape_kernels(pdir, b0), _shape_kernels(pdir, c))
-        match = op_classifier(cfg, eager[0] + eager[1], bounds)
         ka, kb = load_trace(pdir / b0["trace"]).kernels, load_trace(pdir / c["trace"]).kernels
-        of = kernel_matcher(cfg, match, (ka, kb), eager)   # as the profile attributes each kernel
+        _, of = attributors(cfg, (ka, kb), eager, bounds)   # as the profile attributes each kernel
         steps = int(c.get("steps", 1))
         out.append({"base": base, "arm": arm, "batch_size": bs, "rows": consumer_effects(ka, kb, steps, of=of),
                     "producers": producer_effects(ka, kb, steps, of=of)})

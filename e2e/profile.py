@@ -275,6 +275,15 @@ def qk_path_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Ca
                for k in run if k.shapes and match(k.name).op != op)
 
 
+def attributors(cfg: dict, traces: Sequence[Sequence[KernelEvent]], shape_traces: Sequence[Sequence[KernelEvent]],
+                bounds: Optional[Tuple[int, int]] = None) -> Tuple[Callable[[str], Match], Callable[[KernelEvent], Match]]:
+    """(name -> Match, event -> Match) for kernels of `traces`, with the eager `shape_traces` (also among `traces`
+    where they are attributed too) telling the model's GEMMs and torch q/k path apart: op_classifier over every shape
+    trace's kernels, then kernel_matcher, as the profile, the neighbours table and the trace fixture all wire them."""
+    match = op_classifier(cfg, [k for ks in shape_traces for k in ks], bounds)
+    return match, kernel_matcher(cfg, match, traces, shape_traces)
+
+
 def kernel_matcher(cfg: dict, match: Callable[[str], Match], traces: Sequence[Sequence[KernelEvent]],
                    shape_traces: Sequence[Sequence[KernelEvent]] = ()) -> Callable[[KernelEvent], Match]:
     """kernel event -> Match: `match` by name, except, in a model whose q/k norm + rope SGLang runs as torch ops
@@ -322,9 +331,8 @@ def analyze_capture(kernels: Sequence[KernelEvent], cap: Capture, cfg: dict, spe
     total = exclusive_times(kernels)
     steps = max(cap.steps, 1)
     hints = shape_hints(cfg, cap.tokens, tp) if cfg and cap.tokens else {}   # a server capture: tokens unknown
-    match = op_classifier(cfg, shape_kernels, bounds)
     # by event: Gemma-3's torch q/k path is told apart by its place in the layer, not by its kernels' names
-    of = kernel_matcher(cfg, match, (kernels, shape_kernels), (shape_kernels,))
+    match, of = attributors(cfg, (kernels, shape_kernels), (shape_kernels,), bounds)
     seen_shapes: Dict[str, set] = defaultdict(set)
     linear_dims: Dict[str, set] = defaultdict(set)   # kernel name -> the projections it ran (eager step)
     for k in shape_kernels:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import lzma
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -58,8 +59,9 @@ class Trace:
 
 
 def load_json(path: Path) -> dict:
+    """A JSON file as written, gzip'd (.gz) or xz'd (.xz: results/ keeps traces so, they are ~40% smaller)."""
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     with opener(path, "rt") as f:
         return json.load(f)
 

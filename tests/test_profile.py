@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from astra_sglang.e2e import attribution as at
 from astra_sglang.e2e.profile import Capture, analyze_capture, analyze_dir, capture_table, shapes_corpus, write_outputs
 from astra_sglang.e2e.speedups import SpeedupTable
-from astra_sglang.e2e.trace import KernelEvent, exclusive_times, parse_chrome_trace
+from astra_sglang.e2e.trace import KernelEvent, exclusive_times, load_json, parse_chrome_trace
 from astra_sglang.errors import AstraError
 from astra_sglang.registry import get_op
 from astra_sglang.spec import load_shapes_file
@@ -843,3 +844,17 @@ def test_a_gemma_step_predicts_the_fused_norm_pair_from_its_kept_bench_record(mo
     f = rows["gemma_post_attention_norms"]
     assert f["replaces"] == ["gemma_rmsnorm", "gemma_fused_add_rmsnorm"] and f["speedup"] and f["speedup"] > 1.0
     assert f["speedup_label"] != "unmeasured" and f["saved_us"] > 0
+
+
+def test_load_json_reads_plain_gzip_and_xz_traces(tmp_path):
+    """results/ keeps traces as .json.gz or .json.xz: each reads as the plain file does; another suffix is plain."""
+    data = {"traceEvents": [{"ph": "X", "name": "k", "ts": 1.0, "dur": 2.0}]}
+    text = json.dumps(data)
+    (tmp_path / "t.json").write_text(text)
+    with gzip.open(tmp_path / "t.json.gz", "wt") as f:
+        f.write(text)
+    with lzma.open(tmp_path / "t.json.xz", "wt") as f:
+        f.write(text)
+    for name in ("t.json", "t.json.gz", "t.json.xz"):
+        assert load_json(tmp_path / name) == data
+    assert (tmp_path / "t.json.xz").read_bytes()[:6] == b"\xfd7zXZ\x00"   # really xz, not plain text

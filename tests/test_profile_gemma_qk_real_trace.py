@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from astra_sglang.e2e.neighbours import compare_dir
-from astra_sglang.e2e.profile import META, analyze_dir, kernel_matcher, op_classifier, qk_path_runs
+from astra_sglang.e2e.profile import META, analyze_dir, attributors, qk_path_runs
 from astra_sglang.e2e.trace import exclusive_times, load_trace
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "gemma3_qk_real"
@@ -72,8 +72,7 @@ def _capture(pdir: Path, arm: str):
     (cap,) = [c for c in meta["captures"] if c["arm"] == arm]
     graph, eager = load_trace(pdir / cap["trace"]).kernels, load_trace(pdir / cap["shapes_trace"]).kernels
     exclusive_times(graph)
-    match = op_classifier(meta["config"], eager)
-    return graph, eager, match, kernel_matcher(meta["config"], match, (graph, eager), (eager,))
+    return (graph, eager, *attributors(meta["config"], (graph, eager), (eager,)))
 
 
 def _between_qkv_and_store(kernels):

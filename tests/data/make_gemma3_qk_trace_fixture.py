@@ -120,20 +120,19 @@ def write_fixture(profile_dir: Path, out: Path) -> list:
 def check(profile_dir: Path, out: Path) -> None:
     """Every kept kernel is attributed in the fixture as in the whole trace (the profile's kernel_matcher; needs the
     repository's package, and a minute on the whole traces): the trimming moves no kernel to another op."""
-    from astra_sglang.e2e.profile import kernel_matcher, op_classifier
-    from astra_sglang.e2e.trace import parse_chrome_trace
+    from astra_sglang.e2e.profile import attributors
+    from astra_sglang.e2e.trace import load_json, parse_chrome_trace
 
     cfg = json.loads((out / "profile-meta.json").read_text())["config"]
 
     def attributed(graph: dict, eager: dict) -> dict:
         g, e = parse_chrome_trace(graph).kernels, parse_chrome_trace(eager).kernels
-        of = kernel_matcher(cfg, op_classifier(cfg, e), (g, e), (e,))
+        _, of = attributors(cfg, (g, e), (e,))
         return {(k.ts, k.name): (of(k).op, k.shapes) for k in g + e}
 
     for _, graph, eager in CAPTURES:
         whole = attributed(_load(_find(profile_dir, graph)), _load(_find(profile_dir, eager)))
-        with lzma.open(out / (graph + ".xz"), "rt") as f, lzma.open(out / (eager + ".xz"), "rt") as h:
-            kept = attributed(json.load(f), json.load(h))
+        kept = attributed(load_json(out / (graph + ".xz")), load_json(out / (eager + ".xz")))
         moved = [k for k, v in kept.items() if whole.get(k) != v]
         if moved:
             raise SystemExit(f"{graph}: {len(moved)} kernels attributed otherwise than in the whole trace: {moved[:3]}")
