@@ -124,11 +124,12 @@ AA_ARM = "astra-sglang patch --serve --ops none (A/A control: a second unpatched
 
 def served_floor(path: Path) -> dict:
     """An earlier server A/A's summary (summary.json, .json.xz as results/ keeps it, or its --out dir), for --aa-floor."""
-    from .speedups import RECORD_ERRORS, read_record, record_path
+    from .speedups import RECORD_ERRORS, record_path
+    from .trace import load_json
 
     p = record_path(path, "summary.json")
     try:
-        data = read_record(p)
+        data = load_json(p)
     except RECORD_ERRORS as e:
         raise AstraError(f"--aa-floor {path}: cannot read a summary.json there ({e})") from e
     arm_b = str(data.get("meta", {}).get("arm B", ""))

@@ -12,11 +12,12 @@ for some ops another production path, e.g. MoE combine's torch.compile'd sum bel
 """
 from __future__ import annotations
 
-import json
 import lzma
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from .trace import load_json
 
 NEAREST_MAX_RATIO = 4
 
@@ -52,14 +53,6 @@ def record_path(path: Path, name: str) -> Path:
     return next((path / n for n in (name, name + ".xz") if (path / n).is_file()), path / name)
 
 
-def read_record(path: Path):
-    """A JSON record as results/ keeps it: NAME.json, or NAME.json.xz for one over 10 KB (results/README.md)."""
-    if path.name.endswith(".xz"):
-        with lzma.open(path, "rt") as f:
-            return json.load(f)
-    return json.loads(path.read_text())
-
-
 # what reading a record can raise: a missing file, bad JSON, a cut-off .xz (EOFError) or a corrupt one
 RECORD_ERRORS = (OSError, ValueError, EOFError, lzma.LZMAError)
 
@@ -70,7 +63,7 @@ def read_ab_results(path: Path, kind: str) -> dict:
     from astra_sglang.errors import AstraError
 
     try:
-        data = read_record(Path(path))
+        data = load_json(Path(path))
     except RECORD_ERRORS as e:
         raise AstraError(f"{path}: cannot read it as JSON ({e})") from e
     if not isinstance(data, dict) or "runs" not in data:
@@ -82,7 +75,7 @@ def _rows_of(path: Path) -> Optional[Tuple[str, str, list, str]]:
     try:
         if path.stat().st_size > 20 * 2 ** 20:
             return None
-        d = read_record(path)
+        d = load_json(path)
     except RECORD_ERRORS:
         return None
     if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("rows"), list):

@@ -322,14 +322,15 @@ def load_floors(path: Optional[Path]) -> Optional[Dict[int, dict]]:
     """Noise floors (per batch size) from an earlier --aa run's summary.json (or its folder; results/ keeps it as
     summary.json.xz where it is over 10 KB)."""
     from . import step_stats as ss
-    from .speedups import read_record, record_path
+    from .speedups import record_path
+    from .trace import load_json
 
     if not path:
         return None
     p = record_path(Path(path), "summary.json")
     if not p.is_file():
         raise AstraError(f"--aa-floor {path}: no summary.json there (give an --aa run's summary.json or --out dir)")
-    fl = ss.floors_from_summary(read_record(p), f"A/A run {p.parent.name}")
+    fl = ss.floors_from_summary(load_json(p), f"A/A run {p.parent.name}")
     if not fl:
         raise AstraError(f"--aa-floor {p}: it holds no A/A comparison (run e2e --step --aa first)")
     return fl
