@@ -1,10 +1,11 @@
 """gemma_qknorm_rope (kernels/gemma_qknorm_rope/): the FUSED op of Gemma-3 attention, the per-head q/k norm with
-(1 + w) then the rotation by the step's cos/sin rows, in place in one launch. On CPU: the spec loads through the
+(1 + w) then the rotation by the step's cos/sin rows in one launch, k in place and q into its own contiguous q_out
+(ASTRA_GQKR_Q_OUT=0: in place, for a step A/B). On CPU: the spec loads through the
 registry with the ABI the kernel is written against; its fp64 reference is the formula SGLang's torch code computes;
 the harness runs every edge shape on CPU; production's numerics (emulated: the norm rounded, then the rotation)
 stay inside its own sanity bound; the facts the adapter relies on hold in the real sglang 0.5.17 and 0.5.23 sources;
 the adapter's sequence runs SGLang's own norm and rotation on the views forward_native makes, and its tail runs the
-attention and o_proj as the method does.
+attention (on q_out) and o_proj as the method does; the patch's self-check never writes q when q_out is separate.
 
 No kernel runs on the CPU; on a GPU with SGLang installed, the last test checks the kernel against SGLang's own torch
 sequence, bit for bit."""
@@ -31,27 +32,34 @@ TARGET = "sglang.srt.models.gemma3_causal:Gemma3Attention.forward_native"
 def test_spec_loads_with_the_kernel_s_abi_and_names_what_it_replaces():
     assert SPEC.symbol == "astra_gemma_qknorm_rope"
     assert SPEC.c_signature() == (
-        'extern "C" cudaError_t astra_gemma_qknorm_rope(void* q, void* k, const void* q_weight, '
+        'extern "C" cudaError_t astra_gemma_qknorm_rope(const void* q, void* q_out, void* k, const void* q_weight, '
         "const void* k_weight, const void* cos, const void* sin, int64_t num_tokens, int64_t num_q_heads, "
-        "int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, double eps, int dtype, "
-        "cudaStream_t stream)")
+        "int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t q_out_stride, "
+        "double eps, int dtype, cudaStream_t stream)")
     kernel = op_part(OP, "spec").__file__.replace("spec.py", "kernel.cu")
-    assert SPEC.c_signature().replace("extern \"C\" ", "").split("(")[0] in Path(kernel).read_text()
-    assert SPEC.dim_names == get_op("qknorm_rope").dim_names
+    src = " ".join(Path(kernel).read_text().split())
+    assert SPEC.c_signature().replace("extern \"C\" ", "").split("(")[0] in src
+    # the definition's parameters are the spec's, in order (whitespace aside)
+    assert SPEC.c_signature().split(" ", 2)[2] in src
+    assert SPEC.dim_names == get_op("qknorm_rope").dim_names + ("q_out_stride",)
+    roles = {a.name: a.role for a in SPEC.abi if a.ctype == "ptr"}
+    assert (roles["q"], roles["q_out"], roles["k"]) == ("in", "out", "inout")
     assert SPEC.replaces == (TARGET,) and SPEC.variant("installed").callable == TARGET
     assert SPEC.default_variant({}) == "installed"
     assert SPEC.tolerance == get_op("qknorm_rope").tolerance  # production rounds the normed q/k before rotating
     assert SPEC.kernel_symbols == (r"astra_gqkr::",)
-    assert SPEC.scalars((1, 16, 8, 256, 8192, 8192)) == {"eps": 1e-6}
+    assert SPEC.scalars((1, 16, 8, 256, 8192, 8192, 4096)) == {"eps": 1e-6}
 
 
 def test_corpus_is_gemma_3_s_heads_per_rank_and_sits_between_the_qkv_gemm_and_the_kv_store():
     decode = {s.dims for s in SPEC.corpus if "decode" in s.tags}
-    assert (1, 16, 8, 256, 8192, 8192) in decode            # Gemma-3-12B
-    assert (16, 8, 4, 256, 4096, 4096) in decode            # Gemma-3-12B TP 2 and Gemma-3-4B
-    assert (64, 8, 4, 128, 2048, 2048) in decode            # Gemma-3-27B TP 4
+    assert (1, 16, 8, 256, 8192, 8192, 4096) in decode      # Gemma-3-12B
+    assert (16, 8, 4, 256, 4096, 4096, 2048) in decode      # Gemma-3-12B TP 2 and Gemma-3-4B
+    assert (64, 8, 4, 128, 2048, 2048, 1024) in decode      # Gemma-3-27B TP 4
     assert all(s.dims[3] in (128, 256) for s in SPEC.corpus)
-    (site,) = SPEC.context_sites((1, 16, 8, 256, 8192, 8192))
+    # q_out contiguous everywhere (the harness poisons all of it): the patch's own buffer
+    assert all(s.dims[6] == s.dims[1] * s.dims[3] for s in SPEC.corpus + SPEC.edge_shapes)
+    (site,) = SPEC.context_sites((1, 16, 8, 256, 8192, 8192, 4096))
     assert site.name == "gemma-3-12b qkv -> q/k norm + rope -> KV store -> attention"
     assert (site.producer_k, site.norm_after, site.norm_before) == (3840, True, False)
 
@@ -70,27 +78,33 @@ def _formula(x, w, cos, sin, eps):
     return n * cos[:, None, :] + rot * sin[:, None, :]
 
 
-@pytest.mark.parametrize("dims", [(3, 4, 2, 64, 512, 512), (2, 2, 1, 256, 1024, 512), (1, 8, 4, 128, 2048, 2048)])
+@pytest.mark.parametrize("dims", [(3, 4, 2, 64, 512, 512, 256), (2, 2, 1, 256, 1024, 512, 512),
+                                  (1, 8, 4, 128, 2048, 2048, 1024)])
 def test_reference_is_the_torch_formula_and_leaves_other_columns(dims):
-    t, hq, hk, d, qs, ks = dims
+    t, hq, hk, d, qs, ks, qos = dims
     inp = {n: x.double() for n, x in _inputs(dims).items()}
     ref = SPEC.reference(inp, dims, {"eps": 1e-6})
-    for name, heads in (("q", hq), ("k", hk)):
+    assert set(ref) == {"q_out", "k"} and ref["q_out"].shape == (t, qos)  # q is an input: not an output
+    for name, out, heads in (("q", "q_out", hq), ("k", "k", hk)):
         x = inp[name][:, : heads * d].reshape(t, heads, d)
         want = _formula(x, inp[f"{name}_weight"], inp["cos"], inp["sin"], 1e-6)
-        assert torch.allclose(ref[name][:, : heads * d].reshape(t, heads, d), want, rtol=0, atol=1e-12)
-        assert torch.equal(ref[name][:, heads * d:], inp[name][:, heads * d:])
+        assert torch.allclose(ref[out][:, : heads * d].reshape(t, heads, d), want, rtol=0, atol=1e-12)
+    assert torch.equal(ref["k"][:, hk * d:], inp["k"][:, hk * d:])
 
 
 def test_reference_takes_the_patch_s_head_views():
-    dims = (3, 4, 2, 64, 512, 512)
+    dims = (3, 4, 2, 64, 512, 512, 256)
     inp = {n: x.double() for n, x in _inputs(dims).items()}
     rows = SPEC.reference(inp, dims, {"eps": 1e-6})
-    views = {**inp, "q": inp["q"][:, :256].reshape(3, 4, 64), "k": inp["k"][:, :128].reshape(3, 2, 64)}
+    views = {**inp, "q": inp["q"][:, :256].reshape(3, 4, 64), "q_out": inp["q_out"].reshape(3, 4, 64),
+             "k": inp["k"][:, :128].reshape(3, 2, 64)}
     got = SPEC.reference(views, dims, {"eps": 1e-6})
-    assert got["q"].shape == (3, 4, 64)
-    assert torch.allclose(got["q"].reshape(3, -1), rows["q"][:, :256], atol=1e-12)
+    assert got["q_out"].shape == (3, 4, 64)
+    assert torch.allclose(got["q_out"].reshape(3, -1), rows["q_out"], atol=1e-12)
     assert torch.allclose(got["k"].reshape(3, -1), rows["k"][:, :128], atol=1e-12)
+    # without q_out (harness/oracle.py reference_walk hands the inputs only): q's heads' shape
+    del views["q_out"]
+    assert SPEC.reference(views, dims, {"eps": 1e-6})["q_out"].shape == (3, 4, 64)
 
 
 def test_cos_sin_rows_are_gemma_3_s_duplicated_halves_in_the_model_dtype():
@@ -99,7 +113,7 @@ def test_cos_sin_rows_are_gemma_3_s_duplicated_halves_in_the_model_dtype():
     assert cos.dtype == torch.bfloat16 and cos.shape == (3, 256)
     assert torch.equal(cos[:, :128], cos[:, 128:]) and torch.equal(sin[:, :128], sin[:, 128:])
     assert torch.all(cos[0] == 1) and torch.all(sin[0] == 0)
-    inp = _inputs((1, 1, 1, 256, 768, 768))  # a 1-token case never draws position 0 (an all-zero sin row)
+    inp = _inputs((1, 1, 1, 256, 768, 768, 256))  # a 1-token case never draws position 0 (an all-zero sin row)
     assert inp["sin"].abs().max() > 0
 
 
@@ -123,7 +137,7 @@ def test_production_numerics_pass_its_own_sanity_bound():
             for dist in SPEC.distributions:
                 inp = _inputs(shape.dims, dt, seed=3, dist=dist)
                 ref = SPEC.reference({n: x.double() for n, x in inp.items()}, shape.dims, {"eps": 1e-6})
-                for name, heads in (("q", hq), ("k", hk)):
+                for name, out_name, heads in (("q", "q_out", hq), ("k", "k", hk)):
                     x = inp[name][:, : heads * d].float().reshape(t, heads, d)
                     w = inp[f"{name}_weight"].float()
                     n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + w)
@@ -131,9 +145,9 @@ def test_production_numerics_pass_its_own_sanity_bound():
                     half = d // 2
                     o = n * inp["cos"].float()[:, None] + torch.cat([-n[..., half:], n[..., :half]], -1) * \
                         inp["sin"].float()[:, None]
-                    out = inp[name].clone()
+                    out = inp[out_name].clone()
                     out[:, : heads * d] = o.reshape(t, heads * d).to(out.dtype)
-                    err = rel_err(out, ref[name])["err"]
+                    err = rel_err(out, ref[out_name])["err"]
                     assert err <= BASELINE_SLACK * tolerance(SPEC, dt, None), (shape.dims, dt, dist, name, err)
 
 
@@ -186,29 +200,37 @@ def _stub_sglang(monkeypatch):
     return calls
 
 
-def test_sequence_norms_the_views_forward_native_makes_then_rotates_in_place(monkeypatch):
+def test_sequence_norms_the_views_forward_native_makes_then_rotates_into_q_out(monkeypatch):
     """On the harness's tensors (no layer): SGLang's Gemma3RMSNorm built around the op's weights, on
-    [1, heads, tokens, d] views; apply_rotary_pos_emb with [1, tokens, d] rows; q and k written back in place, within
-    production's rounding of the fp64 chain."""
+    [1, heads, tokens, d] views; apply_rotary_pos_emb with [1, tokens, d] rows; q's result written into q_out (q left
+    as it was), k's back in place, within production's rounding of the fp64 chain."""
     calls = _stub_sglang(monkeypatch)
     adapter = op_part(OP, "adapter").ADAPTER
-    dims = (3, 4, 2, 64, 512, 512)
+    dims = (3, 4, 2, 64, 512, 512, 256)
     inp = _inputs(dims)
+    q_before = inp["q"].clone()
     q, k = inp["q"][:, :256].view(3, 4, 64), inp["k"][:, :128].view(3, 2, 64)
-    canon = {**inp, "q": q, "k": k, "eps": 1e-6}
+    canon = {**inp, "q": q, "q_out": inp["q_out"].view(3, 4, 64), "k": k, "eps": 1e-6}
     views, got_dims = adapter.normalize(canon)
-    assert got_dims == dims and views["cos"] is inp["cos"]
+    assert got_dims == dims and views["cos"] is inp["cos"] and views["q_out"] is canon["q_out"]
     ref = SPEC.reference({n: x.double() for n, x in inp.items()}, dims, {"eps": 1e-6})
     adapter.sequence(canon)
     assert calls == [("norm", (1, 4, 3, 64)), ("norm", (1, 2, 3, 64)), ("rope", (1, 3, 64))]
-    assert (inp["q"][:, :256].double() - ref["q"][:, :256]).abs().max() < 0.1
+    assert torch.equal(inp["q"], q_before)
+    assert (inp["q_out"].double() - ref["q_out"]).abs().max() < 0.1
     assert (inp["k"][:, :128].double() - ref["k"][:, :128]).abs().max() < 0.1
     # the harness's installed baseline hands the [tokens, stride] row buffers and the shape (harness/installed.py)
     rows = _inputs(dims)
     before = rows["q"].clone()
     adapter.sequence({**rows, "eps": 1e-6, "abi_dims": dims})
-    assert torch.equal(rows["q"][:, 256:], before[:, 256:])  # other heads' columns untouched
-    assert (rows["q"][:, :256].double() - ref["q"][:, :256]).abs().max() < 0.1
+    assert torch.equal(rows["q"], before)
+    assert (rows["q_out"].double() - ref["q_out"]).abs().max() < 0.1
+    # q_out = q (ASTRA_GQKR_Q_OUT=0): the result lands in q's own columns, other heads' columns untouched
+    rows = _inputs(dims)
+    q = rows["q"][:, :256].view(3, 4, 64)
+    adapter.sequence({**rows, "q": q, "q_out": q, "k": rows["k"][:, :128].view(3, 2, 64), "eps": 1e-6})
+    assert torch.equal(rows["q"][:, 256:], before[:, 256:])
+    assert (rows["q"][:, :256].double() - ref["q_out"]).abs().max() < 0.1
 
 
 def test_expand_declines_before_the_gemm():
@@ -232,18 +254,144 @@ def test_expand_declines_before_the_gemm():
     assert adapter._norm_problem(torch.nn.LayerNorm(256), 256, torch.float32)        # not a Gemma3RMSNorm
 
 
-def test_returns_runs_the_attention_on_the_column_views_then_o_proj():
+def test_returns_runs_the_attention_on_q_out_then_o_proj():
+    """The attention gets q_out, contiguous [tokens, q_size] (fa3 copies a strided q), k and v as column views; where
+    q_out is q itself (ASTRA_GQKR_Q_OUT=0) it gets q's column view of qkv, as before q_out."""
     seen = {}
     qkv = torch.randn(2, 4 * 8 + 2 * 2 * 8)
+    q_out = torch.randn(2, 32)
 
     def attention(q, k, v, forward_batch=None):
         seen.update(q=q, k=k, v=v, fb=forward_batch)
         return q.reshape(1, 2, 4, 8)  # 0.5.17's triton backend shape
 
     layer = types.SimpleNamespace(q_size=32, attn=attention, o_proj=lambda x: (x * 2, None))
-    out = op_part(OP, "adapter")._returns({"layer": layer, "qkv": qkv, "sizes": [32, 16, 16], "forward_batch": "fb"})
-    assert seen["fb"] == "fb" and seen["q"].data_ptr() == qkv.data_ptr() and seen["k"].shape == (2, 16)
+    returns = op_part(OP, "adapter")._returns
+    c = {"layer": layer, "qkv": qkv, "sizes": [32, 16, 16], "forward_batch": "fb",
+         "q": qkv[:, :32].view(2, 4, 8), "q_out": q_out.view(2, 4, 8)}
+    out = returns(c)
+    assert seen["fb"] == "fb" and seen["q"].data_ptr() == q_out.data_ptr() and seen["q"].shape == (2, 32)
+    assert seen["q"].is_contiguous() and seen["k"].shape == (2, 16)
+    assert seen["k"].data_ptr() == qkv[:, 32:].data_ptr()
+    assert torch.equal(out, q_out * 2)
+    c["q_out"] = c["q"]
+    out = returns(c)
+    assert seen["q"].data_ptr() == qkv.data_ptr() and seen["q"].stride() == (64, 1)
     assert torch.equal(out, qkv[:, :32] * 2)
+
+
+def _gemma_layer(t=5, hq=4, hk=2, d=64, dtype=torch.bfloat16, seed=0):
+    """An attention stand-in expand accepts on the CPU: Gemma3RMSNorm-named norms, a qkv_proj returning a fixed
+    [t, (hq + 2 hk) d] output; with the (position_embeddings, hidden_states) to call it with."""
+    g = torch.Generator().manual_seed(seed)
+
+    class Gemma3RMSNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps = 1e-6
+            self.weight = torch.nn.Parameter((0.25 * torch.randn(d, generator=g)).to(dtype), requires_grad=False)
+
+        def forward(self, x):  # _stub_sglang's formula
+            out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+            return (out * (1.0 + self.weight.float())).type_as(x)
+
+    qkv = torch.randn(t, (hq + 2 * hk) * d, generator=g).to(dtype)
+    layer = types.SimpleNamespace(head_dim=d, num_heads=hq, num_kv_heads=hk, q_size=hq * d, kv_size=hk * d,
+                                  q_norm=Gemma3RMSNorm(), k_norm=Gemma3RMSNorm(), qkv_proj=lambda h: (qkv, None))
+    pos = torch.arange(1, t + 1)
+    cos, sin = op_part(OP, "spec").cos_sin_rows(pos, d, dtype)
+    args = {"self": layer, "positions": pos, "hidden_states": torch.zeros(t, 8, dtype=dtype),
+            "position_embeddings": (cos.unsqueeze(0), sin.unsqueeze(0)), "forward_batch": None}
+    return layer, qkv, args
+
+
+@pytest.mark.parametrize("q_out", [True, False])
+def test_expand_gives_q_its_own_contiguous_buffer_unless_switched_off(q_out, monkeypatch):
+    """ASTRA_GQKR_Q_OUT on (default): q_out is a fresh contiguous [t, hq, d] apart from qkv (q_out_stride hq * d);
+    off: q_out is q's own view of qkv (q_out_stride = q_stride, in place), the A/B's arm A."""
+    mod = op_part(OP, "adapter")
+    monkeypatch.setattr(mod, "DEVICES", ("cpu",))
+    monkeypatch.setattr(mod, "Q_OUT", q_out)
+    layer, qkv, args = _gemma_layer()
+    canon = mod.ADAPTER.expand(args)
+    assert not isinstance(canon, str), canon
+    q = canon["q"]
+    assert q.shape == (5, 4, 64) and q.data_ptr() == qkv.data_ptr() and q.stride(0) == 512
+    views, dims = mod.ADAPTER.normalize(canon)
+    assert dims[:6] == (5, 4, 2, 64, 512, 512) and views["q_out"] is canon["q_out"]
+    if q_out:
+        qo = canon["q_out"]
+        assert qo.shape == (5, 4, 64) and qo.is_contiguous() and qo.dtype == qkv.dtype and dims[6] == 256
+        assert qo.untyped_storage().data_ptr() != qkv.untyped_storage().data_ptr()
+    else:
+        assert canon["q_out"] is q and dims[6] == 512
+
+
+def test_normalize_declines_a_q_out_that_overlaps_q_otherwise():
+    """The kernel reads a q row whole before writing it: q_out may be q itself or apart from it, nothing between."""
+    adapter = op_part(OP, "adapter").ADAPTER
+    dims = (3, 4, 2, 64, 512, 512, 256)
+    inp = _inputs(dims)
+    base = {**inp, "q": inp["q"][:, :256].view(3, 4, 64), "k": inp["k"][:, :128].view(3, 2, 64), "eps": 1e-6}
+    shifted = inp["q"][:, 64:320].view(3, 4, 64)                        # one head over: overlaps, not q
+    assert "overlaps" in adapter.normalize({**base, "q_out": shifted})
+    assert "shape" in adapter.normalize({**base, "q_out": inp["q_out"].view(3, 2, 128)})
+    assert adapter.normalize({**base, "q_out": base["q"]})[1][6] == 512    # q itself: in place
+    assert adapter.normalize({**base, "q_out": inp["q_out"].view(3, 4, 64)})[1][6] == 256
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_the_q_out_switch_is_read_from_the_environment_when_the_adapter_is_imported(value, on):
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "ASTRA_GQKR_Q_OUT"}
+    if value is not None:
+        env["ASTRA_GQKR_Q_OUT"] = value
+    r = subprocess.run([sys.executable, "-c", f"from astra_sglang.registry import op_part; "
+                        f"print(op_part('{OP}', 'adapter').Q_OUT)"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.split() == [str(on)], r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kernel_ok", [True, False])
+def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeypatch, tmp_path):
+    """The patch's first call of a shape class, on the CPU (a torch stand-in for the kernel, SGLang's sequence
+    stubbed): q is an input, untouched whether the self-check passes or fails; on a failure k is restored and SGLang's
+    sequence reruns on the real q, so q_out and k are SGLang's own and the op disables."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState, TorchBackend
+
+    _stub_sglang(monkeypatch)
+    mod = op_part(OP, "adapter")
+    monkeypatch.setattr(mod, "DEVICES", ("cpu",))
+    monkeypatch.setattr(mod, "Q_OUT", True)
+
+    def kernel(v, dims, scalars):  # the fp64 reference, rounded once (what a right kernel writes), or garbage
+        ref = SPEC.reference({n: x.double() for n, x in v.items() if isinstance(x, torch.Tensor)}, dims, scalars)
+        for n in ("q_out", "k"):
+            v[n].copy_(ref[n].to(v[n].dtype) if kernel_ok else torch.full_like(v[n], 3.0))
+
+    layer, qkv, args = _gemma_layer()
+    before = qkv.clone()
+    want = mod.ADAPTER.expand(args)  # SGLang's sequence on a copy of the same qkv
+    want["qkv"] = want_qkv = qkv.clone()
+    want.update(q=want_qkv[:, :256].view(5, 4, 64), k=want_qkv[:, 256:384].view(5, 2, 64))
+    mod.ADAPTER.sequence(want)
+
+    st = OpState(SPEC, mod.ADAPTER, TorchBackend("cpu stand-in", kernel, devices=("cpu",), dtypes=("bf16",)),
+                 CounterFile(tmp_path / "c", [OP]), self_check="first")
+    canon = mod.ADAPTER.expand(args)
+    views, dims, dt = st.prepare(canon)
+    st.execute(views, dims, dt, mod.ADAPTER.sequence)
+    assert torch.equal(qkv[:, :256], before[:, :256])           # q: never written
+    assert torch.equal(qkv[:, 384:], before[:, 384:])           # v: never written
+    assert st.last_check is not None and st.last_check.ok == kernel_ok
+    if kernel_ok:
+        assert not st.disabled
+        assert (canon["q_out"].double() - want["q_out"].double()).abs().max() < 0.1
+    else:
+        assert st.disabled and "self-check mismatch" in st.disabled
+        assert torch.equal(canon["q_out"], want["q_out"]) and torch.equal(qkv[:, 256:384], want_qkv[:, 256:384])
 
 
 def test_astra_sglang_ops_lists_it(capsys):
@@ -297,3 +445,33 @@ def test_kernel_is_bit_identical_to_sglang_s_torch_sequence(tmp_path, capsys):
     same = [d for d in json.loads(out.read_text())["details"] if d.get("identical") is not None]
     assert same and all(d["identical"] == 1.0 for d in same), [
         (d["shape"], d["dtype"], d["tensor"], d["identical"]) for d in same if d["identical"] != 1.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_kernel_writes_q_out_as_it_wrote_q_in_place(tmp_path, monkeypatch):
+    """A GPU: the same inputs through the kernel with q_out its own contiguous buffer and with q_out = q (in place,
+    ASTRA_GQKR_Q_OUT=0): q_out equals the in-place q bit for bit, q is untouched in the first, k equal in both,
+    the columns outside q's heads never written. Shapes: every edge shape's heads, one decode and one prefill row."""
+    from astra_sglang.build.loader import KernelLib
+    from astra_sglang.patch.apply import build_kernel
+
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
+    lib = KernelLib(build_kernel(OP), SPEC)
+    shapes = [s.dims for s in SPEC.edge_shapes] + [(2, 16, 8, 256, 8192, 8192, 4096), (300, 8, 4, 256, 4096, 4096,
+                                                                                       2048)]
+    for dims in shapes:
+        t, hq, hk, d, qs, ks, qos = dims
+        for dt in SPEC.dtypes:
+            inp = SPEC.make_inputs(dims, dt, torch.Generator(device="cuda").manual_seed(5), "normal", device="cuda")
+            sep = {n: x.clone() for n, x in inp.items()}
+            sep["q_out"].fill_(float("nan"))
+            assert lib(sep, dims, dt, {"eps": 1e-6}) == 0
+            inplace = {n: x.clone() for n, x in inp.items()}
+            inplace["q_out"] = inplace["q"]
+            assert lib(inplace, dims[:6] + (qs,), dt, {"eps": 1e-6}) == 0
+            torch.cuda.synchronize()
+            assert torch.equal(sep["q"], inp["q"]), (dims, dt)
+            assert torch.equal(sep["q_out"], inplace["q"][:, : hq * d]), (dims, dt)
+            assert torch.equal(inplace["q"][:, hq * d:], inp["q"][:, hq * d:]), (dims, dt)
+            assert torch.equal(sep["k"], inplace["k"]), (dims, dt)

@@ -125,8 +125,8 @@ def norm_heads(x, heads: int, d: int, w, eps: float):
 
 
 def qk_dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    """(tokens, q heads, kv heads, head_dim, q_stride, k_stride) of the ops over q and k in place (qknorm, qknorm_rope,
-    gemma_qknorm_rope): q and k are column blocks of the fused qkv output, one row stride."""
+    """(tokens, q heads, kv heads, head_dim, q_stride, k_stride) of the ops over q and k in place (qknorm, qknorm_rope;
+    gemma_qknorm_rope adds its q_out's stride): q and k are column blocks of the fused qkv output, one row stride."""
     s = qkv_stride(hq, hk, d)
     return (t, hq, hk, d, s, s)
 

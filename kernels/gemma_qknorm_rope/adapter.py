@@ -3,17 +3,33 @@ runs it on CUDA). Its body is the qkv GEMM, q_norm and k_norm (Gemma3RMSNorm on 
 tokens, head_dim] in 0.5.17, token-major in 0.5.23: torch ops),
 apply_rotary_pos_emb (torch.compile'd) with the layer's cos/sin rows, the attention (whose backend stores the KV)
 and o_proj. The method is replaced; `expand` checks first that the kernel takes the call (else the method runs as
-before), then runs the layer's own qkv GEMM and hands q, k (column views of its output), the norms' weights and the
-cos/sin rows to the kernel, which norms and rotates them in place; `returns` runs the attention and o_proj as the
-method does. patch/adapters.py holds the machinery and says what each field means."""
+before), then runs the layer's own qkv GEMM and hands q, k (column views of its output), a fresh contiguous q_out, the
+norms' weights and the cos/sin rows to the kernel, which norms and rotates k in place and q into q_out; `returns` runs
+the attention on q_out, k, v and o_proj as the method does. patch/adapters.py holds the machinery and says what each
+field means.
+
+Why q_out: handed the column view of qkv (rows q_size + 2 kv_size apart), SGLang 0.5.17's fa3 backend copies q
+(q.contiguous()), one more kernel a layer from batch 2 on (108 us of a 6.65 ms Gemma-3-12B step at batch 2, H200,
+results/2026-11-30-h200/session25/); SGLang's own path hands it a token-major q. With q_out separate the kernel never
+writes q, so a failed self-check (patch/ops.py: it restores the in-place outputs, here k, then reruns SGLang's
+sequence) has SGLang's own inputs to rerun on."""
 from __future__ import annotations
 
 from typing import Any, Dict
 
 from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
-from astra_sglang.patch.adapters import OpAdapter
+from astra_sglang.patch.adapters import OpAdapter, env_switch
 
 from .spec import HEAD_DIMS
+
+# ASTRA_GQKR_Q_OUT=0 (dev): q back in place in the qkv output (q_out is q's own view, q_out_stride = q_stride) and the
+# attention handed the column view as before q_out existed: arm A of the step A/B that measures the copy q_out saves
+# (`e2e --step ... --arm-env A:ASTRA_GQKR_Q_OUT=0`). Read when the adapter is imported (a worker's environment), as
+# the other adapters' switches. Off, a failed self-check restores k but not q (patch/ops.py snapshots only in-place
+# outputs, and q is an input): SGLang's sequence then reruns on the q the kernel already wrote, so that one call's q
+# is wrong before the op disables itself. On (the default) q is never written.
+Q_OUT = env_switch("ASTRA_GQKR_Q_OUT", True)
+DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to run expand on the CPU)
 
 
 def _rows_problem(name: str, x, t: int, d: int, dtype) -> str:
@@ -40,7 +56,7 @@ def _expand(a: Dict[str, Any]):
     import torch
 
     attn, hs, pe = a["self"], a["hidden_states"], a["position_embeddings"]
-    if not isinstance(hs, torch.Tensor) or hs.device.type != "cuda" or hs.dim() != 2:
+    if not isinstance(hs, torch.Tensor) or hs.device.type not in DEVICES or hs.dim() != 2:
         return "hidden_states is not a 2-D CUDA tensor"
     if not isinstance(pe, (tuple, list)) or len(pe) != 2:
         return "position_embeddings is not a (cos, sin) pair"
@@ -55,8 +71,12 @@ def _expand(a: Dict[str, Any]):
         return "q_norm and k_norm have different eps"
     qkv, _ = attn.qkv_proj(hs)
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q = q.view(t, hq, d)
+    # the attention's q: its own token-major buffer, or (switch off) q itself, in place
+    q_out = torch.empty((t, hq * d), dtype=qkv.dtype, device=qkv.device).view(t, hq, d) if Q_OUT else q
     return {
-        "q": q.view(t, hq, d), "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight,
+        "q": q, "q_out": q_out, "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight,
+        "k_weight": attn.k_norm.weight,
         "cos": pe[0][0], "sin": pe[1][0], "eps": float(attn.q_norm.eps),
         # for returns: the rest of the method (attention, o_proj); for sequence: the layer's own norms
         "layer": attn, "forward_batch": a["forward_batch"], "qkv": qkv,
@@ -64,19 +84,46 @@ def _expand(a: Dict[str, Any]):
     }
 
 
+def _q_out_problem(q, qo, qs: int, qos: int) -> str:
+    """Why q_out ([t, hq, d], element and head strides 1 and d) cannot take the kernel's q ('' when it can): the
+    kernel reads a q row whole before writing it, so q_out may be q itself (same start, same row stride) or lie apart
+    from it; any other overlap would write q rows not read yet."""
+    if tuple(qo.shape) != tuple(q.shape):
+        return f"q_out shape {tuple(qo.shape)} != q's {tuple(q.shape)}"
+    t, hq, d = q.shape
+    if qo.stride(2) != 1 or (hq > 1 and qo.stride(1) != d) or (t > 1 and qos < hq * d):
+        return f"q_out strides {tuple(qo.stride())} are not (row >= heads * head_dim, head_dim, 1)"
+    a, b = q.data_ptr(), qo.data_ptr()
+    if a == b and qs == qos:
+        return ""
+    e = q.element_size()
+    if a < b + ((t - 1) * qos + hq * d) * e and b < a + ((t - 1) * qs + hq * d) * e:
+        return "q_out overlaps q other than as q itself"
+    return ""
+
+
 def _normalize(c):
-    """qknorm's checks of q, k and the weights (the same views and dims), then the cos/sin rows."""
+    """qknorm's checks of q, k and the weights (the same views and dims), then q_out's (q_out_stride the last dim) and
+    the cos/sin rows."""
     res = _qknorm_normalize(c)
     if isinstance(res, str):
         return res
     views, dims = res
-    t, d = dims[0], dims[3]
+    t, hq, d, qs = dims[0], dims[1], dims[3], dims[4]
+    qo = c["q_out"]
+    if qo.dim() != 3:
+        return f"q_out {tuple(qo.shape)} is not [tokens, heads, head_dim]"
+    qos = qo.stride(0) if t > 1 else hq * d  # one token: any row stride (as qknorm's for q)
+    why = _q_out_problem(c["q"], qo, qs, qos)
+    if why:
+        return why
+    views["q_out"] = qo
     for n in ("cos", "sin"):
         x = c[n]
         if tuple(x.shape) != (t, d) or not x.is_contiguous():
             return f"{n} {tuple(x.shape)} is not a contiguous [{t}, {d}]"
         views[n] = x
-    return views, dims
+    return views, dims + (qos,)
 
 
 def gemma3_norm(weight, eps: float):
@@ -101,25 +148,29 @@ def _gemma3_norm(c: Dict[str, Any], which: str):
 
 def _sequence(c: Dict[str, Any]) -> None:
     """SGLang's own sequence on canonical tensors: the two norms on [1, heads, tokens, head_dim] views as
-    forward_native makes them, apply_rotary_pos_emb, the results written back into q and k."""
+    forward_native makes them, apply_rotary_pos_emb, the results written into q_out (the kernel's q destination; q
+    itself when the two are one) and back into k."""
     from sglang.srt.layers.rotary_embedding import apply_rotary_pos_emb
 
-    q, k = c["q"], c["k"]
+    q, qo, k = c["q"], c["q_out"], c["k"]
     if q.dim() == 2:  # the harness's [tokens, stride] row buffers (abi_dims: harness/installed.py): the heads' views
         t, hq, hk, d = c["abi_dims"][:4]
-        q, k = q[:, : hq * d].view(t, hq, d), k[:, : hk * d].view(t, hk, d)
+        q, qo, k = q[:, : hq * d].view(t, hq, d), qo[:, : hq * d].view(t, hq, d), k[:, : hk * d].view(t, hk, d)
     qn = _gemma3_norm(c, "q")(q.transpose(0, 1).unsqueeze(0))
     kn = _gemma3_norm(c, "k")(k.transpose(0, 1).unsqueeze(0))
     qr, kr = apply_rotary_pos_emb(qn, kn, c["cos"].unsqueeze(0), c["sin"].unsqueeze(0))
-    q.copy_(qr[0].transpose(0, 1))
+    qo.copy_(qr[0].transpose(0, 1))
     k.copy_(kr[0].transpose(0, 1))
 
 
 def _returns(c: Dict[str, Any]):
-    """The rest of forward_native once q and k are ready: the attention on q, k, v (column views of qkv), then
-    o_proj, as the method calls them."""
+    """The rest of forward_native once q and k are ready: the attention on q_out ([tokens, q_size], contiguous), k, v
+    (column views of qkv), then o_proj, as the method calls them. Where q_out is q itself (ASTRA_GQKR_Q_OUT=0) the
+    attention gets q's column view of qkv, as before q_out."""
     attn = c["layer"]
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
+    if c["q_out"] is not c["q"]:  # expand's choice, not the switch read again
+        q = c["q_out"].view(q.shape)
     out = attn.attn(q, k, v, forward_batch=c["forward_batch"])
     if out.dim() == 4 and out.shape[0] == 1:  # 0.5.17's: the triton backend may return [1, s, h, head_dim]
         out = out.squeeze(0).flatten(-2, -1)
@@ -131,8 +182,8 @@ def _returns(c: Dict[str, Any]):
 ADAPTER = OpAdapter(
     op="gemma_qknorm_rope",
     data="q",
-    same_dtype=("q", "k", "q_weight", "k_weight", "cos", "sin"),
-    rowwise=("q", "k", "cos", "sin"),
+    same_dtype=("q", "q_out", "k", "q_weight", "k_weight", "cos", "sin"),
+    rowwise=("q", "q_out", "k", "cos", "sin"),
     normalize=_normalize,
     returns=_returns,
     expand=_expand,

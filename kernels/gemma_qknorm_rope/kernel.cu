@@ -1,20 +1,28 @@
 // astra-sglang optimized gemma_qknorm_rope (a FUSED op): Gemma-3's per-head q/k norm, x / rms(x) * (1 + w), then
-// its rotary embedding by the step's cos/sin rows, in place on the qkv output, in one launch.
+// its rotary embedding by the step's cos/sin rows, in one launch: k in place on the qkv output, q from the qkv output
+// into its own buffer q_out (or in place, q_out = q).
 // It replaces what SGLang 0.5.17 runs on CUDA in Gemma3Attention.forward_native: Gemma3RMSNorm.forward_native on the
 // 4-D q and k views (torch ops: a copy to fp32, pow, mean, add, rsqrt, two multiplies, the weight's 1 + w, a copy
 // back: about eight kernels each) and apply_rotary_pos_emb (a torch.compile'd function, two Triton kernels), about
 // twenty launches a layer:
-//   q[t,h] <- rope(round(q[t,h] * rsqrt(mean(q[t,h]^2) + eps) * (1 + q_weight)), cos[t], sin[t])
+//   q_out[t,h] <- rope(round(q[t,h] * rsqrt(mean(q[t,h]^2) + eps) * (1 + q_weight)), cos[t], sin[t])
 //   k[t,h] <- likewise with k_weight
 //   rope(x)[i] = x[i] cos[i] - x[i + D/2] sin[i]   (i < D/2),   x[i] cos[i] + x[i - D/2] sin[i]   (i >= D/2)
-// (rotate_half: NeoX halves, the only form apply_rotary_pos_emb has.) q/k: token rows q_stride / k_stride elements
-// apart, heads head_dim apart; cos/sin: [num_tokens, head_dim] rows of the storage dtype, as Gemma3RotaryEmbedding
-// returns them (cos.to(x.dtype)).
+// (rotate_half: NeoX halves, the only form apply_rotary_pos_emb has.) q/k/q_out: token rows q_stride / k_stride /
+// q_out_stride elements apart, heads head_dim apart; cos/sin: [num_tokens, head_dim] rows of the storage dtype, as
+// Gemma3RotaryEmbedding returns them (cos.to(x.dtype)).
+// Why q_out: q is a column block of the qkv output (rows 8192 elements apart on Gemma-3-12B); handed to the attention
+// as that strided view, SGLang 0.5.17's fa3 backend copies it (q.contiguous()), one more kernel a layer from batch 2
+// on. The patch passes a contiguous [num_tokens, num_q_heads * head_dim] q_out instead (RESULTS.md). q_out may be q
+// itself with q_out_stride = q_stride (in place, the adapter's ASTRA_GQKR_Q_OUT=0 arm): each element is read and
+// written by the same lane, the whole row read before any of it is written; any other overlap of q and q_out is the
+// caller's error.
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
-// ABI:  extern "C" cudaError_t astra_gemma_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
-//         const void* cos, const void* sin, int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
-//         int64_t head_dim, int64_t q_stride, int64_t k_stride, double eps, int dtype, cudaStream_t stream)
+// ABI:  extern "C" cudaError_t astra_gemma_qknorm_rope(const void* q, void* q_out, void* k, const void* q_weight,
+//         const void* k_weight, const void* cos, const void* sin, int64_t num_tokens, int64_t num_q_heads,
+//         int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t q_out_stride,
+//         double eps, int dtype, cudaStream_t stream)
 // dtype: 1 fp16, 2 bf16. head_dim: 64, 128 or 256. Launches on `stream` only; no allocation, no host sync;
 // capturable.
 //
@@ -175,9 +183,10 @@ __device__ __forceinline__ float lane_sum_sq(const float* x, bool narrow) {
 // Work item w: token w / heads, head w % heads, heads = hq + hk (q heads, then k heads).
 template <typename T, int D, bool kWide>
 __global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
-    T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
+    // q and q_out without __restrict__: they may be one buffer (in place), so no read-only (non-coherent) loads of q
+    const T* q, T* q_out, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
     const T* __restrict__ cos, const T* __restrict__ sin, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs,
-    int64_t ks, float eps, bool q_narrow, bool k_narrow) {
+    int64_t ks, int64_t qos, float eps, bool q_narrow, bool k_narrow) {
   using L = Layout<D>;
   constexpr int G = L::G, CH = L::CH, V = L::V;
 
@@ -207,8 +216,10 @@ __global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
     const uint32_t h = item - t * heads;
     const bool is_q = h < hq;
     const uint32_t hh = is_q ? h : h - hq;
-    T* row = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * D
-                  : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * D;
+    // the head's row read from `row`, written to `dst`: q's into q_out, k's in place
+    const int64_t head = static_cast<int64_t>(hh) * D;
+    const T* row = is_q ? q + static_cast<int64_t>(t) * qs + head : k + static_cast<int64_t>(t) * ks + head;
+    T* dst = is_q ? q_out + static_cast<int64_t>(t) * qos + head : k + static_cast<int64_t>(t) * ks + head;
     const T* cr = cos + static_cast<int64_t>(t) * D;
     const T* sr = sin + static_cast<int64_t>(t) * D;
     float x[V], c[V], s[V];
@@ -245,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) gemma_qknorm_rope_kernel(
       o[j] = fmaf(x[j], c[j], __fmul_rn(first ? -p : p, s[j]));
     }
 #pragma unroll
-    for (int ch = 0; ch < CH; ++ch) store_f<T, G, kWide>(row + ch * (D / 2) + lane * G, o + ch * G);
+    for (int ch = 0; ch < CH; ++ch) store_f<T, G, kWide>(dst + ch * (D / 2) + lane * G, o + ch * G);
   }
 }
 
@@ -261,9 +272,9 @@ uint32_t sm_count() {
 }
 
 template <typename T, int D, bool kWide>
-cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void* cos, const void* sin,
-                   uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps, bool qn,
-                   bool kn, cudaStream_t stream) {
+cudaError_t launch(const void* q, void* qo, void* k, const void* qw, const void* kw, const void* cos,
+                   const void* sin, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, int64_t qos,
+                   float eps, bool qn, bool kn, cudaStream_t stream) {
   constexpr auto kernel = gemma_qknorm_rope_kernel<T, D, kWide>;
   static const uint32_t wave = [] {  // resident blocks of one full wave
     int b = 0;
@@ -280,34 +291,35 @@ cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void*
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(qw),
-                            static_cast<const T*>(kw), static_cast<const T*>(cos), static_cast<const T*>(sin),
-                            total, heads, hq, qs, ks, eps, qn, kn);
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<T*>(qo), static_cast<T*>(k),
+                            static_cast<const T*>(qw), static_cast<const T*>(kw), static_cast<const T*>(cos),
+                            static_cast<const T*>(sin), total, heads, hq, qs, ks, qos, eps, qn, kn);
 }
 
 template <typename T, int D>
-cudaError_t by_width(bool wide, void* q, void* k, const void* qw, const void* kw, const void* c, const void* s,
-                     uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps, bool qn,
-                     bool kn, cudaStream_t st) {
-  return wide ? launch<T, D, true>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, qn, kn, st)
-              : launch<T, D, false>(q, k, qw, kw, c, s, total, heads, hq, qs, ks, eps, qn, kn, st);
+cudaError_t by_width(bool wide, const void* q, void* qo, void* k, const void* qw, const void* kw, const void* c,
+                     const void* s, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, int64_t qos,
+                     float eps, bool qn, bool kn, cudaStream_t st) {
+  return wide ? launch<T, D, true>(q, qo, k, qw, kw, c, s, total, heads, hq, qs, ks, qos, eps, qn, kn, st)
+              : launch<T, D, false>(q, qo, k, qw, kw, c, s, total, heads, hq, qs, ks, qos, eps, qn, kn, st);
 }
 
 template <typename T>
-cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* cos, const void* sin, int64_t t,
-                int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, float eps, cudaStream_t st) {
+cudaError_t run(const void* q, void* qo, void* k, const void* qw, const void* kw, const void* cos, const void* sin,
+                int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, int64_t qos, float eps,
+                cudaStream_t st) {
   if (t == 0) return cudaSuccess;
-  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d) return cudaErrorInvalidValue;
+  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d || qos < hq * d) return cudaErrorInvalidValue;
   if (d != 64 && d != 128 && d != 256) return cudaErrorInvalidValue;
   const int64_t total = t * (hq + hk);
   if (total > 0x7fffffffLL) return cudaErrorInvalidValue;  // item + grid warps stays below 2^32
   // widest access every pointer and row stride allows: a lane's chunk of 4 elements as one access; else pairs
   // (head_dim 64 reads single elements)
   const uintptr_t lane_bytes = 8;
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                         reinterpret_cast<uintptr_t>(qw) | reinterpret_cast<uintptr_t>(kw) |
-                         reinterpret_cast<uintptr_t>(cos) | reinterpret_cast<uintptr_t>(sin) |
-                         static_cast<uintptr_t>((qs | ks) * 2);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qo) |
+                         reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(qw) |
+                         reinterpret_cast<uintptr_t>(kw) | reinterpret_cast<uintptr_t>(cos) |
+                         reinterpret_cast<uintptr_t>(sin) | static_cast<uintptr_t>((qs | ks | qos) * 2);
   if (bits % 4) return cudaErrorMisalignedAddress;
   const bool wide = bits % lane_bytes == 0;
   const uint32_t N = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + hk);
@@ -317,26 +329,27 @@ cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* co
   // way); q's call has tokens x q heads rows, k's tokens x kv
   const bool qn = t * hq >= 16, kn = t * hk >= 16;
   switch (d) {
-    case 64: return by_width<T, 64>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
-    case 128: return by_width<T, 128>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
-    default: return by_width<T, 256>(wide, q, k, qw, kw, cos, sin, N, H, Q, qs, ks, eps, qn, kn, st);
+    case 64: return by_width<T, 64>(wide, q, qo, k, qw, kw, cos, sin, N, H, Q, qs, ks, qos, eps, qn, kn, st);
+    case 128: return by_width<T, 128>(wide, q, qo, k, qw, kw, cos, sin, N, H, Q, qs, ks, qos, eps, qn, kn, st);
+    default: return by_width<T, 256>(wide, q, qo, k, qw, kw, cos, sin, N, H, Q, qs, ks, qos, eps, qn, kn, st);
   }
 }
 
 }  // namespace
 }  // namespace astra_gqkr
 
-extern "C" cudaError_t astra_gemma_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
-                                               const void* cos, const void* sin, int64_t num_tokens,
-                                               int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                               int64_t q_stride, int64_t k_stride, double eps, int dtype,
-                                               cudaStream_t stream) {
+extern "C" cudaError_t astra_gemma_qknorm_rope(const void* q, void* q_out, void* k, const void* q_weight,
+                                               const void* k_weight, const void* cos, const void* sin,
+                                               int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                                               int64_t head_dim, int64_t q_stride, int64_t k_stride,
+                                               int64_t q_out_stride, double eps, int dtype, cudaStream_t stream) {
   const float e = static_cast<float>(eps);
   switch (dtype) {
-    case 1: return astra_gqkr::run<__half>(q, k, q_weight, k_weight, cos, sin, num_tokens, num_q_heads,
-                                          num_kv_heads, head_dim, q_stride, k_stride, e, stream);
-    case 2: return astra_gqkr::run<__nv_bfloat16>(q, k, q_weight, k_weight, cos, sin, num_tokens, num_q_heads,
-                                                 num_kv_heads, head_dim, q_stride, k_stride, e, stream);
+    case 1: return astra_gqkr::run<__half>(q, q_out, k, q_weight, k_weight, cos, sin, num_tokens, num_q_heads,
+                                          num_kv_heads, head_dim, q_stride, k_stride, q_out_stride, e, stream);
+    case 2: return astra_gqkr::run<__nv_bfloat16>(q, q_out, k, q_weight, k_weight, cos, sin, num_tokens,
+                                                 num_q_heads, num_kv_heads, head_dim, q_stride, k_stride,
+                                                 q_out_stride, e, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -1,7 +1,9 @@
 """The SGLang code `validate` drives for this fused op: Gemma3Attention.forward_native itself (the method patch
 replaces), called on an attention stand-in that holds SGLang's own Gemma3RMSNorm layers with the op's weights. The
 qkv GEMM, the attention and o_proj are not what is validated: the stand-in's qkv_proj returns the case's q/k/v row
-buffer, its attention records the q and k it is handed (and returns zeros), its o_proj passes them through."""
+buffer, its attention records the q and k it is handed (and returns zeros), its o_proj passes them through. The q the
+attention gets is the op's q_out (patched: the kernel's own buffer; unpatched: what SGLang's rope returns), so that is
+what validate compares, with k; the row buffer's q columns are the op's input."""
 from types import SimpleNamespace
 
 from .adapter import gemma3_norm
@@ -36,6 +38,6 @@ def _call_method(inp, dims, scalars):
 def run_layer(inp, dims, scalars):
     t, hq, hk, d = dims[:4]
     q, k = _call_method(inp, dims, scalars)
-    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["q_out"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
-    return {"q": inp["q"], "k": inp["k"]}
+    return {"q_out": inp["q_out"], "k": inp["k"]}

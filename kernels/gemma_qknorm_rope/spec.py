@@ -1,5 +1,5 @@
 """gemma_qknorm_rope: a FUSED op. Gemma-3's per-head q/k norm (x / rms(x) * (1 + w)), then its rotary embedding by
-the step's cos/sin rows, in place on the qkv output, in one launch.
+the step's cos/sin rows, in one launch: k in place on the qkv output, q read from it and written to its own q_out.
 
 It replaces what SGLang runs on CUDA in Gemma3Attention.forward_native: q and k are per-head views of the qkv output
 ([1, heads, tokens, head_dim] in 0.5.17, [tokens, heads, head_dim] in 0.5.23); q_norm / k_norm (Gemma3RMSNorm; a 4-D input takes forward_native: torch ops,
@@ -9,10 +9,13 @@ made for the step ([1, tokens, head_dim] in the model's dtype, the local or the 
 launches a layer, 17% of a Gemma-3-12B decode step at batch 1 (H200, results/2026-11-29-h200/session22/). Production
 here is that sequence through the installed SGLang (the installed variant); a speedup is over all of it.
 
-Per token t, every q head h:  q[t,h,:] = rope(round(q[t,h,:] * rsqrt(mean(q[t,h,:]^2) + eps) * (1 + q_weight)))
-every kv head likewise with k_weight; rope(x) = x * cos[t] + rotate_half(x) * sin[t], rotate_half(x) = (-x2, x1)
-(NeoX halves: the only form apply_rotary_pos_emb has). q/k are column blocks of the qkv output (token strides
-q_stride / k_stride, heads head_dim apart); cos/sin [tokens, head_dim] rows.
+Per token t, every q head h:  q_out[t,h,:] = rope(round(q[t,h,:] * rsqrt(mean(q[t,h,:]^2) + eps) * (1 + q_weight)))
+every kv head likewise in place in k with k_weight; rope(x) = x * cos[t] + rotate_half(x) * sin[t], rotate_half(x) =
+(-x2, x1) (NeoX halves: the only form apply_rotary_pos_emb has). q/k are column blocks of the qkv output (token
+strides q_stride / k_stride, heads head_dim apart); cos/sin [tokens, head_dim] rows. q_out (token stride
+q_out_stride) is the q the attention gets: its own contiguous [tokens, q heads * head_dim] buffer here and in the
+patch, since a column view of qkv costs SGLang 0.5.17's fa3 backend a q.contiguous() copy a layer from batch 2 on
+(RESULTS.md). The kernel also takes q_out = q, q_out_stride = q_stride (in place: the adapter's ASTRA_GQKR_Q_OUT=0).
 """
 from __future__ import annotations
 
@@ -34,20 +37,29 @@ MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("gemma-3-12b", (1, 2)),
     ("gemma-3-27b", (1, 2, 4)),
 )
-DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride")
+# q_out_stride last: the ABI adds it after k_stride (q_out's token stride; hq * head_dim for a contiguous q_out)
+DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride", "k_stride", "q_out_stride")
 
 
-model_dims = qkv.model_dims_of(qkv.qk_dims)  # the profile's speedup lookup: dims from a model's config.json
+def dims_of(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
+    """The op's dims for tokens t, q heads, kv heads, head_dim: q and k column blocks of the qkv output (qkv.qk_dims),
+    q_out its own contiguous [t, hq * d] buffer, as the adapter allocates it."""
+    return qkv.qk_dims(t, hq, hk, d) + (hq * d,)
 
+
+model_dims = qkv.model_dims_of(dims_of)  # the profile's speedup lookup: dims from a model's config.json
+
+# q_out contiguous in every shape (q_out_stride = q heads * head_dim): the harness poisons all of q_out and checks
+# every element was written, so a wider q_out row would leave poison; the in-place q_out = q is the patch's alone
 EDGE = (
-    Shape((1, 1, 1, 256, 768, 768), ("edge",), "one q head, one kv head"),
-    Shape((3, 5, 1, 64, 448, 448), ("edge",), "head_dim 64, odd head count"),
-    Shape((7, 4, 2, 128, 1024, 1024), ("edge",), "head_dim 128 (Gemma-3-27B)"),
-    Shape((9, 8, 2, 256, 2048, 512), ("edge",), "q and k contiguous (strides = their heads)"),
-    Shape((33, 4, 1, 256, 1536, 1536), ("edge",), "tokens not a multiple of the warps per block"),
+    Shape((1, 1, 1, 256, 768, 768, 256), ("edge",), "one q head, one kv head"),
+    Shape((3, 5, 1, 64, 448, 448, 320), ("edge",), "head_dim 64, odd head count"),
+    Shape((7, 4, 2, 128, 1024, 1024, 512), ("edge",), "head_dim 128 (Gemma-3-27B)"),
+    Shape((9, 8, 2, 256, 2048, 512, 2048), ("edge",), "q and k contiguous (strides = their heads)"),
+    Shape((33, 4, 1, 256, 1536, 1536, 1024), ("edge",), "tokens not a multiple of the warps per block"),
     # head_dim 256: torch's mean gives a norm call of 16 rows or more 32 threads a row, fewer 64 (another order of adds)
-    Shape((4, 4, 1, 256, 1536, 1536), ("edge",), "16 q rows and 4 k rows: either side of torch's reduce switch"),
-    Shape((15, 4, 1, 256, 1536, 1536), ("edge",), "60 q rows and 15 k rows: k one row below the switch"),
+    Shape((4, 4, 1, 256, 1536, 1536, 1024), ("edge",), "16 q rows and 4 k rows: either side of torch's reduce switch"),
+    Shape((15, 4, 1, 256, 1536, 1536, 1024), ("edge",), "60 q rows and 15 k rows: k one row below the switch"),
 )
 
 
@@ -67,13 +79,14 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
 
     t, d = dims[0], dims[3]
     q, k, dt = qkv.qk_rows(dims, dtype, gen, dist, device)
+    q_out = torch.empty((t, dims[6]), device=device, dtype=dt)  # an output: the harness poisons it
     # Gemma's weights are offsets from 1 (the norm multiplies by 1 + w): drawn around 0
     qw, kw = ((0.25 * torch.randn((d,), generator=gen, device=device)).to(dt) for _ in range(2))
     pos = qkv.positions(t, MAX_POSITION - 1, gen, device) + 1  # not 0: its sin row is all zeros
     if t > 1:
         pos[-1] = MAX_POSITION - 1  # the farthest position drawn (the largest angles)
     cos, sin = cos_sin_rows(pos, d, dt)
-    return {"q": q, "k": k, "q_weight": qw, "k_weight": kw, "cos": cos, "sin": sin}
+    return {"q": q, "q_out": q_out, "k": k, "q_weight": qw, "k_weight": kw, "cos": cos, "sin": sin}
 
 
 def _norm_rotate(x, heads: int, d: int, w, cos, sin, eps: float):
@@ -91,7 +104,8 @@ def _norm_rotate(x, heads: int, d: int, w, cos, sin, eps: float):
 
 
 def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[str, Any]:
-    """fp64 of the whole chain, no intermediate rounding: the norm with (1 + w), then the rotation.
+    """fp64 of the whole chain, no intermediate rounding: the norm with (1 + w), then the rotation. q_out: q's heads
+    so, in q_out's shape; k: k with its heads so and its other columns as they were.
     Works on the harness's [tokens, stride] row buffers and on the patch's [tokens, heads, head_dim] views."""
     _, hq, hk, d = dims[:4]
     eps = float(scalars.get("eps", EPS))
@@ -100,22 +114,24 @@ def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[
     n = q.shape[0]
     qo = _norm_rotate(q.reshape(n, -1), hq, d, inp["q_weight"].double(), cos, sin, eps)
     ko = _norm_rotate(k.reshape(n, -1), hk, d, inp["k_weight"].double(), cos, sin, eps)
-    return {"q": qo.reshape(q.shape), "k": ko.reshape(k.shape)}
+    # q_out's shape; a caller that hands inputs only (harness/oracle.py reference_walk) gets q's heads' shape
+    shape = inp["q_out"].shape if "q_out" in inp else (q.shape if q.dim() == 3 else (n, hq * d))
+    return {"q_out": qo[:, : hq * d].reshape(shape), "k": ko.reshape(k.shape)}
 
 
 def bytes_moved(dims, dtype: str) -> int:
-    """What the fused kernel must move: q and k read + written; per token its cos and sin rows; the two weight
-    vectors once."""
+    """What the fused kernel must move: q read and q_out written, k read + written; per token its cos and sin rows;
+    the two weight vectors once."""
     t, hq, hk, d = dims[:4]
     e = DTYPE_BYTES[dtype]
     return t * (2 * (hq + hk) * d * e + 2 * d * e) + 2 * d * e
 
 
 def _supports(dims, dtype: str) -> Optional[str]:
-    t, hq, hk, d, qs, ks = dims
+    t, hq, hk, d, qs, ks, qos = dims
     if d not in HEAD_DIMS:
         return f"head_dim {d} (the kernel instantiates {HEAD_DIMS})"
-    if qs < hq * d or ks < hk * d:
+    if qs < hq * d or ks < hk * d or qos < hq * d:
         return "a row stride shorter than its heads"
     return None
 
@@ -181,16 +197,17 @@ INSTALLED = Variant(
 
 SPEC = OpSpec(
     name="gemma_qknorm_rope",
-    summary="FUSED Gemma-3 q/k norm (1 + w) + rope by the step's cos/sin rows, in place (replaces SGLang's torch "
-    "q_norm, k_norm and apply_rotary_pos_emb in Gemma3Attention.forward_native, about twenty launches a layer; "
-    "speedups are over all of them)",
+    summary="FUSED Gemma-3 q/k norm (1 + w) + rope by the step's cos/sin rows, k in place, q into its own contiguous "
+    "q_out (replaces SGLang's torch q_norm, k_norm and apply_rotary_pos_emb in Gemma3Attention.forward_native, about "
+    "twenty launches a layer; speedups are over all of them)",
     dim_names=DIM_NAMES,
-    abi=abi((("q", "inout"), ("k", "inout"), ("q_weight", "in"), ("k_weight", "in"), ("cos", "in"), ("sin", "in")),
-            DIM_NAMES, (("eps", "f64"),)),
+    # q an input (check fails a kernel that changes it), q_out an output (poisoned, compared), k in place
+    abi=abi((("q", "in"), ("q_out", "out"), ("k", "inout"), ("q_weight", "in"), ("k_weight", "in"), ("cos", "in"),
+             ("sin", "in")), DIM_NAMES, (("eps", "f64"),)),
     variants=(INSTALLED,),
     default_variant=lambda roots: "installed",
     dtypes=qkv.DTYPES,
-    corpus=qkv.corpus(MODELS, qkv.qk_dims),
+    corpus=qkv.corpus(MODELS, dims_of),
     edge_shapes=EDGE,
     tolerance=qkv.NORM_ROPE_TOLERANCE,  # production rounds the normed q/k before rotating (families/qkv.py)
     make_inputs=make_inputs,
