@@ -13,7 +13,7 @@ def _call_method(inp, dims, scalars):
     import torch
     from sglang.srt.models.gemma3_causal import Gemma3Attention
 
-    t, hq, hk, d, qs, ks = dims
+    t, hq, hk, d, qs, ks = dims[:6]   # q_out_stride (7th) is the op's output layout, not the layer's
     eps = float(scalars.get("eps", 1e-6))
     norms = [gemma3_norm(inp[w].clone(), eps) for w in ("q_weight", "k_weight")]
     # q and k column blocks of one row buffer, v after them (untouched by the op)
