@@ -300,7 +300,8 @@ def test_adapter_binds_biased_grouped_topk_as_select_experts_calls_it(sglang_0_5
 
     ad = op_part(OP, "adapter")
     assert not getattr(ad, "DEFAULT_OFF", "")   # on in `--ops all` since a DeepSeek-shaped server gained (2026-11-27)
-    assert ad.ADAPTER.kept_by_sglang((1, 256, 8, 8, 4, 0)) and not ad.ADAPTER.kept_by_sglang((1, 256, 9, 8, 4, 1))
+    # with and without the shared column, astra's (the warp router's GPU check and validate: 2026-11-30)
+    assert not ad.ADAPTER.kept_by_sglang((1, 256, 8, 8, 4, 0)) and not ad.ADAPTER.kept_by_sglang((1, 256, 9, 8, 4, 1))
     A = ad.ADAPTER
     assert adapter_mismatch(SPEC, A) is None
     fn = real_function(Path(sglang_0_5_17_source), "sglang.srt.layers.moe.topk", "biased_grouped_topk_gpu",
@@ -496,32 +497,36 @@ def test_no_shared_column_is_a_zero_dim_not_an_empty_call(tmp_path):
         devices, dtypes = ("cpu",), ("fp32", "bf16", "fp16")
 
     st = OpState(SPEC, op_part(OP, "adapter").ADAPTER, Backend(), CounterFile(tmp_path / "c", [OP]))
-    for dims, why in (((8, 256, 8, 8, 4, 0), "no fused shared column"), ((0, 256, 9, 8, 4, 1), "empty tensor")):
+    def canon(dims):
         t, e, k = dims[:3]
-        canon = {"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
-                 "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars(dims)}
-        assert why in st.prepare(canon), dims
-    t, e, k = 8, 256, 9
-    ok = st.prepare({"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
-                     "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars((t, e, k, 8, 4, 1))})
-    assert not isinstance(ok, str) and ok[1] == (8, 256, 9, 8, 4, 1)
+        return {"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
+                "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars(dims)}
+
+    assert "empty tensor" in st.prepare(canon((0, 256, 9, 8, 4, 1)))
+    for dims in ((8, 256, 9, 8, 4, 1), (8, 256, 8, 8, 4, 0)):   # with and without the shared column: astra's
+        ok = st.prepare(canon(dims))
+        assert not isinstance(ok, str) and ok[1] == dims, ok
 
 
-def test_the_dev_knob_lets_the_adapter_take_calls_without_a_shared_column(monkeypatch):
-    """ASTRA_ROUTER_TAKE_NO_SHARED=1 (read when the adapter is imported, as a worker's environment sets it) lets the
-    warp router's calls through for a GPU validate and step A/B; unset, those calls stay SGLang's."""
-    import importlib
+def test_kept_by_sglang_is_where_sglang_routes_past_flashinfer(monkeypatch):
+    """The rows SGLang keeps by design are those it routes past flashinfer's kernel, told from the dims alone (bench
+    marks them; validate reports them n/a, not failed: 6 such DeepSeek-scale 1024-expert rows failed validate on the
+    H200 on 2026-11-30 while the adapter, rightly, handed them back). Calls without a shared column are astra's."""
+    import sys
+    import types
 
-    mod = op_part(OP, "adapter")
-    try:
-        monkeypatch.setenv("ASTRA_ROUTER_TAKE_NO_SHARED", "1")
-        assert importlib.reload(mod)._kept((8, 256, 8, 8, 4, 0)) is None
-        monkeypatch.delenv("ASTRA_ROUTER_TAKE_NO_SHARED")
-        assert "no fused shared column" in importlib.reload(mod)._kept((8, 256, 8, 8, 4, 0))
-        assert mod._kept((8, 256, 9, 8, 4, 1)) is None   # the shared column: always astra's
-    finally:
-        monkeypatch.delenv("ASTRA_ROUTER_TAKE_NO_SHARED", raising=False)
-        importlib.reload(mod)
+    A = op_part(OP, "adapter").ADAPTER
+    monkeypatch.delitem(sys.modules, "sglang.srt.layers.moe.topk", raising=False)
+    assert A.kept_by_sglang((2, 1024, 8, 32, 32, 0)) is None   # SGLang not loaded: nothing to defer to
+    fake = types.ModuleType("sglang.srt.layers.moe.topk")
+    fake._is_cuda, fake._use_aiter, fake.fused_topk_deepseek = True, False, object()
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.moe.topk", fake)
+    assert A.kept_by_sglang((8, 256, 8, 8, 4, 0)) is None      # DeepSeek-V3 without the shared column
+    assert A.kept_by_sglang((8, 256, 9, 8, 4, 1)) is None      # with it
+    assert A.kept_by_sglang((8, 384, 8, 1, 1, 0)) is None      # Kimi-K2: one group
+    assert "outside flashinfer's limits" in A.kept_by_sglang((2, 1024, 8, 32, 32, 0))
+    fake._is_cuda = False
+    assert "not CUDA" in A.kept_by_sglang((8, 256, 8, 8, 4, 0))
 
 
 def _route_with_sigmoid_error(scores, bias, dims, rel: float, seed: int):

@@ -15,15 +15,14 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Kept for now (`_kept`): calls without a fused
-shared column, until the warp router that wins them in context passes check and validate on a GPU."""
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Calls without a fused shared column run the kernel's warp
+router (kernel.cu; RESULTS.md), those with one its CTA kernel."""
 from __future__ import annotations
 
 import sys
 from typing import Optional
 
-from astra_sglang.patch.adapters import (OpAdapter, contiguity_problem, env_switch, topk_output_alloc,
-                                        topk_outputs_problem)
+from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, topk_output_alloc, topk_outputs_problem
 
 MAX_EXPERTS = 1024
 MAX_TOPK = 32
@@ -120,21 +119,14 @@ def _normalize(c):
     return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg, shared)
 
 
-# ASTRA_ROUTER_TAKE_NO_SHARED=1 (dev): the adapter takes those calls too, for check's and validate's GPU run and a step
-# A/B (`e2e --step --arm-env B:ASTRA_ROUTER_TAKE_NO_SHARED=1 --server-arg=--disable-shared-experts-fusion`)
-TAKE_NO_SHARED = env_switch("ASTRA_ROUTER_TAKE_NO_SHARED", False)
-
-
 def _kept(dims) -> Optional[str]:
-    """Calls without a fused shared column stay SGLang's for now. There flashinfer's kernel runs alone, and astra's
-    CTA kernel was slower than it in context (0.65-0.92x on DeepSeek-V3's rows, 0.65-0.76x against the Triton router
-    on Kimi-K2's; H200, 2026-11-27). The warp router that kernel.cu now runs for these calls won in context (1.346x,
-    min 1.081x, bench's re-check passed; H200, 2026-11-30) but has not yet run `check` or validate on a GPU: this
-    rule goes when both pass. With the shared column SGLang adds four torch kernels after flashinfer's, which astra's
-    kernel writes in the same launch (2.9-4.2x in context)."""
-    if not int(dims[5]) and not TAKE_NO_SHARED:
-        return "no fused shared column: left to SGLang until the warp router passes check and validate on a GPU"
-    return None
+    """Why SGLang keeps a call of these dims by design (None: astra takes it): where it routes past flashinfer's kernel
+    (_sglang_route; _normalize hands those calls back at run time too), known from the dims, so bench marks such rows
+    and validate reports them n/a rather than failed. Calls without a fused shared column are astra's since the warp
+    router passed check and validate on an H200 (2026-11-30, results/2026-11-30-h200/session26/): before, they stayed
+    SGLang's, the CTA kernel having read 0.65-0.92x in context there."""
+    _, e, k, g, tg, shared = (int(x) for x in dims[:6])
+    return _sglang_route(e, k - shared, g, tg, shared)
 
 
 # On by default since a DeepSeek-shaped step ran it (deepseek-v3-2l, H200, 2026-11-27): -0.46% / -0.81% at batch
