@@ -478,8 +478,10 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\n![decode-step Δ](step.png)\n"
     if analysis:
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
+        from . import graph_diff
         from .neighbours import report as consumer_report
 
+        md += graph_diff.report(graph_diff.diff(analysis))
         md += consumer_report(neighbours)
     (out / "report.md").write_text(md)
     return md
@@ -569,7 +571,7 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     arms = sorted({r["arm"] for r in records})
     pairs = [("A", a) for a in arms if a != "A"]
     pdir = Path(results).parent / "profile"
-    predicted = None
+    predicted = analysis = None
     arm_ops = arms_from_meta(data.get("meta", {}).get("arms", ""))
     report_missing = not (pdir / "profile.json").is_file()   # a run cut off while profiling
     neighbours = consumer_effects_of(pdir) if (pdir / META).is_file() else []
@@ -589,8 +591,11 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     md = ss.report_markdown(summary, data.get("meta"))
     if ss.plot(summary, str(out / "step.png")):
         md += "\n![decode-step Δ](step.png)\n"
+    from . import graph_diff
     from .neighbours import report as consumer_report
 
+    if analysis:
+        md += graph_diff.report(graph_diff.diff(analysis))
     md += consumer_report(neighbours)
     (out / "report.md").write_text(md)
     return md
