@@ -478,13 +478,18 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
         md += "\n![decode-step Δ](step.png)\n"
     if analysis:
         md += "\nProfile (arm A and the patched arm): [profile/profile.md](profile/profile.md)\n"
-        from . import graph_diff
-        from .neighbours import report as consumer_report
-
-        md += graph_diff.report(graph_diff.diff(analysis))
-        md += consumer_report(neighbours)
+        md += graph_tables(analysis, neighbours)
     (out / "report.md").write_text(md)
     return md
+
+
+def graph_tables(analysis: Optional[dict], neighbours: Sequence[dict]) -> str:
+    """The report's tables of the decode graph, arm A against the patched arm: every profile row that moved
+    (e2e/graph_diff.py), then the kernel after and before each covered op (e2e/neighbours.py)."""
+    from . import graph_diff
+    from .neighbours import report as consumer_report
+
+    return (graph_diff.report(graph_diff.diff(analysis)) if analysis else "") + consumer_report(neighbours)
 
 
 def consumer_effects_of(pdir: Path) -> List[dict]:
@@ -591,11 +596,6 @@ def analyze_only(results: Path, out: Path, aa_floor: Optional[Path] = None) -> s
     md = ss.report_markdown(summary, data.get("meta"))
     if ss.plot(summary, str(out / "step.png")):
         md += "\n![decode-step Δ](step.png)\n"
-    from . import graph_diff
-    from .neighbours import report as consumer_report
-
-    if analysis:
-        md += graph_diff.report(graph_diff.diff(analysis))
-    md += consumer_report(neighbours)
+    md += graph_tables(analysis, neighbours)
     (out / "report.md").write_text(md)
     return md

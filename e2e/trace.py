@@ -59,7 +59,7 @@ class Trace:
 
 
 def load_json(path: Path) -> dict:
-    """A JSON file as written, gzip'd (.gz) or xz'd (.xz: results/ keeps traces so, they are ~40% smaller)."""
+    """A JSON file as written, gzip'd (.gz) or xz'd (.xz: results/ keeps traces so, a third the size of .gz)."""
     path = Path(path)
     opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     with opener(path, "rt") as f:
