@@ -14,7 +14,6 @@ No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from adapter_env import adapter_attr_under_env  # noqa: E402
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from gemma_standins import gemma_norms  # noqa: E402
 from sglang_source import _class, _method, _sglang_root, compile_method  # noqa: E402
@@ -560,14 +560,7 @@ def test_with_the_switch_off_nothing_defers(sg, monkeypatch):
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("on", True), ("0", False), ("off", False),
                                       ("false", False), ("No", False)])
 def test_the_switch_is_read_from_the_environment_when_the_adapter_is_imported(value, on):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "ASTRA_GPAN_ACROSS_LAYERS"}
-    if value is not None:
-        env["ASTRA_GPAN_ACROSS_LAYERS"] = value
-    r = subprocess.run([sys.executable, "-c", f"from astra_sglang.registry import op_part; "
-                        f"print(op_part('{OP}', 'adapter').ACROSS)"], capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and r.stdout.split() == [str(on)], r.stderr[-2000:]
+    assert adapter_attr_under_env(OP, "ACROSS", "ASTRA_GPAN_ACROSS_LAYERS", value) == str(on)
 
 
 # ------------------------------------------------------------------------------------------ the slot
