@@ -1,9 +1,11 @@
 """dense_rope_store (kernels/dense_rope_store/): the FUSED rope + KV store of dense attention (Llama, Gemma-2, Qwen2,
-Qwen2-MoE, Mixtral), where SGLang runs its rope kernel and then the attention backend's KV store. On CPU: the spec is
-rope_store's computation under its own name and production; the corpus is its models' and every row fits the store's
+Qwen2-MoE, Mixtral), where SGLang runs its rope kernel and then the attention backend's KV store. q goes into its own
+contiguous q_out (ASTRA_DRS_Q_OUT=0: in place, for a step A/B). On CPU: the spec is rope_store's computation (q's
+result as q_out) under its own name and production; the corpus is its models' and every row fits the store's
 launcher; the harness runs the edge shapes on CPU; the adapter binds the attentions' forward and discovery finds them
-in real SGLang, whose bodies are one sequence; the production launcher (SGLang's two JIT kernels back to back)
-extracts from sglang 0.5.17 and 0.5.23 and builds with nvcc.
+in real SGLang, whose bodies are one sequence; expand, normalize, the sequence, returns and the self-check with q_out
+separate and in place; validate's layer driver on stand-ins; the kernel and the production launcher (SGLang's two JIT
+kernels back to back, extracted from sglang 0.5.17 and 0.5.23) build with nvcc.
 
 No kernel runs here (no GPU in CI)."""
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -22,12 +26,28 @@ from astra_sglang.registry import get_op, op_part, shipped_kernel  # noqa: E402
 OP = "dense_rope_store"
 
 
+SIGNATURE = (
+    'extern "C" cudaError_t astra_dense_rope_store(const void* q, void* q_out, void* k, const void* v, '
+    "void* k_cache, void* v_cache, const void* cos_sin_cache, const void* positions, const void* out_loc, "
+    "int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, "
+    "int64_t k_stride, int64_t v_stride, int64_t q_out_stride, int64_t is_neox, int dtype, cudaStream_t stream)")
+
+
 def test_spec_is_rope_store_s_computation_with_its_own_production():
     spec, rs = get_op(OP), get_op("rope_store")
     assert spec.symbol == "astra_dense_rope_store"
-    assert [(a.name, a.role, a.ctype) for a in spec.abi] == [(a.name, a.role, a.ctype) for a in rs.abi]
-    assert spec.c_signature() == rs.c_signature().replace("astra_rope_store(", "astra_dense_rope_store(")
-    assert spec.reference is rs.reference and spec.make_inputs is rs.make_inputs
+    assert spec.c_signature() == SIGNATURE
+    # rope_store's ABI but for q: an input, its result in q_out (an output); q_out_stride the last dim
+    ours = [(a.name, a.role, a.ctype) for a in spec.abi]
+    theirs = [(a.name, a.role, a.ctype) for a in rs.abi]
+    assert theirs[0] == ("q", "inout", "ptr")
+    vs = theirs.index(("v_stride", "", "i64")) + 1
+    assert ours == ([("q", "in", "ptr"), ("q_out", "out", "ptr")] + theirs[1:vs] + [("q_out_stride", "", "i64")]
+                    + theirs[vs:])
+    assert spec.dim_names == rs.dim_names + ("q_out_stride",)
+    for name in ("kernel.cu", "launch_jit.cu.in"):  # both definitions' parameters are the spec's, in order
+        src = " ".join((shipped_kernel(OP).parent / name).read_text().split())
+        assert SIGNATURE.split(" ", 2)[2] in src, name
     assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",
                              "sglang.srt.models.gemma2:Gemma2Attention.forward",
                              "sglang.srt.models.qwen2:Qwen2Attention.forward",
@@ -47,15 +67,25 @@ def test_corpus_is_the_replaced_attentions_models_and_every_shape_fits_the_store
     assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b", "gemma-2-2b", "gemma-2-9b",
                                                                 "gemma-2-27b", "qwen2.5-7b"}
     assert any("mixtral-8x7b tp2" in s.source for s in spec.corpus)  # Llama-3-8B's TP-2 rows, the same heads
-    assert (1, 28, 4, 128, 4608, 4608, 4608) in {s.dims for s in spec.corpus}  # qwen2.5-7b, one decode token
-    assert (1, 16, 8, 256, 8192, 8192, 8192) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256
+    assert (1, 28, 4, 128, 4608, 4608, 4608, 3584) in {s.dims for s in spec.corpus}  # qwen2.5-7b, one decode token
+    assert (1, 16, 8, 256, 8192, 8192, 8192, 4096) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256
     assert {s.dims[0] for s in spec.corpus} >= {1, 16, 64, 256, 1024, 16384}
-    assert (1, 32, 8, 128, 6144, 6144, 6144) in {s.dims for s in spec.corpus}  # llama-3-8b, one decode token
+    assert (1, 32, 8, 128, 6144, 6144, 6144, 4096) in {s.dims for s in spec.corpus}  # llama-3-8b, one decode token
+    # q_out contiguous everywhere (the harness poisons all of it): the patch's own buffer
+    assert all(s.dims[7] == s.dims[1] * s.dims[3] for s in spec.corpus + spec.edge_shapes)
+    # rope_store's edge shapes the store takes, each with its contiguous q_out; the GPT-J one stays GPT-J
+    rs = get_op("rope_store")
+    assert [s.dims[:7] for s in spec.edge_shapes] == [s.dims for s in rs.edge_shapes
+                                                       if s.dims in {e.dims[:7] for e in spec.edge_shapes}]
+    assert [spec.scalars(s.dims) for s in spec.edge_shapes] == [rs.scalars(s.dims[:7]) for s in spec.edge_shapes]
+    assert {spec.scalars(s.dims)["is_neox"] for s in spec.edge_shapes} == {0, 1}
     v = spec.variant("jit")
     for s in list(spec.corpus) + list(spec.edge_shapes):
         for dt in spec.dtypes:
             assert v.supports(s.dims, dt) is None, (s.dims, dt)
-    assert "KV rows" in v.supports((3, 5, 1, 64, 448, 448, 448), "fp16")  # 128-byte rows: not a store width
+    assert "KV rows" in v.supports((3, 5, 1, 64, 448, 448, 448, 320), "fp16")  # 128-byte rows: not a store width
+    assert "q_out" in v.supports((3, 8, 2, 128, 1536, 1536, 1536, 1000), "bf16")  # q_out rows shorter than q's heads
+    assert v.supports((3, 8, 2, 128, 1536, 1536, 1536, 1536), "bf16") is None     # q_out = q's layout: in place
 
 
 def test_harness_runs_every_edge_shape_on_cpu(monkeypatch):
