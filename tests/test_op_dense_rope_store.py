@@ -401,8 +401,9 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
     before = qkv.clone()
     want = mod.ADAPTER.expand(args)  # SGLang's sequence on copies of the same qkv and pool
     want_qkv, want_kc, want_vc = qkv.clone(), pool.k.clone(), pool.v.clone()
-    want.update(qkv=want_qkv, q=want_qkv[:, : HQ * D].view(5, HQ, D), k=want_qkv[:, HQ * D:(HQ + HK) * D].view(5, HK, D),
-                v=want_qkv[:, (HQ + HK) * D:], k_cache=want_kc, v_cache=want_vc)
+    want.update(qkv=want_qkv, q=want_qkv[:, : HQ * D].view(5, HQ, D),
+                k=want_qkv[:, HQ * D:(HQ + HK) * D].view(5, HK, D), v=want_qkv[:, (HQ + HK) * D:], k_cache=want_kc,
+                v_cache=want_vc)
     mod.ADAPTER.sequence(want)
 
     st = OpState(SPEC, mod.ADAPTER, TorchBackend("cpu stand-in", kernel, devices=("cpu",), dtypes=("bf16",)),

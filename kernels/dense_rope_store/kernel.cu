@@ -10,8 +10,9 @@
 // strided view, SGLang 0.5.17's fa3 backend copies it (q.contiguous()), one more kernel a layer from batch 2 on. The
 // patch passes a contiguous [num_tokens, num_q_heads * head_dim] q_out instead (RESULTS.md). q_out may be q itself
 // with q_out_stride = q_stride (in place, the adapter's ASTRA_DRS_Q_OUT=0 arm): each thread reads its elements before
-// it writes them and no other thread touches them; any other overlap of q and q_out is the caller's error. The same computation as rope_store's kernel (kernels/rope_store/kernel.cu),
-// kept as its own self-contained source: this op's production is two SGLang kernels, rope_store's one.
+// it writes them and no other thread touches them; any other overlap of q and q_out is the caller's error.
+// The same computation as rope_store's kernel (kernels/rope_store/kernel.cu), kept as its own self-contained source:
+// this op's production is two SGLang kernels, rope_store's one.
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
 // ABI:  extern "C" cudaError_t astra_dense_rope_store(const void* q, void* q_out, void* k, const void* v,
