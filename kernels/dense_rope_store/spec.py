@@ -1,8 +1,8 @@
 """dense_rope_store: a FUSED op. Rotary embedding of k in place and of q into its own buffer q_out, with the rotated k
 and the untouched v stored into the KV cache at each token's slot, in one launch, where dense (Llama-style) attention
 on a bf16 KV cache runs two SGLang kernels: the JIT rope (csrc/elementwise/rope.cuh FusedRopeKernel::run, op rope),
-then, inside the attention backend, the JIT KV store (csrc/elementwise/kvcache.cuh StoreKVCacheKernel, op kv_store). Production is those two
-launches on one stream, exactly as SGLang makes them; a speedup of this op is over their SUM.
+then, inside the attention backend, the JIT KV store (csrc/elementwise/kvcache.cuh StoreKVCacheKernel, op kv_store).
+Production is those two launches on one stream, exactly as SGLang makes them; a speedup of this op is over their SUM.
 
 The computation is rope_store's (SGLang's own fused rope + KV store, which it runs only in MoE attention such as
 Qwen3-MoE's); its contract, inputs, reference and bytes are taken from there, but for q: read from q (a column block of
