@@ -137,6 +137,24 @@ def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]
     return None
 
 
+def q_out_problem(q, qo, qs: int, qos: int) -> str:
+    """Why q_out ([t, hq, d], element and head strides 1 and d) cannot take a kernel's q ('' when it can), for the
+    fused q/k ops that write q into its own buffer (gemma_qknorm_rope, dense_rope_store): their kernels read each q
+    element before writing it, in the same thread, so q_out may be q itself (same start, same row stride) or lie
+    apart from it; any other overlap would write q elements another thread has not read yet."""
+    if tuple(qo.shape) != tuple(q.shape):
+        return f"q_out shape {tuple(qo.shape)} != q's {tuple(q.shape)}"
+    t, hq, d = q.shape
+    if qo.stride(2) != 1 or (hq > 1 and qo.stride(1) != d) or (t > 1 and qos < hq * d):
+        return f"q_out strides {tuple(qo.stride())} are not (row >= heads * head_dim, head_dim, 1)"
+    a, b = q.data_ptr(), qo.data_ptr()
+    if a == b and qs == qos:
+        return ""
+    e = q.element_size()
+    if a < b + ((t - 1) * qos + hq * d) * e and b < a + ((t - 1) * qs + hq * d) * e:
+        return "q_out overlaps q other than as q itself"
+    return ""
+
 
 def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
     """None where SGLang's CustomOp / BaseFusedOp `module` dispatches to its forward_cuda (the kernel a fused op

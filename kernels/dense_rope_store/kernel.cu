@@ -1,17 +1,25 @@
 // astra-sglang optimized dense_rope_store: the rope + KV store of dense (Llama-style) attention in one launch, where
-// SGLang runs its rope kernel, then the attention backend's KV store. Rotary embedding of q and k in place
-// (rope_dim = head_dim), the rotated k and the untouched v stored into the KV cache at each token's slot:
-//   q[t,h], k[t,h] <- rotate(., cos_sin_cache[positions[t]])      NeoX (halves) or GPT-J (pairs)
+// SGLang runs its rope kernel, then the attention backend's KV store. Rotary embedding of k in place and of q into
+// its own buffer q_out (rope_dim = head_dim), the rotated k and the untouched v stored into the KV cache at each
+// token's slot:
+//   q_out[t,h] <- rotate(q[t,h], cos_sin_cache[positions[t]]);  k[t,h] <- rotate(k[t,h], .)   NeoX or GPT-J
 //   k_cache[out_loc[t], h*D:(h+1)*D] = rotated k[t,h];  v_cache[out_loc[t], ...] = v[t,h]
-// q/k/v: token rows q_stride / k_stride / v_stride elements apart, heads head_dim apart; caches contiguous
-// [slots, num_kv_heads * head_dim]. The same computation as rope_store's kernel (kernels/rope_store/kernel.cu),
-// kept as its own self-contained source: this op's production is two SGLang kernels, rope_store's one.
+// q/k/v/q_out: token rows q_stride / k_stride / v_stride / q_out_stride elements apart, heads head_dim apart; caches
+// contiguous [slots, num_kv_heads * head_dim].
+// Why q_out: q is a column block of the qkv output (rows q_size + 2 kv_size apart); handed to the attention as that
+// strided view, SGLang 0.5.17's fa3 backend copies it (q.contiguous()), one more kernel a layer from batch 2 on. The
+// patch passes a contiguous [num_tokens, num_q_heads * head_dim] q_out instead (RESULTS.md). q_out may be q itself
+// with q_out_stride = q_stride (in place, the adapter's ASTRA_DRS_Q_OUT=0 arm): each thread reads its elements before
+// it writes them and no other thread touches them; any other overlap of q and q_out is the caller's error.
+// The same computation as rope_store's kernel (kernels/rope_store/kernel.cu), kept as its own self-contained source:
+// this op's production is two SGLang kernels, rope_store's one.
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
-// ABI:  extern "C" cudaError_t astra_dense_rope_store(void* q, void* k, const void* v, void* k_cache, void* v_cache,
-//         const void* cos_sin_cache, const void* positions, const void* out_loc, int64_t num_tokens,
-//         int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride,
-//         int64_t v_stride, int64_t is_neox, int dtype, cudaStream_t stream)
+// ABI:  extern "C" cudaError_t astra_dense_rope_store(const void* q, void* q_out, void* k, const void* v,
+//         void* k_cache, void* v_cache, const void* cos_sin_cache, const void* positions, const void* out_loc,
+//         int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+//         int64_t k_stride, int64_t v_stride, int64_t q_out_stride, int64_t is_neox, int dtype, cudaStream_t stream)
+// (q_out_stride after v_stride: the ABI's int64s are the spec's dims in order, and rope_store's seven come first)
 // positions, out_loc: int64. dtype: 1 fp16, 2 bf16. Launches on `stream` only; no allocation, no host sync.
 //
 // Design (the rope kernel's, kernels/rope/kernel.cu, with v rows added):
@@ -126,9 +134,10 @@ __device__ __forceinline__ void store(void* p, const Vec<T, N>& x) {
 // V: elements per access. A head row is `lanes` threads: NeoX r/2/V (each a vector of x and of y), GPT-J r/V.
 template <typename T, int V, bool kNeox>
 __global__ void __launch_bounds__(kThreads) rope_store_kernel(
-    T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
+    const T* q, T* qo, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
     const float* __restrict__ cache, const int64_t* __restrict__ positions, const int64_t* __restrict__ out_loc,
-    uint32_t total, uint32_t lanes, uint32_t hq, uint32_t hk, int64_t qs, int64_t ks, int64_t vs, int d) {
+    uint32_t total, uint32_t lanes, uint32_t hq, uint32_t hk, int64_t qs, int64_t qos, int64_t ks, int64_t vs,
+    int d) {
   using T2 = typename Pair<T>::type;
   const uint32_t gid = blockIdx.x * kThreads + threadIdx.x;
   pdl_wait();
@@ -157,14 +166,17 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
   }
   const bool is_q = h < hq;
   const uint32_t hh = is_q ? h : h - hq;
-  T* base = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * d
+  // q: read from q, written to q_out (may be q itself); k: read and written in place
+  const T* src = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * d
+                      : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * d;
+  T* base = is_q ? qo + static_cast<int64_t>(t) * qos + static_cast<int64_t>(hh) * d
                  : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * d;
   const int64_t pos = positions[t];
   const int64_t slot = is_q ? 0 : out_loc[t];
   const float* row_cs = cache + pos * d;
   if constexpr (kNeox) {
-    Vec<T, V> x = load<T, V>(base + off);
-    Vec<T, V> y = load<T, V>(base + off + half);
+    Vec<T, V> x = load<T, V>(src + off);
+    Vec<T, V> y = load<T, V>(src + off + half);
     const Vec<float, V> c = load<float, V>(row_cs + off);
     const Vec<float, V> s = load<float, V>(row_cs + half + off);
 #pragma unroll
@@ -183,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
     }
   } else {
     constexpr int P = V / 2;
-    Vec<T, V> x = load<T, V>(base + off);
+    Vec<T, V> x = load<T, V>(src + off);
     const Vec<float, P> c = load<float, P>(row_cs + off / 2);
     const Vec<float, P> s = load<float, P>(row_cs + half + off / 2);
 #pragma unroll
@@ -197,9 +209,9 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(
 }
 
 template <typename T, int V, bool kNeox>
-cudaError_t launch(void* q, void* k, const void* v, void* kc, void* vc, const void* cache, const void* pos,
-                   const void* loc, uint32_t t, uint32_t hq, uint32_t hk, int64_t qs, int64_t ks, int64_t vs, int d,
-                   cudaStream_t stream) {
+cudaError_t launch(const void* q, void* qo, void* k, const void* v, void* kc, void* vc, const void* cache,
+                   const void* pos, const void* loc, uint32_t t, uint32_t hq, uint32_t hk, int64_t qs, int64_t qos,
+                   int64_t ks, int64_t vs, int d, cudaStream_t stream) {
   const uint32_t lanes = static_cast<uint32_t>(kNeox ? d / 2 / V : d / V);
   const uint64_t total = static_cast<uint64_t>(t) * (hq + 2 * hk) * lanes;
   if (total > 0xffffffffull - kThreads) return cudaErrorInvalidValue;
@@ -212,36 +224,37 @@ cudaError_t launch(void* q, void* k, const void* v, void* kc, void* vc, const vo
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, rope_store_kernel<T, V, kNeox>, static_cast<T*>(q), static_cast<T*>(k),
-                            static_cast<const T*>(v), static_cast<T*>(kc), static_cast<T*>(vc),
+  return cudaLaunchKernelEx(&cfg, rope_store_kernel<T, V, kNeox>, static_cast<const T*>(q), static_cast<T*>(qo),
+                            static_cast<T*>(k), static_cast<const T*>(v), static_cast<T*>(kc), static_cast<T*>(vc),
                             static_cast<const float*>(cache), static_cast<const int64_t*>(pos),
-                            static_cast<const int64_t*>(loc), static_cast<uint32_t>(total), lanes, hq, hk, qs, ks,
-                            vs, d);
+                            static_cast<const int64_t*>(loc), static_cast<uint32_t>(total), lanes, hq, hk, qs, qos,
+                            ks, vs, d);
 }
 
 template <typename T, bool kNeox>
-cudaError_t by_vec(int vec, void* q, void* k, const void* v, void* kc, void* vc, const void* c, const void* p,
-                   const void* l, uint32_t t, uint32_t hq, uint32_t hk, int64_t qs, int64_t ks, int64_t vs, int d,
-                   cudaStream_t s) {
+cudaError_t by_vec(int vec, const void* q, void* qo, void* k, const void* v, void* kc, void* vc, const void* c,
+                   const void* p, const void* l, uint32_t t, uint32_t hq, uint32_t hk, int64_t qs, int64_t qos,
+                   int64_t ks, int64_t vs, int d, cudaStream_t s) {
   switch (vec) {
-    case 8: return launch<T, 8, kNeox>(q, k, v, kc, vc, c, p, l, t, hq, hk, qs, ks, vs, d, s);
-    case 4: return launch<T, 4, kNeox>(q, k, v, kc, vc, c, p, l, t, hq, hk, qs, ks, vs, d, s);
-    default: return launch<T, 2, kNeox>(q, k, v, kc, vc, c, p, l, t, hq, hk, qs, ks, vs, d, s);
+    case 8: return launch<T, 8, kNeox>(q, qo, k, v, kc, vc, c, p, l, t, hq, hk, qs, qos, ks, vs, d, s);
+    case 4: return launch<T, 4, kNeox>(q, qo, k, v, kc, vc, c, p, l, t, hq, hk, qs, qos, ks, vs, d, s);
+    default: return launch<T, 2, kNeox>(q, qo, k, v, kc, vc, c, p, l, t, hq, hk, qs, qos, ks, vs, d, s);
   }
 }
 
 template <typename T>
-cudaError_t run(void* q, void* k, const void* v, void* kc, void* vc, const void* cache, const void* pos,
-                const void* loc, int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, int64_t vs,
-                int64_t neox, cudaStream_t s) {
+cudaError_t run(const void* q, void* qo, void* k, const void* v, void* kc, void* vc, const void* cache,
+                const void* pos, const void* loc, int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t qs,
+                int64_t qos, int64_t ks, int64_t vs, int64_t neox, cudaStream_t s) {
   if (t == 0) return cudaSuccess;
-  if (t < 0 || hq < 0 || hk <= 0 || d <= 0 || d % 4 || qs < hq * d || ks < hk * d || vs < hk * d ||
+  if (t < 0 || hq < 0 || hk <= 0 || d <= 0 || d % 4 || qs < hq * d || qos < hq * d || ks < hk * d || vs < hk * d ||
       t > 0x7fffffffLL || hq + 2 * hk > 0x7fffffffLL)
     return cudaErrorInvalidValue;
   const int64_t span = neox ? d / 2 : d;  // elements the threads of one head tile
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                         reinterpret_cast<uintptr_t>(v) | reinterpret_cast<uintptr_t>(kc) |
-                         reinterpret_cast<uintptr_t>(vc) | static_cast<uintptr_t>((qs | ks | vs | d | span) * 2);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qo) |
+                         reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
+                         reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc) |
+                         static_cast<uintptr_t>((qs | qos | ks | vs | d | span) * 2);
   const uintptr_t cbits = reinterpret_cast<uintptr_t>(cache) | static_cast<uintptr_t>(d * 2);  // sin: d/2 floats
   int vec = 2;
   if (bits % 16 == 0 && span % 8 == 0 && cbits % (neox ? 32 : 16) == 0) vec = 8;
@@ -249,25 +262,26 @@ cudaError_t run(void* q, void* k, const void* v, void* kc, void* vc, const void*
   if (bits % 4 || cbits % 8) return cudaErrorMisalignedAddress;
   const uint32_t T32 = static_cast<uint32_t>(t), Q = static_cast<uint32_t>(hq), K = static_cast<uint32_t>(hk);
   const int di = static_cast<int>(d);
-  return neox ? by_vec<T, true>(vec, q, k, v, kc, vc, cache, pos, loc, T32, Q, K, qs, ks, vs, di, s)
-              : by_vec<T, false>(vec, q, k, v, kc, vc, cache, pos, loc, T32, Q, K, qs, ks, vs, di, s);
+  return neox ? by_vec<T, true>(vec, q, qo, k, v, kc, vc, cache, pos, loc, T32, Q, K, qs, qos, ks, vs, di, s)
+              : by_vec<T, false>(vec, q, qo, k, v, kc, vc, cache, pos, loc, T32, Q, K, qs, qos, ks, vs, di, s);
 }
 
 }  // namespace
 }  // namespace astra_drs
 
-extern "C" cudaError_t astra_dense_rope_store(void* q, void* k, const void* v, void* k_cache, void* v_cache,
-                                              const void* cos_sin_cache, const void* positions, const void* out_loc,
-                                              int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
-                                              int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+extern "C" cudaError_t astra_dense_rope_store(const void* q, void* q_out, void* k, const void* v, void* k_cache,
+                                              void* v_cache, const void* cos_sin_cache, const void* positions,
+                                              const void* out_loc, int64_t num_tokens, int64_t num_q_heads,
+                                              int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                                              int64_t k_stride, int64_t v_stride, int64_t q_out_stride,
                                               int64_t is_neox, int dtype, cudaStream_t stream) {
   switch (dtype) {
-    case 1: return astra_drs::run<__half>(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, num_tokens,
-                                          num_q_heads, num_kv_heads, head_dim, q_stride, k_stride, v_stride, is_neox,
-                                          stream);
-    case 2: return astra_drs::run<__nv_bfloat16>(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
-                                                 num_tokens, num_q_heads, num_kv_heads, head_dim, q_stride, k_stride,
-                                                 v_stride, is_neox, stream);
+    case 1: return astra_drs::run<__half>(q, q_out, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
+                                          num_tokens, num_q_heads, num_kv_heads, head_dim, q_stride, q_out_stride,
+                                          k_stride, v_stride, is_neox, stream);
+    case 2: return astra_drs::run<__nv_bfloat16>(q, q_out, k, v, k_cache, v_cache, cos_sin_cache, positions,
+                                                 out_loc, num_tokens, num_q_heads, num_kv_heads, head_dim, q_stride,
+                                                 q_out_stride, k_stride, v_stride, is_neox, stream);
     default: return cudaErrorInvalidValue;
   }
 }

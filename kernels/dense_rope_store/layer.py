@@ -3,7 +3,9 @@ called on an attention stand-in that holds SGLang's own RotaryEmbedding with the
 returns the case's q/k/v row buffer (the GEMM is not what is validated), its attention stores k and v with SGLang's
 store_cache when the method asks it to save the KV (patch/layers.py storing_attention), and o_proj passes through.
 Outside a server the rope's construction reads the runtime config; it is supplied as a default server has it
-(patch/layers.py server_defaults)."""
+(patch/layers.py server_defaults). The q the attention gets is the op's q_out (patched: the kernel's own buffer;
+unpatched: q's column view, rotated in place), so that is what validate compares, with k and the KV cache; the row
+buffer's q columns are the op's input."""
 from types import MethodType, SimpleNamespace
 
 from astra_sglang.patch.layers import kv_pool_context, rotary_embedding, server_defaults, storing_attention
@@ -15,7 +17,7 @@ def _call_forward(inp, dims, scalars):
     from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.llama import LlamaAttention
 
-    t, hq, hk, d, qs, ks, vs = dims
+    t, hq, hk, d = dims[:4]  # q_out_stride (8th) is the op's output layout, not the layer's
     neox = bool(int(scalars.get("is_neox", 1)))
     rope = rotary_embedding(inp["cos_sin_cache"], d, d, neox)
     qkv = torch.cat([inp["q"][:, : hq * d], inp["k"][:, : hk * d], inp["v"][:, : hk * d]], dim=1)
@@ -39,6 +41,6 @@ def run_layer(inp, dims, scalars):
                          "fp16 cache the attention stores it and this op's sequence does not run")
     with server_defaults():
         q, k = _call_forward(inp, dims, scalars)
-    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["q_out"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
-    return {"q": inp["q"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}
+    return {"q_out": inp["q_out"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch
+from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_problem
 
 from .spec import HEAD_DIMS
 
@@ -84,24 +84,6 @@ def _expand(a: Dict[str, Any]):
     }
 
 
-def _q_out_problem(q, qo, qs: int, qos: int) -> str:
-    """Why q_out ([t, hq, d], element and head strides 1 and d) cannot take the kernel's q ('' when it can): the
-    kernel reads a q row whole before writing it, so q_out may be q itself (same start, same row stride) or lie apart
-    from it; any other overlap would write q rows not read yet."""
-    if tuple(qo.shape) != tuple(q.shape):
-        return f"q_out shape {tuple(qo.shape)} != q's {tuple(q.shape)}"
-    t, hq, d = q.shape
-    if qo.stride(2) != 1 or (hq > 1 and qo.stride(1) != d) or (t > 1 and qos < hq * d):
-        return f"q_out strides {tuple(qo.stride())} are not (row >= heads * head_dim, head_dim, 1)"
-    a, b = q.data_ptr(), qo.data_ptr()
-    if a == b and qs == qos:
-        return ""
-    e = q.element_size()
-    if a < b + ((t - 1) * qos + hq * d) * e and b < a + ((t - 1) * qs + hq * d) * e:
-        return "q_out overlaps q other than as q itself"
-    return ""
-
-
 def _normalize(c):
     """qknorm's checks of q, k and the weights (the same views and dims), then q_out's (q_out_stride the last dim) and
     the cos/sin rows."""
@@ -114,7 +96,7 @@ def _normalize(c):
     if qo.dim() != 3:
         return f"q_out {tuple(qo.shape)} is not [tokens, heads, head_dim]"
     qos = qo.stride(0) if t > 1 else hq * d  # one token: any row stride (as qknorm's for q)
-    why = _q_out_problem(c["q"], qo, qs, qos)
+    why = q_out_problem(c["q"], qo, qs, qos)
     if why:
         return why
     views["q_out"] = qo

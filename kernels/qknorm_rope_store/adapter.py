@@ -189,11 +189,17 @@ def _sequence(c: Dict[str, Any]) -> None:
 
 def _rope_then_store(c: Dict[str, Any]) -> None:
     """Dense attention's two SGLang kernels on canonical tensors: the JIT rope in place, then the store the attention
-    backend makes (store_cache), every slot written as the fused kernel writes it."""
+    backend makes (store_cache), every slot written as the fused kernel writes it. Where the canonical dict has a
+    q_out (dense_rope_store: q's own buffer) q's rows are copied there first and the rope rotates them in place
+    there, q left as it was; qknorm_rope_store's dense site has none and rotates q itself."""
     from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace
     from sglang.kernels.ops.kvcache.kvcache import store_cache
 
     q, k, v = c["q"], c["k"], c["v"]
+    qo = c.get("q_out", q)
+    if qo is not q and qo.data_ptr() != q.data_ptr():  # q_out = q (ASTRA_DRS_Q_OUT=0): in place, no copy
+        qo.copy_(q)
+        q = qo
     t, hk, d = k.shape[0], k.shape[1], k.shape[2]
     apply_rope_with_cos_sin_cache_inplace(q=q, k=k, cos_sin_cache=c["cos_sin_cache"], positions=c["positions"],
                                           is_neox=bool(int(c["is_neox"])))
@@ -203,9 +209,14 @@ def _rope_then_store(c: Dict[str, Any]) -> None:
 
 def _attend_without_store(c: Dict[str, Any]):
     """The rest of a dense attention forward after q/k/v are ready and the KV is stored: the attention reads the KV
-    this op stored (save_kv_cache=False, as SGLang's Qwen3-MoE path calls it), then o_proj."""
+    this op stored (save_kv_cache=False, as SGLang's Qwen3-MoE path calls it), then o_proj. The attention's q is
+    q_out ([tokens, q_size], contiguous: fa3 copies a strided q) where the canonical dict has one apart from q
+    (dense_rope_store), else q's column view of qkv."""
     attn = c["layer"]
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
+    qo = c.get("q_out")
+    if qo is not None and qo is not c["q"]:  # expand's choice, not a switch read again
+        q = qo.view(q.shape)
     out, _ = attn.o_proj(attn.attn(q, k, v, c["forward_batch"], save_kv_cache=False))
     return out
 
