@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from adapter_env import adapter_attr_under_env  # noqa: E402
 from astra_sglang.registry import get_op, op_part, shipped_kernel  # noqa: E402
 
 OP = "dense_rope_store"
@@ -318,12 +319,7 @@ def test_normalize_declines_a_q_out_that_overlaps_q_otherwise(monkeypatch, stub_
 
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), ("off", False)])
 def test_the_q_out_switch_is_read_from_the_environment_when_the_adapter_is_imported(value, on):
-    env = {k: v for k, v in os.environ.items() if k != "ASTRA_DRS_Q_OUT"}
-    if value is not None:
-        env["ASTRA_DRS_Q_OUT"] = value
-    r = subprocess.run([sys.executable, "-c", f"from astra_sglang.registry import op_part; "
-                        f"print(op_part('{OP}', 'adapter').Q_OUT)"], capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and r.stdout.split() == [str(on)], r.stderr[-2000:]
+    assert adapter_attr_under_env(OP, "Q_OUT", "ASTRA_DRS_Q_OUT", value) == str(on)
 
 
 def test_returns_runs_the_attention_on_q_out_without_its_store_then_o_proj():
