@@ -156,6 +156,17 @@ def q_out_problem(q, qo, qs: int, qos: int) -> str:
     return ""
 
 
+def q_out_stride(c: Mapping[str, Any], dims: Sequence[int]):
+    """q_out's row stride (the ABI's dim after the op's own) for an op whose dims start (tokens, q heads, kv heads,
+    head_dim, q_stride), or why c["q_out"] cannot take the kernel's q (a str). One token: any row stride, as for q."""
+    t, hq, d, qs = dims[0], dims[1], dims[3], dims[4]
+    qo = c["q_out"]
+    if qo.dim() != 3:
+        return f"q_out {tuple(qo.shape)} is not [tokens, heads, head_dim]"
+    qos = qo.stride(0) if t > 1 else hq * d
+    return q_out_problem(c["q"], qo, qs, qos) or qos
+
+
 def cuda_dispatch_problem(module: Any, what: str) -> Optional[str]:
     """None where SGLang's CustomOp / BaseFusedOp `module` dispatches to its forward_cuda (the kernel a fused op
     replaces), else why not: torch.compile's native path, a fused-op backend forced in 0.5.23, or another method.

@@ -313,8 +313,8 @@ def test_normalize_declines_a_q_out_that_overlaps_q_otherwise(monkeypatch, stub_
     assert mod.ADAPTER.normalize({**base, "q_out": base["q"]})[1][7] == 512     # q itself: in place
     assert mod.ADAPTER.normalize({**base, "q_out": torch.empty(5, HQ, D, dtype=BF16)})[1][7] == HQ * D
     # the check is gemma_qknorm_rope's, shared (patch/adapters.py)
-    from astra_sglang.patch.adapters import q_out_problem
-    assert mod.q_out_problem is q_out_problem and op_part("gemma_qknorm_rope", "adapter").q_out_problem is q_out_problem
+    from astra_sglang.patch.adapters import q_out_stride
+    assert mod.q_out_stride is q_out_stride and op_part("gemma_qknorm_rope", "adapter").q_out_stride is q_out_stride
 
 
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), ("off", False)])

@@ -20,7 +20,7 @@ from typing import Any, Dict
 from astra_sglang.kernels.qknorm_rope_store.adapter import (_attend_without_store, _dense_canonical, _dense_store_path,
                                                             _rope_path, _rope_then_store)
 from astra_sglang.kernels.rope_store.adapter import _rope_store_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_problem
+from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
 
 # ASTRA_DRS_Q_OUT=0 (dev): q back in place in the qkv output (q_out is q's own view, q_out_stride = q_stride) and the
 # attention handed the column view as before q_out existed: arm A of the step A/B that measures the copy q_out saves
@@ -58,15 +58,10 @@ def _normalize(c):
     if isinstance(res, str):
         return res
     views, dims = res
-    t, hq, d, qs = dims[0], dims[1], dims[3], dims[4]
-    qo = c["q_out"]
-    if qo.dim() != 3:
-        return f"q_out {tuple(qo.shape)} is not [tokens, heads, head_dim]"
-    qos = qo.stride(0) if t > 1 else hq * d  # one token: any row stride (as rope_store's for q)
-    why = q_out_problem(c["q"], qo, qs, qos)
-    if why:
-        return why
-    views["q_out"] = qo
+    qos = q_out_stride(c, dims)
+    if isinstance(qos, str):
+        return qos
+    views["q_out"] = c["q_out"]
     return views, dims + (qos,)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_problem
+from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
 
 from .spec import HEAD_DIMS
 
@@ -91,15 +91,11 @@ def _normalize(c):
     if isinstance(res, str):
         return res
     views, dims = res
-    t, hq, d, qs = dims[0], dims[1], dims[3], dims[4]
-    qo = c["q_out"]
-    if qo.dim() != 3:
-        return f"q_out {tuple(qo.shape)} is not [tokens, heads, head_dim]"
-    qos = qo.stride(0) if t > 1 else hq * d  # one token: any row stride (as qknorm's for q)
-    why = q_out_problem(c["q"], qo, qs, qos)
-    if why:
-        return why
-    views["q_out"] = qo
+    qos = q_out_stride(c, dims)
+    if isinstance(qos, str):
+        return qos
+    views["q_out"] = c["q_out"]
+    t, d = dims[0], dims[3]
     for n in ("cos", "sin"):
         x = c[n]
         if tuple(x.shape) != (t, d) or not x.is_contiguous():
