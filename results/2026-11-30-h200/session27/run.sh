@@ -10,9 +10,13 @@
 #   bash run.sh b   Qwen2.5-7B decode-step A/B: arm A every default op with q in place (ASTRA_DRS_Q_OUT=0, fa3 then
 #                   copies the strided q), arm B every default op (q into its own buffer), two processes an arm
 #   bash run.sh c   Llama-3-8B, the same A/B
+#   bash run.sh q   GPU gates of qknorm_rope_store's q_out (both variants: jit for Qwen3-MoE's site, jit_dense for dense
+#                   Qwen3's) and qknorm_rope's (jit): check, validate, their GPU tests (q_out bit-identical to in place)
+#   bash run.sh s   Qwen3-8B decode-step A/B: arm A q in place (ASTRA_QKRS_Q_OUT=0 ASTRA_QKR_Q_OUT=0), arm B q_out
+#   bash run.sh m   Qwen3-30B-A3B (20 layers), the same A/B (qknorm_rope_store's MoE site)
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 set -uo pipefail
-PART=${1:?a, g, b, c or v}
+PART=${1:?a, g, b, c, q, s, m or v}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s27}/$PART; mkdir -p $O
 LIMIT=${LIMIT:-570}
@@ -22,22 +26,26 @@ export PYTHONPATH=/tmp/e2e-site TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "installed at $(el)s"
 WS=/tmp/s27-ws
-extract() {  # OP VARIANT
-  [ -d $WS/$1 ] || $AS extract $1 --variant $2 --arch sm_90 --out $WS --no-build > $O/extract-$1.log 2>&1 \
-    || { echo "extract $1 failed"; tail -3 $O/extract-$1.log; return 1; }
+extract() {  # OP VARIANT: the production workspace at $WS/VARIANT/OP
+  [ -d $WS/$2/$1 ] || $AS extract $1 --variant $2 --arch sm_90 --out $WS/$2 --no-build > $O/extract-$1-$2.log 2>&1 \
+    || { echo "extract $1 $2 failed"; tail -3 $O/extract-$1-$2.log; return 1; }
 }
-gate() {  # OP VARIANT DTYPES: check the shipped kernel against the extracted production path, validate in SGLang's layer
-  local OP=$1
-  extract $OP $2 || return 1
-  timeout 240 $AS check $OP --workspace $WS/$OP --candidate kernels/$OP/kernel.cu --json $O/check-$OP.json \
-    > $O/check-$OP.log 2>&1
-  echo "check $OP rc=$? at $(el)s"; grep -E "^(PASS|FAIL|error)|bit-identical" $O/check-$OP.log | cut -c1-200 | head -3
-  (cd /tmp && timeout 150 $AS validate --ops $OP --dtypes $3 --json $O/validate-$OP.json) > $O/validate-$OP.log 2>&1
-  echo "validate $OP rc=$? at $(el)s: $(tail -1 $O/validate-$OP.log | cut -c1-200)"; grep FAIL $O/validate-$OP.log | head -3 | cut -c1-250
+check() {  # OP VARIANT: the shipped kernel against the extracted production path
+  extract $1 $2 || return 1
+  timeout 240 $AS check $1 --workspace $WS/$2/$1 --candidate kernels/$1/kernel.cu --json $O/check-$1-$2.json \
+    > $O/check-$1-$2.log 2>&1
+  echo "check $1 $2 rc=$? at $(el)s"; grep -E "^(PASS|FAIL|error)|bit-identical" $O/check-$1-$2.log | cut -c1-200 | head -3
+}
+validate() {  # OP DTYPES: in SGLang's own layer
+  (cd /tmp && timeout ${VT:-300} $AS validate --ops $1 --dtypes $2 --json $O/validate-$1.json) > $O/validate-$1.log 2>&1
+  echo "validate $1 rc=$? at $(el)s: $(tail -1 $O/validate-$1.log | cut -c1-200)"; grep FAIL $O/validate-$1.log | head -3 | cut -c1-250
+}
+gate() {  # OP VARIANT DTYPES
+  check $1 $2; validate $1 $3
 }
 bench() {  # OP VARIANT NAME SHAPES: decode rows in context (astra's neighbours) and chained
   extract $1 $2 || return 1
-  timeout 200 $AS bench $1 --workspace $WS/$1 --candidate kernels/$1/kernel.cu --shapes $4 --dtype bf16 --replays 8 \
+  timeout 200 $AS bench $1 --workspace $WS/$2/$1 --candidate kernels/$1/kernel.cu --shapes $4 --dtype bf16 --replays 8 \
     --neighbours astra --out $O/bench-$3.json > $O/bench-$3.log 2>&1
   echo "bench $3 rc=$? at $(el)s"; grep -E "^geomean|^rows:|in context|error" $O/bench-$3.log | cut -c1-300 | tail -6
 }
@@ -67,11 +75,23 @@ b)
   step 'qwen25-qout:qwen2.5-7b:540:--base-ops=all --ops=all --arm-env=A:ASTRA_DRS_Q_OUT=0' 1,2,16 ;;
 c)
   step 'llama3-qout:llama3-8b:540:--base-ops=all --ops=all --arm-env=A:ASTRA_DRS_Q_OUT=0' 1,2,16 ;;
+q)
+  source kernels/astra_env.sh
+  check qknorm_rope_store jit; check qknorm_rope_store jit_dense; check qknorm_rope jit
+  validate qknorm_rope_store bf16,fp16; validate qknorm_rope bf16,fp16
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_op_qknorm_rope_store.py \
+    tests/test_op_qknorm_rope.py > $O/pytest.log 2>&1
+  echo "pytest rc=$? at $(el)s: $(tail -1 $O/pytest.log)"; grep -E "^(FAILED|ERROR)" $O/pytest.log | head -5
+  pack ;;
+s)
+  step 'qwen3-8b-qout:qwen3-8b:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' 1,2,16 ;;
+m)
+  step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' 1,2,16 ;;
 v)
   source kernels/astra_env.sh
   (cd /tmp && timeout ${VT:-150} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, g, b, c or v" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, g, b, c, q, s, m or v" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
