@@ -504,16 +504,9 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
     """The patch's first call of a shape class, on the CPU (a torch stand-in for the kernel, SGLang's sequence
     stubbed): q is an input, untouched whether the self-check passes or fails; on a failure k is restored and
     SGLang's sequence reruns on the real q, so q_out and k are SGLang's and the op disables."""
-    from astra_sglang.patch.counters import CounterFile
-    from astra_sglang.patch.ops import OpState, TorchBackend
+    from q_out_self_check import run_self_check
 
     mod = _cpu_adapter(monkeypatch, True)
-
-    def kernel(v, dims, scalars):  # the fp64 reference, rounded once (what a right kernel writes), or garbage
-        ref = SPEC.reference({n: x.double() for n, x in v.items() if isinstance(x, torch.Tensor)}, dims, scalars)
-        for n in ("q_out", "k"):
-            v[n].copy_(ref[n].to(v[n].dtype) if kernel_ok else torch.full_like(v[n], 3.0))
-
     layer, qkv, args = _layer()
     before = qkv.clone()
     canon = mod.ADAPTER.expand(args)
@@ -522,10 +515,7 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
             "q_out": torch.empty_like(canon["q_out"])}
     mod.ADAPTER.sequence(want)
 
-    st = OpState(SPEC, mod.ADAPTER, TorchBackend("cpu stand-in", kernel, devices=("cpu",), dtypes=("bf16",)),
-                 CounterFile(tmp_path / "c", [OP]), self_check="first")
-    views, dims, dt = st.prepare(canon)
-    st.execute(views, dims, dt, mod.ADAPTER.sequence)
+    st = run_self_check(SPEC, mod.ADAPTER, canon, tmp_path, kernel_ok)
     assert torch.equal(qkv[:, : HQ * D], before[:, : HQ * D])            # q: never written
     assert torch.equal(qkv[:, (HQ + HK) * D:], before[:, (HQ + HK) * D:])  # v: never written
     assert st.last_check is not None and st.last_check.ok == kernel_ok

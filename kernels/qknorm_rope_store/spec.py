@@ -53,23 +53,24 @@ DENSE_MODELS = _qknorm_rope_spec.DENSE_MODELS
 def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
     """q, k and v column blocks of the fused qkv output, q_out its own contiguous [t, hq * d] buffer (the last dim)."""
     s = qkv.qkv_stride(hq, hk, d)
-    return (t, hq, hk, d, s, s, s, hq * d)
+    return qkv.with_q_out((t, hq, hk, d, s, s, s))
 
 
 model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
 
-_GPTJ = {(5, 8, 2, 128, 1536, 1536, 1536, 1024)}
+_GPTJ = {qkv.with_q_out((5, 8, 2, 128, 1536, 1536, 1536))}
 
-# q_out contiguous in every shape (q_out_stride = q heads * head_dim): the harness poisons all of q_out and checks
-# every element was written, so a wider q_out row would leave poison; the in-place q_out = q is the patch's alone
-EDGE = (
-    Shape((1, 1, 1, 128, 384, 384, 384, 128), ("edge",), "one q head, one kv head"),
-    Shape((3, 5, 1, 64, 448, 448, 448, 320), ("edge",), "head_dim 64, odd head count"),
-    Shape((3, 64, 8, 64, 5120, 5120, 5120, 4096), ("edge",), "head_dim 64, 64 q / 8 kv heads (gpt-oss heads)"),
-    Shape((5, 8, 2, 128, 1536, 1536, 1536, 1024), ("edge",), "GPT-J (interleaved) style"),
-    Shape((7, 4, 2, 256, 2048, 2048, 2048, 1024), ("edge",), "head_dim 256"),
-    Shape((9, 8, 2, 128, 1024, 256, 256, 1024), ("edge",), "contiguous q, k and v (separate tensors)"),
-)
+# q_out contiguous in every shape (q_out_stride = q heads * head_dim, qkv.with_q_out): the harness poisons all of
+# q_out and checks every element was written, so a wider q_out row would leave poison; the in-place q_out = q is the
+# patch's alone
+EDGE = tuple(Shape(qkv.with_q_out(dims), ("edge",), why) for dims, why in (
+    ((1, 1, 1, 128, 384, 384, 384), "one q head, one kv head"),
+    ((3, 5, 1, 64, 448, 448, 448), "head_dim 64, odd head count"),
+    ((3, 64, 8, 64, 5120, 5120, 5120), "head_dim 64, 64 q / 8 kv heads (gpt-oss heads)"),
+    ((5, 8, 2, 128, 1536, 1536, 1536), "GPT-J (interleaved) style"),
+    ((7, 4, 2, 256, 2048, 2048, 2048), "head_dim 256"),
+    ((9, 8, 2, 128, 1024, 256, 256), "contiguous q, k and v (separate tensors)"),
+))
 
 
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:
