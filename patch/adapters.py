@@ -139,9 +139,10 @@ def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]
 
 def q_out_problem(q, qo, qs: int, qos: int) -> str:
     """Why q_out ([t, hq, d], element and head strides 1 and d) cannot take a kernel's q ('' when it can), for the
-    fused q/k ops that write q into its own buffer (gemma_qknorm_rope, dense_rope_store): their kernels read each q
-    element before writing it, in the same thread, so q_out may be q itself (same start, same row stride) or lie
-    apart from it; any other overlap would write q elements another thread has not read yet."""
+    fused q/k ops that write q into its own buffer (gemma_qknorm_rope, dense_rope_store, qknorm_rope_store,
+    qknorm_rope): their kernels read each q element before writing it, in the same thread or warp, so q_out may be q
+    itself (same start, same row stride) or lie apart from it; any other overlap would write q elements another
+    thread has not read yet."""
     if tuple(qo.shape) != tuple(q.shape):
         return f"q_out shape {tuple(qo.shape)} != q's {tuple(q.shape)}"
     t, hq, d = q.shape

@@ -382,16 +382,10 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
     stubbed): q is an input, untouched whether the self-check passes or fails; on a failure k and the cache rows are
     restored and SGLang's sequence reruns on the real q, so q_out, k and the caches are SGLang's and the op
     disables."""
-    from astra_sglang.patch.counters import CounterFile
-    from astra_sglang.patch.ops import OpState, TorchBackend
+    from q_out_self_check import run_self_check
 
     calls, pool = stub_sglang
     mod = _cpu_adapter(monkeypatch, True)
-
-    def kernel(v, dims, scalars):  # the fp64 reference, rounded once (what a right kernel writes), or garbage
-        ref = SPEC.reference({n: x.double() for n, x in v.items() if isinstance(x, torch.Tensor)}, dims, scalars)
-        for n in ("q_out", "k", "k_cache", "v_cache"):
-            v[n].copy_(ref[n].to(v[n].dtype) if kernel_ok or n.endswith("cache") else torch.full_like(v[n], 3.0))
 
     layer, qkv, args = _dense_layer()
     before = qkv.clone()
@@ -402,11 +396,8 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
                 v_cache=want_vc)
     mod.ADAPTER.sequence(want)
 
-    st = OpState(SPEC, mod.ADAPTER, TorchBackend("cpu stand-in", kernel, devices=("cpu",), dtypes=("bf16",)),
-                 CounterFile(tmp_path / "c", [OP]), self_check="first")
     canon = mod.ADAPTER.expand(args)
-    views, dims, dt = st.prepare(canon)
-    st.execute(views, dims, dt, mod.ADAPTER.sequence)
+    st = run_self_check(SPEC, mod.ADAPTER, canon, tmp_path, kernel_ok, written=("q_out", "k", "k_cache", "v_cache"))
     assert torch.equal(qkv[:, : HQ * D], before[:, : HQ * D])            # q: never written
     assert torch.equal(qkv[:, (HQ + HK) * D:], before[:, (HQ + HK) * D:])  # v: never written
     assert st.last_check is not None and st.last_check.ok == kernel_ok

@@ -42,7 +42,7 @@ def test_spec_loads_with_the_kernel_s_abi_and_names_what_it_replaces():
     assert SPEC.c_signature().replace("extern \"C\" ", "").split("(")[0] in src
     # the definition's parameters are the spec's, in order (whitespace aside)
     assert SPEC.c_signature().split(" ", 2)[2] in src
-    assert SPEC.dim_names == get_op("qknorm_rope").dim_names + ("q_out_stride",)
+    assert SPEC.dim_names == get_op("qknorm").dim_names + ("q_out_stride",) == get_op("qknorm_rope").dim_names
     roles = {a.name: a.role for a in SPEC.abi if a.ctype == "ptr"}
     assert (roles["q"], roles["q_out"], roles["k"]) == ("in", "out", "inout")
     assert SPEC.replaces == (TARGET,) and SPEC.variant("installed").callable == TARGET
@@ -351,18 +351,12 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
     """The patch's first call of a shape class, on the CPU (a torch stand-in for the kernel, SGLang's sequence
     stubbed): q is an input, untouched whether the self-check passes or fails; on a failure k is restored and SGLang's
     sequence reruns on the real q, so q_out and k are SGLang's own and the op disables."""
-    from astra_sglang.patch.counters import CounterFile
-    from astra_sglang.patch.ops import OpState, TorchBackend
+    from q_out_self_check import run_self_check
 
     _stub_sglang(monkeypatch)
     mod = op_part(OP, "adapter")
     monkeypatch.setattr(mod, "DEVICES", ("cpu",))
     monkeypatch.setattr(mod, "Q_OUT", True)
-
-    def kernel(v, dims, scalars):  # the fp64 reference, rounded once (what a right kernel writes), or garbage
-        ref = SPEC.reference({n: x.double() for n, x in v.items() if isinstance(x, torch.Tensor)}, dims, scalars)
-        for n in ("q_out", "k"):
-            v[n].copy_(ref[n].to(v[n].dtype) if kernel_ok else torch.full_like(v[n], 3.0))
 
     layer, qkv, args = _gemma_layer()
     before = qkv.clone()
@@ -371,11 +365,8 @@ def test_the_self_check_never_writes_q_when_q_out_is_separate(kernel_ok, monkeyp
     want.update(q=want_qkv[:, :256].view(5, 4, 64), k=want_qkv[:, 256:384].view(5, 2, 64))
     mod.ADAPTER.sequence(want)
 
-    st = OpState(SPEC, mod.ADAPTER, TorchBackend("cpu stand-in", kernel, devices=("cpu",), dtypes=("bf16",)),
-                 CounterFile(tmp_path / "c", [OP]), self_check="first")
     canon = mod.ADAPTER.expand(args)
-    views, dims, dt = st.prepare(canon)
-    st.execute(views, dims, dt, mod.ADAPTER.sequence)
+    st = run_self_check(SPEC, mod.ADAPTER, canon, tmp_path, kernel_ok)
     assert torch.equal(qkv[:, :256], before[:, :256])           # q: never written
     assert torch.equal(qkv[:, 384:], before[:, 384:])           # v: never written
     assert st.last_check is not None and st.last_check.ok == kernel_ok

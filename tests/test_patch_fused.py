@@ -2,7 +2,8 @@
 (qknorm_rope_store: Qwen3MoeAttention.apply_qk_norm_rope). CPU, in process: the real op spec and its ABI, CPU
 stand-ins for the astra kernel (the spec's reference) and for SGLang's kernel sequence, a synthetic attention
 class in a synthetic module (the real adapter's expand reads SGLang's runtime, which needs a GPU server; it is
-validated there)."""
+validated there). As the real adapter does, the stand-in expand gives q its own buffer q_out, which the patched
+method returns as its q; qkv's q columns stay the input."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,18 @@ BF16 = torch.bfloat16  # the op's dtypes are fp16 and bf16
 
 
 def _sequence(c):
-    """SGLang's two kernels, on canonical tensors (fp32 math, rounded once per kernel as production does)."""
+    """SGLang's two kernels, on canonical tensors (fp32 math, rounded once per kernel as production does); q's result
+    into q_out where there is one (the patched call), else into q (the method's own, in place)."""
     from astra_sglang.kernels.qknorm_rope_store import spec as S
 
     t = c["q"].shape[0]
-    dims = (t, HQ, HK, D, HQ * D, HK * D, HK * D)
+    dims = (t, HQ, HK, D, HQ * D, HK * D, HK * D, HQ * D)
     inp = {n: (x.double() if x.is_floating_point() and n != "cos_sin_cache" else x) for n, x in c.items()
-           if isinstance(x, torch.Tensor)}
+           if isinstance(x, torch.Tensor) and n != "q_out"}
     ref = S.reference(inp, dims, {"is_neox": c["is_neox"], "eps": c["eps"]})
-    for n in ("q", "k"):
-        c[n].copy_(ref[n].to(c[n].dtype))
+    qo = c.get("q_out", c["q"])
+    qo.copy_(ref["q_out"].to(qo.dtype))
+    c["k"].copy_(ref["k"].to(c["k"].dtype))
     for n in ("k_cache", "v_cache"):
         c[n].copy_(ref[n].to(c[n].dtype))
 
@@ -61,14 +64,16 @@ def _expand(a):
         return "no fused KV store on this call"
     t = qkv.shape[0]
     q, k, v = qkv.split([HQ * D, HK * D, HK * D], dim=-1)
-    return {"q": q.view(t, HQ, D), "k": k.view(t, HK, D), "v": v, "k_cache": attn.k_cache, "v_cache": attn.v_cache,
-            "q_weight": attn.q_w, "k_weight": attn.k_w, "cos_sin_cache": attn.cache, "positions": pos,
-            "out_loc": fb.out_cache_loc, "is_neox": 1, "eps": 1e-6, "layer": attn, "qkv": qkv}
+    return {"q": q.view(t, HQ, D), "q_out": torch.empty((t, HQ, D), dtype=qkv.dtype), "k": k.view(t, HK, D), "v": v,
+            "k_cache": attn.k_cache, "v_cache": attn.v_cache, "q_weight": attn.q_w, "k_weight": attn.k_w,
+            "cos_sin_cache": attn.cache, "positions": pos, "out_loc": fb.out_cache_loc, "is_neox": 1, "eps": 1e-6,
+            "layer": attn, "qkv": qkv}
 
 
 def _returns(c):
     c["layer"].flag = "astra"
-    return c["qkv"].split([HQ * D, HK * D, HK * D], dim=-1)
+    q, k, v = c["qkv"].split([HQ * D, HK * D, HK * D], dim=-1)
+    return c["q_out"].view(q.shape), k, v
 
 
 @pytest.fixture
@@ -89,11 +94,17 @@ def fused_env(monkeypatch, tmp_path):
     del sys.modules[mod.__name__]
 
 
-def _call(attn, t=6, seed=0):
+def _inputs(t=6, seed=0):
+    """(qkv, positions, slots) of a call."""
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(t, (HQ + 2 * HK) * D, generator=g).to(BF16)
     pos = torch.randint(0, 64, (t,), generator=g)
     loc = torch.cat([torch.tensor([SLOTS - 1]), torch.randperm(SLOTS - 1, generator=g)[: t - 1]])  # last slot too
+    return qkv, pos, loc
+
+
+def _call(attn, t=6, seed=0):
+    qkv, pos, loc = _inputs(t, seed)
     out = attn.apply_qk_norm_rope(qkv, pos, types.SimpleNamespace(out_cache_loc=loc))
     return qkv, out
 
@@ -112,7 +123,7 @@ def test_a_layer_method_is_replaced_runs_the_fused_kernel_and_is_restored(fused_
 
     mod, original, tmp = fused_env
     want_attn = Attn()
-    want_qkv, _ = _call(want_attn)
+    want_qkv, (want_q, _, _) = _call(want_attn)
     p = _patch(tmp)
     st = p.summary()["qknorm_rope_store"]["targets"]["fake_qwen3_moe:Attn.apply_qk_norm_rope"]
     assert st["state"] == "patched" and Attn.apply_qk_norm_rope is not original
@@ -121,14 +132,17 @@ def test_a_layer_method_is_replaced_runs_the_fused_kernel_and_is_restored(fused_
     _call(got_attn, seed=1)               # checked class: the kernel alone
     c = counters(str(tmp))["qknorm_rope_store"]
     assert c["calls"] == 2 and c["checks_passed"] == 1 and c["fallbacks"] == 0, c
-    assert got_attn.flag == "astra" and q.data_ptr() == got_qkv.data_ptr()
+    # q is q_out, its own contiguous buffer; k and v column views of qkv, whose q columns the kernel never wrote
+    assert got_attn.flag == "astra" and q.untyped_storage().data_ptr() != got_qkv.untyped_storage().data_ptr()
+    assert q.is_contiguous() and q.shape == want_q.shape and k.data_ptr() == got_qkv[:, HQ * D:].data_ptr()
+    assert torch.equal(q, want_q) and torch.equal(got_qkv[:, : HQ * D], _inputs()[0][:, : HQ * D])
     # the first call's results match SGLang's sequence (the second call wrote other slots and rows of its own)
     ref_attn = Attn()
     _call(ref_attn)
     _call(ref_attn, seed=1)
     assert torch.allclose(got_attn.k_cache, ref_attn.k_cache, atol=0)
     assert torch.allclose(got_attn.v_cache, ref_attn.v_cache)
-    assert torch.allclose(got_qkv, want_qkv, atol=0)
+    assert torch.equal(got_qkv[:, HQ * D:], want_qkv[:, HQ * D:])  # k (normed, rotated in place) and v
     revert_astra_kernels()
     assert Attn.apply_qk_norm_rope is original
 
@@ -159,11 +173,14 @@ def test_a_call_the_kernel_declines_after_expand_goes_to_the_sequence_not_the_me
     _patch(tmp)
     attn = Attn()
     got = qkv.clone()
-    attn.apply_qk_norm_rope(got, pos.to(torch.int32), types.SimpleNamespace(out_cache_loc=loc))
+    q, _, _ = attn.apply_qk_norm_rope(got, pos.to(torch.int32), types.SimpleNamespace(out_cache_loc=loc))
     c = counters(str(tmp))["qknorm_rope_store"]
     assert c["calls"] == 0 and c["fallbacks"] == 1, c
     assert attn.flag == "astra"  # returns() ran; the method body (flag "original") did not
-    assert torch.equal(got, want) and torch.equal(attn.k_cache, ref.k_cache) and torch.equal(attn.v_cache, ref.v_cache)
+    # the sequence wrote q's result into q_out (returned as q), k in place; qkv's q columns are the input
+    assert torch.equal(q, want[:, : HQ * D]) and torch.equal(got[:, : HQ * D], qkv[:, : HQ * D])
+    assert torch.equal(got[:, HQ * D:], want[:, HQ * D:])
+    assert torch.equal(attn.k_cache, ref.k_cache) and torch.equal(attn.v_cache, ref.v_cache)
 
 
 def test_self_check_compares_only_the_cache_rows_written_and_restores_them(fused_env):
@@ -173,14 +190,15 @@ def test_self_check_compares_only_the_cache_rows_written_and_restores_them(fused
 
     _, _, tmp = fused_env
     ref = Attn()
-    ref_qkv, _ = _call(ref)
+    ref_qkv, (ref_q, _, _) = _call(ref)
     _patch(tmp, wrong={"qknorm_rope_store"})
     attn = Attn()
-    got_qkv, _ = _call(attn)
+    got_qkv, (q, _, _) = _call(attn)
     c = counters(str(tmp))["qknorm_rope_store"]
     assert c["checks_failed"] == 1 and c["disabled"] == 1, c
     assert torch.allclose(attn.v_cache, ref.v_cache) and torch.allclose(attn.k_cache, ref.k_cache, atol=0)
-    assert torch.allclose(got_qkv, ref_qkv, atol=0)
+    assert torch.equal(q, ref_q) and torch.equal(got_qkv[:, HQ * D:], ref_qkv[:, HQ * D:])
+    assert torch.equal(got_qkv[:, : HQ * D], _inputs()[0][:, : HQ * D])  # q: never written
 
 
 def test_the_fault_drill_touches_only_the_cache_rows_the_call_writes(fused_env, monkeypatch):
@@ -191,14 +209,15 @@ def test_the_fault_drill_touches_only_the_cache_rows_the_call_writes(fused_env, 
     _, _, tmp = fused_env
     monkeypatch.setenv("ASTRA_SGLANG_FAULT_DRILL", "qknorm_rope_store")
     ref = Attn()
-    ref_qkv, _ = _call(ref)
+    ref_qkv, (ref_q, _, _) = _call(ref)
     _patch(tmp)
     attn = Attn()
-    got_qkv, _ = _call(attn)
+    got_qkv, (q, _, _) = _call(attn)
     c = counters(str(tmp))["qknorm_rope_store"]
     assert c["checks_failed"] == 1 and c["disabled"] == 1, c
     assert torch.equal(attn.k_cache, ref.k_cache) and torch.equal(attn.v_cache, ref.v_cache)
-    assert torch.equal(got_qkv, ref_qkv)
+    assert torch.equal(q, ref_q) and torch.equal(got_qkv[:, HQ * D:], ref_qkv[:, HQ * D:])
+    assert torch.equal(got_qkv[:, : HQ * D], _inputs()[0][:, : HQ * D])
 
 
 def test_the_shipped_adapter_fits_the_spec_and_binds_the_method_signature():

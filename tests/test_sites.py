@@ -183,7 +183,7 @@ def test_the_q_k_norm_and_rope_sit_between_the_qkv_gemm_and_sglangs_next_pdl_ker
     assert (s.producer_k, s.norm_before, s.norm_after) == (5120, True, True)
     assert s.as_dict()["norm_before"] is s.as_dict()["norm_after"] is True
     assert serving_sites(qkn, (1024, 32, 8, 128, 6144, 6144)) == ()
-    (s,) = serving_sites(get_op("qknorm_rope"), (16, 32, 8, 128, 6144, 6144))  # fused: SGLang's KV store after it
+    (s,) = serving_sites(get_op("qknorm_rope"), (16, 32, 8, 128, 6144, 6144, 4096))  # fused: then the KV store
     assert s.name == "qwen3-8b qkv -> q/k norm + rope -> KV store -> attention"
     assert (s.producer_k, s.norm_after, s.norm_before) == (4096, True, False)
     assert sites_need_norm(rope, [(1, 28, 4, 128, 128, 4608, 4608)])

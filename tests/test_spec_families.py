@@ -169,3 +169,28 @@ def test_kv_pools_share_the_family_slot_count():
         assert kv.scalars((t, 128, 128, 128, 128))["size_limit"] == qkv.cache_slots(t)
     dims = (3, 1, 1, 64, 192, 192, 192)
     assert _inputs(rs, dims)["k_cache"].shape[0] == qkv.cache_slots(3)
+
+
+Q_OUT_OPS = ("gemma_qknorm_rope", "dense_rope_store", "qknorm_rope_store", "qknorm_rope")
+
+
+def test_with_q_out_appends_the_contiguous_q_out_stride():
+    assert qkv.with_q_out((3, 4, 2, 64, 512, 512)) == (3, 4, 2, 64, 512, 512, 256)
+    assert qkv.with_q_out([5, 8, 2, 128, 1536, 1536, 1536]) == (5, 8, 2, 128, 1536, 1536, 1536, 1024)
+    assert qkv.with_q_out((7, 64, 3, 2), hq_index=2, head_dim_index=3) == (7, 64, 3, 2, 6)
+
+
+@pytest.mark.parametrize("op", Q_OUT_OPS)
+def test_the_q_out_ops_dims_end_with_with_q_out_s_stride(op):
+    """The four ops that write q into its own buffer: q read ('in'), q_out written ('out') right after it, and
+    q_out_stride the last dim, with_q_out's in every corpus and edge shape and in the profile's model dims."""
+    from astra_sglang.registry import op_part
+
+    spec = get_op(op)
+    ptrs = [(a.name, a.role) for a in spec.abi if a.ctype == "ptr"]
+    assert ptrs[:2] == [("q", "in"), ("q_out", "out")] and spec.dim_names[-1] == "q_out_stride"
+    for s in spec.corpus + spec.edge_shapes:
+        assert s.dims == qkv.with_q_out(s.dims[:-1]), (op, s.dims)
+    cfg = {"num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "hidden_size": 2048}
+    dims = op_part(op, "spec").model_dims(cfg, 16, 2)
+    assert dims == qkv.with_q_out(dims[:-1]) and dims[-1] == 16 * 128

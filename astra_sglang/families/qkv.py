@@ -125,10 +125,21 @@ def norm_heads(x, heads: int, d: int, w, eps: float):
 
 
 def qk_dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
-    """(tokens, q heads, kv heads, head_dim, q_stride, k_stride) of the ops over q and k in place (qknorm, qknorm_rope;
-    gemma_qknorm_rope adds its q_out's stride): q and k are column blocks of the fused qkv output, one row stride."""
+    """(tokens, q heads, kv heads, head_dim, q_stride, k_stride) of the ops over q and k (qknorm; qknorm_rope and
+    gemma_qknorm_rope add their q_out's stride, with_q_out): q and k are column blocks of the fused qkv output, one row
+    stride."""
     s = qkv_stride(hq, hk, d)
     return (t, hq, hk, d, s, s)
+
+
+def with_q_out(dims: Sequence[int], hq_index: int = 1, head_dim_index: int = 3) -> Tuple[int, ...]:
+    """dims with q_out_stride appended: hq * head_dim (read at those indices), the row stride of the contiguous
+    [tokens, q heads * head_dim] q_out the fused q/k ops write q into (gemma_qknorm_rope, dense_rope_store,
+    qknorm_rope_store, qknorm_rope: their adapters allocate it so, and the harness poisons all of it, so every corpus
+    and edge shape has it contiguous). Why q_out: a column view of qkv costs SGLang 0.5.17's fa3 backend a
+    q.contiguous() copy a layer from batch 2 on."""
+    dims = tuple(dims)
+    return dims + (dims[hq_index] * dims[head_dim_index],)
 
 
 def qk_rows(dims: Tuple[int, ...], dtype: str, gen, dist: str, device: str):

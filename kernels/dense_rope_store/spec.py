@@ -57,7 +57,7 @@ DIM_NAMES = _rope_store_spec.DIM_NAMES + ("q_out_stride",)
 
 def _dims(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
     """rope_store's dims (q, k, v column blocks of the qkv output), q_out its own contiguous [t, hq * d] buffer."""
-    return _rope_store_spec._dims(t, hq, hk, d) + (hq * d,)
+    return qkv.with_q_out(_rope_store_spec._dims(t, hq, hk, d))
 
 
 model_dims = qkv.model_dims_of(_dims)  # the profile's speedup lookup: dims from a model's config.json
@@ -72,13 +72,13 @@ def _supports(dims, dtype: str) -> Optional[str]:
 
 
 def _with_q_out(s: Shape) -> Shape:
-    return Shape(s.dims + (s.dims[1] * s.dims[3],), s.tags, s.source)
+    return Shape(qkv.with_q_out(s.dims), s.tags, s.source)
 
 
 # q_out contiguous in every shape (q_out_stride = q heads * head_dim): the harness poisons all of q_out and checks
 # every element was written, so a wider q_out row would leave poison; the in-place q_out = q is the patch's alone
 EDGE = tuple(e for e in (_with_q_out(s) for s in _rope_store_spec.EDGE) if _supports(e.dims, "fp16") is None)
-_GPTJ = {d + (d[1] * d[3],) for d in _rope_store_spec._GPTJ}
+_GPTJ = {qkv.with_q_out(d) for d in _rope_store_spec._GPTJ}
 
 
 def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda") -> Dict[str, Any]:

@@ -44,7 +44,7 @@ DIM_NAMES = ("num_tokens", "num_q_heads", "num_kv_heads", "head_dim", "q_stride"
 def dims_of(t: int, hq: int, hk: int, d: int) -> Tuple[int, ...]:
     """The op's dims for tokens t, q heads, kv heads, head_dim: q and k column blocks of the qkv output (qkv.qk_dims),
     q_out its own contiguous [t, hq * d] buffer, as the adapter allocates it."""
-    return qkv.qk_dims(t, hq, hk, d) + (hq * d,)
+    return qkv.with_q_out(qkv.qk_dims(t, hq, hk, d))
 
 
 model_dims = qkv.model_dims_of(dims_of)  # the profile's speedup lookup: dims from a model's config.json

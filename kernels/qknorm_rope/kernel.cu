@@ -1,23 +1,32 @@
-// astra-sglang optimized qknorm_rope (a FUSED op): Qwen3's per-head q/k RMSNorm, then rotary embedding of q and k
-// in place (rope_dim = head_dim), in one launch. Dense Qwen3 attention; the KV store comes later (attention).
+// astra-sglang optimized qknorm_rope (a FUSED op): Qwen3's per-head q/k RMSNorm, then rotary embedding (rope_dim =
+// head_dim), in one launch: k in place, q into its own buffer q_out (or in place, q_out = q). Dense Qwen3 attention;
+// the KV store comes later (attention).
 // It replaces SGLang's JIT q/k norm (qknorm.cuh) followed by its JIT rope (rope.cuh FusedRopeKernel::run):
-//   q[t,h] <- rotate(rmsnorm(q[t,h]) * q_weight, cos_sin_cache[positions[t]])        NeoX (halves) or GPT-J (pairs)
+//   q_out[t,h] <- rotate(rmsnorm(q[t,h]) * q_weight, cos_sin_cache[positions[t]])    NeoX (halves) or GPT-J (pairs)
 //   k[t,h] <- rotate(rmsnorm(k[t,h]) * k_weight, ...)
-// rmsnorm(x) = x * rsqrt(mean(x^2) + eps). q/k: token rows q_stride / k_stride elements apart, heads head_dim apart.
+// rmsnorm(x) = x * rsqrt(mean(x^2) + eps). q/k/q_out: token rows q_stride / k_stride / q_out_stride elements apart,
+// heads head_dim apart.
+// Why q_out: q is a column block of the qkv output (rows q_size + 2 kv_size apart); handed to the attention as that
+// strided view, SGLang 0.5.17's fa3 backend copies it (q.contiguous()), one more kernel a layer from batch 2 on. The
+// patch passes a contiguous [num_tokens, num_q_heads * head_dim] q_out instead (RESULTS.md). q_out may be q itself
+// with q_out_stride = q_stride (in place, the adapter's ASTRA_QKR_Q_OUT=0 arm): one warp reads a head row whole (its
+// lanes shuffle the loaded values) before any lane writes it, and no other warp touches that row; any other overlap
+// of q and q_out is the caller's error.
 // (kernels/qknorm_rope_store/kernel.cu is the same design with the KV store: this file is it without the v items
 // and the cache stores.)
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
-// ABI:  extern "C" cudaError_t astra_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
-//         const void* cos_sin_cache, const void* positions, int64_t num_tokens, int64_t num_q_heads,
-//         int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t is_neox, double eps,
-//         int dtype, cudaStream_t stream)
+// ABI:  extern "C" cudaError_t astra_qknorm_rope(const void* q, void* q_out, void* k, const void* q_weight,
+//         const void* k_weight, const void* cos_sin_cache, const void* positions, int64_t num_tokens,
+//         int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride,
+//         int64_t q_out_stride, int64_t is_neox, double eps, int dtype, cudaStream_t stream)
 // positions: int64. dtype: 1 fp16, 2 bf16. head_dim: 64, 128 or 256. Launches on `stream` only; no allocation, no
 // host sync; capturable.
 //
 // Design (decode latency first: 1-64 tokens dominate):
 //  * One warp per (token, head) work item over the q heads and the k heads of every token, token major (the warps
-//    of a block share a token's position and cos/sin row in L1). Each item is normed and rotated in place.
+//    of a block share a token's position and cos/sin row in L1). Each item is normed and rotated: k in place, q
+//    into q_out.
 //  * Each lane holds head_dim/32 contiguous elements as one vector access (bf16 head_dim 128: 4 elements, 8
 //    bytes), so a head row is one coalesced warp access; the sum of squares is a full-warp xor-shuffle.
 //    NeoX: element i pairs with i + D/2, which is lane ^ 16 for every head_dim (D/2 elements = 16 lanes), one
@@ -198,9 +207,10 @@ template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
 // (q heads, then k heads).
 template <typename T, int D, bool kNeox, bool kWide>
 __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
-    T* __restrict__ q, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
+    // q and q_out without __restrict__: they may be one buffer (in place), so no read-only (non-coherent) loads of q
+    const T* q, T* qo, T* __restrict__ k, const T* __restrict__ qw, const T* __restrict__ kw,
     const float* __restrict__ cache, const int64_t* __restrict__ positions, uint32_t total, uint32_t heads,
-    uint32_t hq, int64_t qs, int64_t ks, float eps) {
+    uint32_t hq, int64_t qs, int64_t ks, int64_t qos, float eps) {
   constexpr int V = D / 32;
   constexpr int kHalf = D / 2;
   static_assert(V >= 2 && V % 2 == 0 && V * 32 == D, "head_dim must be 32 lanes of whole pairs");
@@ -227,8 +237,10 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
     const uint32_t h = item - t * heads;
     const bool is_q = h < hq;
     const uint32_t hh = is_q ? h : h - hq;
-    T* row = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * D
-                  : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * D;
+    // the head's row read from `row`, written to `dst`: q's into q_out, k's in place
+    const int64_t head = static_cast<int64_t>(hh) * D;
+    const T* row = is_q ? q + static_cast<int64_t>(t) * qs + head : k + static_cast<int64_t>(t) * ks + head;
+    T* dst = is_q ? qo + static_cast<int64_t>(t) * qos + head : k + static_cast<int64_t>(t) * ks + head;
     const int64_t pos = positions[t];
     float x[V];
     load_f<T, V, kWide>(row + off, x);
@@ -264,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_kernel(
         o[2 * j + 1] = rot_y(a, b, c[j], s[j]);
       }
     }
-    store_h<T, V, kWide>(row + off, pack<T, V>(o));
+    store_h<T, V, kWide>(dst + off, pack<T, V>(o));
   }
 }
 
@@ -280,9 +292,9 @@ uint32_t sm_count() {
 }
 
 template <typename T, int D, bool kNeox, bool kWide>
-cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void* cache, const void* pos,
-                   uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
-                   cudaStream_t stream) {
+cudaError_t launch(const void* q, void* qo, void* k, const void* qw, const void* kw, const void* cache,
+                   const void* pos, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, int64_t qos,
+                   float eps, cudaStream_t stream) {
   constexpr auto kernel = qknorm_rope_kernel<T, D, kNeox, kWide>;
   static const uint32_t wave = [] {  // resident blocks of one full wave
     int b = 0;
@@ -299,38 +311,38 @@ cudaError_t launch(void* q, void* k, const void* qw, const void* kw, const void*
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(qw),
-                            static_cast<const T*>(kw), static_cast<const float*>(cache),
-                            static_cast<const int64_t*>(pos), total, heads, hq, qs, ks, eps);
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<T*>(qo), static_cast<T*>(k),
+                            static_cast<const T*>(qw), static_cast<const T*>(kw), static_cast<const float*>(cache),
+                            static_cast<const int64_t*>(pos), total, heads, hq, qs, ks, qos, eps);
 }
 
 template <typename T, int D>
-cudaError_t by_mode(bool neox, bool wide, void* q, void* k, const void* qw, const void* kw, const void* c,
-                    const void* p, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks, float eps,
-                    cudaStream_t s) {
+cudaError_t by_mode(bool neox, bool wide, const void* q, void* qo, void* k, const void* qw, const void* kw,
+                    const void* c, const void* p, uint32_t total, uint32_t heads, uint32_t hq, int64_t qs, int64_t ks,
+                    int64_t qos, float eps, cudaStream_t s) {
   if (neox) {
-    return wide ? launch<T, D, true, true>(q, k, qw, kw, c, p, total, heads, hq, qs, ks, eps, s)
-                : launch<T, D, true, false>(q, k, qw, kw, c, p, total, heads, hq, qs, ks, eps, s);
+    return wide ? launch<T, D, true, true>(q, qo, k, qw, kw, c, p, total, heads, hq, qs, ks, qos, eps, s)
+                : launch<T, D, true, false>(q, qo, k, qw, kw, c, p, total, heads, hq, qs, ks, qos, eps, s);
   }
-  return wide ? launch<T, D, false, true>(q, k, qw, kw, c, p, total, heads, hq, qs, ks, eps, s)
-              : launch<T, D, false, false>(q, k, qw, kw, c, p, total, heads, hq, qs, ks, eps, s);
+  return wide ? launch<T, D, false, true>(q, qo, k, qw, kw, c, p, total, heads, hq, qs, ks, qos, eps, s)
+              : launch<T, D, false, false>(q, qo, k, qw, kw, c, p, total, heads, hq, qs, ks, qos, eps, s);
 }
 
 template <typename T>
-cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* cache, const void* pos, int64_t t,
-                int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, int64_t neox, float eps,
-                cudaStream_t s) {
+cudaError_t run(const void* q, void* qo, void* k, const void* qw, const void* kw, const void* cache, const void* pos,
+                int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t qs, int64_t ks, int64_t qos, int64_t neox,
+                float eps, cudaStream_t s) {
   if (t == 0) return cudaSuccess;
-  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d) return cudaErrorInvalidValue;
+  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d || qos < hq * d) return cudaErrorInvalidValue;
   if (d != 64 && d != 128 && d != 256) return cudaErrorInvalidValue;
   const int64_t total = t * (hq + hk);
   if (total > 0x7fffffffLL) return cudaErrorInvalidValue;  // item + grid warps stays below 2^32
   // widest access every pointer and row stride allows: a lane's head_dim/32 elements as one access, its
   // cos/sin columns in 8- or 16-byte pieces; else 4-byte pairs and scalar cos/sin
   const int64_t lane_bytes = d / 32 * 2;
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                         reinterpret_cast<uintptr_t>(qw) | reinterpret_cast<uintptr_t>(kw) |
-                         static_cast<uintptr_t>((qs | ks) * 2);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qo) |
+                         reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(qw) |
+                         reinterpret_cast<uintptr_t>(kw) | static_cast<uintptr_t>((qs | ks | qos) * 2);
   if (bits % 4) return cudaErrorMisalignedAddress;  // SGLang's kernels need at least this too
   const int64_t cs_bytes = (neox ? d / 32 : d / 64) * 4;  // fp32 cos (and sin) columns per lane
   const uintptr_t cs_align = static_cast<uintptr_t>(cs_bytes < 16 ? cs_bytes : 16);
@@ -339,27 +351,28 @@ cudaError_t run(void* q, void* k, const void* qw, const void* kw, const void* ca
   const uint32_t T32 = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + hk);
   const uint32_t Q = static_cast<uint32_t>(hq);
   switch (d) {
-    case 64: return by_mode<T, 64>(neox != 0, wide, q, k, qw, kw, cache, pos, T32, H, Q, qs, ks, eps, s);
-    case 128: return by_mode<T, 128>(neox != 0, wide, q, k, qw, kw, cache, pos, T32, H, Q, qs, ks, eps, s);
-    default: return by_mode<T, 256>(neox != 0, wide, q, k, qw, kw, cache, pos, T32, H, Q, qs, ks, eps, s);
+    case 64: return by_mode<T, 64>(neox != 0, wide, q, qo, k, qw, kw, cache, pos, T32, H, Q, qs, ks, qos, eps, s);
+    case 128: return by_mode<T, 128>(neox != 0, wide, q, qo, k, qw, kw, cache, pos, T32, H, Q, qs, ks, qos, eps, s);
+    default: return by_mode<T, 256>(neox != 0, wide, q, qo, k, qw, kw, cache, pos, T32, H, Q, qs, ks, qos, eps, s);
   }
 }
 
 }  // namespace
 }  // namespace astra_qkr
 
-extern "C" cudaError_t astra_qknorm_rope(void* q, void* k, const void* q_weight, const void* k_weight,
-                                         const void* cos_sin_cache, const void* positions, int64_t num_tokens,
-                                         int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                         int64_t q_stride, int64_t k_stride, int64_t is_neox, double eps, int dtype,
-                                         cudaStream_t stream) {
+extern "C" cudaError_t astra_qknorm_rope(const void* q, void* q_out, void* k, const void* q_weight,
+                                         const void* k_weight, const void* cos_sin_cache, const void* positions,
+                                         int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                                         int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t q_out_stride,
+                                         int64_t is_neox, double eps, int dtype, cudaStream_t stream) {
   const float e = static_cast<float>(eps);
   switch (dtype) {
-    case 1: return astra_qkr::run<__half>(q, k, q_weight, k_weight, cos_sin_cache, positions, num_tokens,
-                                         num_q_heads, num_kv_heads, head_dim, q_stride, k_stride, is_neox, e, stream);
-    case 2: return astra_qkr::run<__nv_bfloat16>(q, k, q_weight, k_weight, cos_sin_cache, positions, num_tokens,
-                                                num_q_heads, num_kv_heads, head_dim, q_stride, k_stride, is_neox, e,
-                                                stream);
+    case 1: return astra_qkr::run<__half>(q, q_out, k, q_weight, k_weight, cos_sin_cache, positions, num_tokens,
+                                         num_q_heads, num_kv_heads, head_dim, q_stride, k_stride, q_out_stride,
+                                         is_neox, e, stream);
+    case 2: return astra_qkr::run<__nv_bfloat16>(q, q_out, k, q_weight, k_weight, cos_sin_cache, positions,
+                                                num_tokens, num_q_heads, num_kv_heads, head_dim, q_stride, k_stride,
+                                                q_out_stride, is_neox, e, stream);
     default: return cudaErrorInvalidValue;
   }
 }

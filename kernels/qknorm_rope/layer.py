@@ -4,7 +4,9 @@ the op's weights, a RotaryEmbedding with the op's cos/sin cache). The qkv GEMM i
 qkv_proj returns the case's q/k/v row buffer, so both sides start from the same activations.
 
 Outside a server SGLang's runtime config is not published; the values the method reads from it are supplied as a
-server without those flags has them (patch/layers.py server_defaults)."""
+server without those flags has them (patch/layers.py server_defaults). The q the method returns (the attention's) is
+the op's q_out (patched: the kernel's own buffer; unpatched: q's column view, normed and rotated in place), so that
+is what validate compares, with k; the row buffer's q columns are the op's input."""
 from types import SimpleNamespace
 
 from astra_sglang.patch.layers import qk_norms_and_rope, server_defaults
@@ -14,7 +16,7 @@ def _call_method(inp, dims, scalars):
     import torch
     from sglang.srt.models.qwen3 import Qwen3Attention
 
-    t, hq, hk, d, qs, ks = dims
+    t, hq, hk, d = dims[:4]  # the strides (and q_out_stride, the 7th) are the op's layout, not the layer's
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
     q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
@@ -32,6 +34,6 @@ def run_layer(inp, dims, scalars):
     t, hq, hk, d = dims[:4]
     with server_defaults():
         q, k, _ = _call_method(inp, dims, scalars)
-    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["q_out"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
-    return {"q": inp["q"], "k": inp["k"]}
+    return {"q_out": inp["q_out"], "k": inp["k"]}

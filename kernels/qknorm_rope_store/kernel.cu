@@ -1,25 +1,33 @@
-// astra-sglang optimized qknorm_rope_store (a FUSED op): Qwen3's per-head q/k RMSNorm, rotary embedding of q and
-// k in place (rope_dim = head_dim), the rotated k and the untouched v stored into the KV cache, in one launch.
+// astra-sglang optimized qknorm_rope_store (a FUSED op): Qwen3's per-head q/k RMSNorm, rotary embedding of k in
+// place and of q into its own buffer q_out (rope_dim = head_dim), the rotated k and the untouched v stored into the KV
+// cache, in one launch.
 // It replaces SGLang's JIT q/k norm (qknorm.cuh) followed by its fused rope + KV store (rope.cuh run_fused):
-//   q[t,h] <- rotate(rmsnorm(q[t,h]) * q_weight, cos_sin_cache[positions[t]])        NeoX (halves) or GPT-J (pairs)
+//   q_out[t,h] <- rotate(rmsnorm(q[t,h]) * q_weight, cos_sin_cache[positions[t]])    NeoX (halves) or GPT-J (pairs)
 //   k[t,h] <- rotate(rmsnorm(k[t,h]) * k_weight, ...);  k_cache[out_loc[t], h*D:(h+1)*D] = k[t,h]
 //   v_cache[out_loc[t], h*D:(h+1)*D] = v[t,h]
-// rmsnorm(x) = x * rsqrt(mean(x^2) + eps). q/k/v: token rows q_stride / k_stride / v_stride elements apart, heads
-// head_dim apart; caches contiguous [slots, num_kv_heads * head_dim].
+// rmsnorm(x) = x * rsqrt(mean(x^2) + eps). q/k/v/q_out: token rows q_stride / k_stride / v_stride / q_out_stride
+// elements apart, heads head_dim apart; caches contiguous [slots, num_kv_heads * head_dim].
+// Why q_out: q is a column block of the qkv output (rows q_size + 2 kv_size apart); handed to the attention as that
+// strided view, SGLang 0.5.17's fa3 backend copies it (q.contiguous()), one more kernel a layer from batch 2 on. The
+// patch passes a contiguous [num_tokens, num_q_heads * head_dim] q_out instead (RESULTS.md). q_out may be q itself
+// with q_out_stride = q_stride (in place, the adapter's ASTRA_QKRS_Q_OUT=0 arm): one warp reads a head row whole
+// (its lanes shuffle the loaded values) before any lane writes it, and no other warp touches that row; any other
+// overlap of q and q_out is the caller's error.
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
-// ABI:  extern "C" cudaError_t astra_qknorm_rope_store(void* q, void* k, const void* v, void* k_cache,
-//         void* v_cache, const void* q_weight, const void* k_weight, const void* cos_sin_cache,
+// ABI:  extern "C" cudaError_t astra_qknorm_rope_store(const void* q, void* q_out, void* k, const void* v,
+//         void* k_cache, void* v_cache, const void* q_weight, const void* k_weight, const void* cos_sin_cache,
 //         const void* positions, const void* out_loc, int64_t num_tokens, int64_t num_q_heads,
 //         int64_t num_kv_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-//         int64_t is_neox, double eps, int dtype, cudaStream_t stream)
+//         int64_t q_out_stride, int64_t is_neox, double eps, int dtype, cudaStream_t stream)
+// (q_out_stride after v_stride: the ABI's int64s are the spec's dims in order, and rope_store's seven come first)
 // positions, out_loc: int64. dtype: 1 fp16, 2 bf16. head_dim: 64, 128 or 256. Launches on `stream` only; no
 // allocation, no host sync; capturable.
 //
 // Design (decode latency first: 1-64 tokens dominate):
 //  * One warp per (token, head) work item over the q heads, the k heads and the v heads of every token, token
 //    major (the warps of a block share a token's position, slot and cos/sin row in L1). A v item is a copy into
-//    v_cache; a k item is normed, rotated and stored twice (in place and into k_cache); a q item in place only.
+//    v_cache; a k item is normed, rotated and stored twice (in place and into k_cache); a q item into q_out only.
 //  * Each lane holds head_dim/32 contiguous elements as one vector access (bf16 head_dim 128: 4 elements, 8
 //    bytes), so a head row is one coalesced warp access; the sum of squares is a full-warp xor-shuffle.
 //    NeoX: element i pairs with i + D/2, which is lane ^ 16 for every head_dim (D/2 elements = 16 lanes), one
@@ -213,10 +221,11 @@ template <> __device__ __forceinline__ float stored<__nv_bfloat16>(float v) {
 // (q heads, then k heads, then v heads).
 template <typename T, int D, bool kNeox, bool kWide>
 __global__ void __launch_bounds__(kThreads) qknorm_rope_store_kernel(
-    T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
+    // q and q_out without __restrict__: they may be one buffer (in place), so no read-only (non-coherent) loads of q
+    const T* q, T* qo, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc, T* __restrict__ vc,
     const T* __restrict__ qw, const T* __restrict__ kw, const float* __restrict__ cache,
     const int64_t* __restrict__ positions, const int64_t* __restrict__ out_loc, uint32_t total, uint32_t heads,
-    uint32_t hq, uint32_t hk, int64_t qs, int64_t ks, int64_t vs, float eps) {
+    uint32_t hq, uint32_t hk, int64_t qs, int64_t qos, int64_t ks, int64_t vs, float eps) {
   constexpr int V = D / 32;
   constexpr int kHalf = D / 2;
   static_assert(V >= 2 && V % 2 == 0 && V * 32 == D, "head_dim must be 32 lanes of whole pairs");
@@ -251,8 +260,10 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_store_kernel(
     }
     const bool is_q = h < hq;
     const uint32_t hh = is_q ? h : h - hq;
-    T* row = is_q ? q + static_cast<int64_t>(t) * qs + static_cast<int64_t>(hh) * D
-                  : k + static_cast<int64_t>(t) * ks + static_cast<int64_t>(hh) * D;
+    // the head's row read from `row`, written to `dst`: q's into q_out, k's in place
+    const int64_t head = static_cast<int64_t>(hh) * D;
+    const T* row = is_q ? q + static_cast<int64_t>(t) * qs + head : k + static_cast<int64_t>(t) * ks + head;
+    T* dst = is_q ? qo + static_cast<int64_t>(t) * qos + head : k + static_cast<int64_t>(t) * ks + head;
     const int64_t pos = positions[t];
     const int64_t slot = is_q ? 0 : out_loc[t];
     float x[V];
@@ -290,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) qknorm_rope_store_kernel(
       }
     }
     const Packed<T, V> out = pack<T, V>(o);
-    store_h<T, V, kWide>(row + off, out);
+    store_h<T, V, kWide>(dst + off, out);
     if (!is_q) store_h<T, V, kWide>(kc + slot * slot_elems + static_cast<int64_t>(hh) * D + off, out);
   }
 }
@@ -307,9 +318,10 @@ uint32_t sm_count() {
 }
 
 template <typename T, int D, bool kNeox, bool kWide>
-cudaError_t launch(void* q, void* k, const void* v, void* kc, void* vc, const void* qw, const void* kw,
-                   const void* cache, const void* pos, const void* loc, uint32_t total, uint32_t heads, uint32_t hq,
-                   uint32_t hk, int64_t qs, int64_t ks, int64_t vs, float eps, cudaStream_t stream) {
+cudaError_t launch(const void* q, void* qo, void* k, const void* v, void* kc, void* vc, const void* qw,
+                   const void* kw, const void* cache, const void* pos, const void* loc, uint32_t total,
+                   uint32_t heads, uint32_t hq, uint32_t hk, int64_t qs, int64_t qos, int64_t ks, int64_t vs,
+                   float eps, cudaStream_t stream) {
   constexpr auto kernel = qknorm_rope_store_kernel<T, D, kNeox, kWide>;
   static const uint32_t wave = [] {  // resident blocks of one full wave
     int b = 0;
@@ -326,41 +338,49 @@ cudaError_t launch(void* q, void* k, const void* v, void* kc, void* vc, const vo
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(v),
-                            static_cast<T*>(kc), static_cast<T*>(vc), static_cast<const T*>(qw),
-                            static_cast<const T*>(kw), static_cast<const float*>(cache),
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<T*>(qo), static_cast<T*>(k),
+                            static_cast<const T*>(v), static_cast<T*>(kc), static_cast<T*>(vc),
+                            static_cast<const T*>(qw), static_cast<const T*>(kw), static_cast<const float*>(cache),
                             static_cast<const int64_t*>(pos), static_cast<const int64_t*>(loc), total, heads, hq, hk,
-                            qs, ks, vs, eps);
+                            qs, qos, ks, vs, eps);
 }
 
 template <typename T, int D>
-cudaError_t by_mode(bool neox, bool wide, void* q, void* k, const void* v, void* kc, void* vc, const void* qw,
-                    const void* kw, const void* c, const void* p, const void* l, uint32_t total, uint32_t heads,
-                    uint32_t hq, uint32_t hk, int64_t qs, int64_t ks, int64_t vs, float eps, cudaStream_t s) {
+cudaError_t by_mode(bool neox, bool wide, const void* q, void* qo, void* k, const void* v, void* kc, void* vc,
+                    const void* qw, const void* kw, const void* c, const void* p, const void* l, uint32_t total,
+                    uint32_t heads, uint32_t hq, uint32_t hk, int64_t qs, int64_t qos, int64_t ks, int64_t vs,
+                    float eps, cudaStream_t s) {
   if (neox) {
-    return wide ? launch<T, D, true, true>(q, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, ks, vs, eps, s)
-                : launch<T, D, true, false>(q, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, ks, vs, eps, s);
+    return wide ? launch<T, D, true, true>(q, qo, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, qos, ks,
+                                           vs, eps, s)
+                : launch<T, D, true, false>(q, qo, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, qos, ks,
+                                            vs, eps, s);
   }
-  return wide ? launch<T, D, false, true>(q, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, ks, vs, eps, s)
-              : launch<T, D, false, false>(q, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, ks, vs, eps, s);
+  return wide ? launch<T, D, false, true>(q, qo, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, qos, ks, vs,
+                                          eps, s)
+              : launch<T, D, false, false>(q, qo, k, v, kc, vc, qw, kw, c, p, l, total, heads, hq, hk, qs, qos, ks,
+                                           vs, eps, s);
 }
 
 template <typename T>
-cudaError_t run(void* q, void* k, const void* v, void* kc, void* vc, const void* qw, const void* kw,
+cudaError_t run(const void* q, void* qo, void* k, const void* v, void* kc, void* vc, const void* qw, const void* kw,
                 const void* cache, const void* pos, const void* loc, int64_t t, int64_t hq, int64_t hk, int64_t d,
-                int64_t qs, int64_t ks, int64_t vs, int64_t neox, float eps, cudaStream_t s) {
+                int64_t qs, int64_t qos, int64_t ks, int64_t vs, int64_t neox, float eps, cudaStream_t s) {
   if (t == 0) return cudaSuccess;
-  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || ks < hk * d || vs < hk * d) return cudaErrorInvalidValue;
+  if (t < 0 || hq < 0 || hk <= 0 || qs < hq * d || qos < hq * d || ks < hk * d || vs < hk * d) {
+    return cudaErrorInvalidValue;
+  }
   if (d != 64 && d != 128 && d != 256) return cudaErrorInvalidValue;
   const int64_t total = t * (hq + 2 * hk);
   if (total > 0x7fffffffLL) return cudaErrorInvalidValue;  // item + grid warps stays below 2^32
   // widest access every pointer and row stride allows: a lane's head_dim/32 elements as one access, its
   // cos/sin columns in 8- or 16-byte pieces; else 4-byte pairs and scalar cos/sin
   const int64_t lane_bytes = d / 32 * 2;
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                         reinterpret_cast<uintptr_t>(v) | reinterpret_cast<uintptr_t>(kc) |
-                         reinterpret_cast<uintptr_t>(vc) | reinterpret_cast<uintptr_t>(qw) |
-                         reinterpret_cast<uintptr_t>(kw) | static_cast<uintptr_t>((qs | ks | vs) * 2);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qo) |
+                         reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
+                         reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc) |
+                         reinterpret_cast<uintptr_t>(qw) | reinterpret_cast<uintptr_t>(kw) |
+                         static_cast<uintptr_t>((qs | qos | ks | vs) * 2);
   if (bits % 4) return cudaErrorMisalignedAddress;  // SGLang's kernels need at least this too
   const int64_t cs_bytes = (neox ? d / 32 : d / 64) * 4;  // fp32 cos (and sin) columns per lane
   const uintptr_t cs_align = static_cast<uintptr_t>(cs_bytes < 16 ? cs_bytes : 16);
@@ -369,32 +389,34 @@ cudaError_t run(void* q, void* k, const void* v, void* kc, void* vc, const void*
   const uint32_t T32 = static_cast<uint32_t>(total), H = static_cast<uint32_t>(hq + 2 * hk);
   const uint32_t Q = static_cast<uint32_t>(hq), K = static_cast<uint32_t>(hk);
   switch (d) {
-    case 64: return by_mode<T, 64>(neox != 0, wide, q, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs, ks,
-                                   vs, eps, s);
-    case 128: return by_mode<T, 128>(neox != 0, wide, q, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs, ks,
-                                     vs, eps, s);
-    default: return by_mode<T, 256>(neox != 0, wide, q, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs, ks,
-                                    vs, eps, s);
+    case 64: return by_mode<T, 64>(neox != 0, wide, q, qo, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs,
+                                   qos, ks, vs, eps, s);
+    case 128: return by_mode<T, 128>(neox != 0, wide, q, qo, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs,
+                                     qos, ks, vs, eps, s);
+    default: return by_mode<T, 256>(neox != 0, wide, q, qo, k, v, kc, vc, qw, kw, cache, pos, loc, T32, H, Q, K, qs,
+                                    qos, ks, vs, eps, s);
   }
 }
 
 }  // namespace
 }  // namespace astra_qkrs
 
-extern "C" cudaError_t astra_qknorm_rope_store(void* q, void* k, const void* v, void* k_cache, void* v_cache,
-                                               const void* q_weight, const void* k_weight, const void* cos_sin_cache,
-                                               const void* positions, const void* out_loc, int64_t num_tokens,
-                                               int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                               int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t is_neox,
-                                               double eps, int dtype, cudaStream_t stream) {
+extern "C" cudaError_t astra_qknorm_rope_store(const void* q, void* q_out, void* k, const void* v, void* k_cache,
+                                               void* v_cache, const void* q_weight, const void* k_weight,
+                                               const void* cos_sin_cache, const void* positions, const void* out_loc,
+                                               int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                                               int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                               int64_t q_out_stride, int64_t is_neox, double eps, int dtype,
+                                               cudaStream_t stream) {
   const float e = static_cast<float>(eps);
   switch (dtype) {
-    case 1: return astra_qkrs::run<__half>(q, k, v, k_cache, v_cache, q_weight, k_weight, cos_sin_cache, positions,
-                                          out_loc, num_tokens, num_q_heads, num_kv_heads, head_dim, q_stride,
-                                          k_stride, v_stride, is_neox, e, stream);
-    case 2: return astra_qkrs::run<__nv_bfloat16>(q, k, v, k_cache, v_cache, q_weight, k_weight, cos_sin_cache,
-                                                 positions, out_loc, num_tokens, num_q_heads, num_kv_heads, head_dim,
-                                                 q_stride, k_stride, v_stride, is_neox, e, stream);
+    case 1: return astra_qkrs::run<__half>(q, q_out, k, v, k_cache, v_cache, q_weight, k_weight, cos_sin_cache,
+                                          positions, out_loc, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                                          q_stride, q_out_stride, k_stride, v_stride, is_neox, e, stream);
+    case 2: return astra_qkrs::run<__nv_bfloat16>(q, q_out, k, v, k_cache, v_cache, q_weight, k_weight,
+                                                 cos_sin_cache, positions, out_loc, num_tokens, num_q_heads,
+                                                 num_kv_heads, head_dim, q_stride, q_out_stride, k_stride, v_stride,
+                                                 is_neox, e, stream);
     default: return cudaErrorInvalidValue;
   }
 }

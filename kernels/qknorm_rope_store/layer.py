@@ -9,7 +9,10 @@ cache):
   left out, since the fused op, like SGLang's own fused rope + store, writes it), and o_proj passes through.
 
 Outside a server SGLang's runtime config is not published; the values the methods read from it are supplied as a
-server without those flags has them (patch/layers.py server_defaults)."""
+server without those flags has them (patch/layers.py server_defaults). The q the attention gets (MoE: the method's q;
+dense: the attention's) is the op's q_out (patched: the kernel's own buffer; unpatched: q's column view, normed and
+rotated in place), so that is what validate compares, with k and the KV cache; the row buffer's q columns are the
+op's input."""
 from types import MethodType, SimpleNamespace
 
 from astra_sglang.families.qkv import per_rank_heads
@@ -33,7 +36,7 @@ def _call_method(inp, dims, scalars):
     from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.qwen3_moe import Qwen3MoeAttention
 
-    t, hq, hk, d, qs, ks, vs = dims
+    t, hq, hk, d = dims[:4]  # the strides (and q_out_stride, the 8th) are the op's layout, not the layer's
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
     q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
@@ -55,7 +58,7 @@ def _call_dense_forward(inp, dims, scalars):
     from sglang.srt.model_executor.forward_context import forward_context
     from sglang.srt.models.qwen3 import Qwen3Attention
 
-    t, hq, hk, d, qs, ks, vs = dims
+    t, hq, hk, d = dims[:4]
     eps = float(scalars.get("eps", 1e-6))
     neox = bool(int(scalars.get("is_neox", 1)))
     q_norm, k_norm, rope = qk_norms_and_rope(inp, d, eps, neox)
@@ -88,6 +91,6 @@ def run_layer(inp, dims, scalars):
             (q, k, v), attn = _call_method(inp, dims, scalars)
         if attn._used_fused_qk_norm_rope_last_call is not False:
             raise RuntimeError("apply_qk_norm_rope did not take the q/k norm + rope + KV store path")
-    inp["q"][:, : hq * d].copy_(q.reshape(t, hq * d))
+    inp["q_out"][:, : hq * d].copy_(q.reshape(t, hq * d))
     inp["k"][:, : hk * d].copy_(k.reshape(t, hk * d))
-    return {"q": inp["q"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}
+    return {"q_out": inp["q_out"], "k": inp["k"], "k_cache": inp["k_cache"], "v_cache": inp["v_cache"]}
