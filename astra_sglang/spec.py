@@ -110,10 +110,14 @@ class Shape:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """A candidate fails when err > max(k * production_err, floor[dtype])."""
+    """A candidate fails when err > max(k * production_err, floor[dtype]); on a case production does not take, when
+    err > alone[dtype] (default: the floor)."""
 
     k: float = 2.0
     floor: Mapping[str, float] = field(default_factory=lambda: {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2})
+    # where production does not take a case there is no production error to scale: an op whose production rounds
+    # between stages (and whose kernel rounds as it does) errs there as much as production does elsewhere
+    alone: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

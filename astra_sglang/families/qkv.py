@@ -184,7 +184,13 @@ def norm_rotate(inp, dims: Tuple[int, ...], neox: bool, eps: float):
 # production fails its own 8-floor sanity bound (harness/numerics.py BASELINE_SLACK), so `check` of production
 # alone fails and check skips every in-graph case. These floors are that intermediate rounding's size; on most
 # shapes the candidate's tolerance stays k * production's error, which is larger.
-NORM_ROPE_TOLERANCE = Tolerance(k=2.0, floor={"fp32": 1e-5, "fp16": 0.032, "bf16": 0.25})
+# Where production does not take a case (a check shape its variant declines) nothing scales the floor, and since
+# 2026-11-29 the fused kernels round the normed q/k as production does (bit-identical where it runs): there they err
+# as much as production does elsewhere. `alone` is production's measured worst above, rounded up: qknorm_rope_store's
+# jit_dense check failed head_dim 64 (which SGLang's dense store declines) at bf16 0.32 > 0.25 on an H200
+# (2026-11-30), where its jit variant on the same shape was bit-identical to production.
+NORM_ROPE_TOLERANCE = Tolerance(k=2.0, floor={"fp32": 1e-5, "fp16": 0.032, "bf16": 0.25},
+                                alone={"fp16": 0.125, "bf16": 1.0})
 
 
 def store_rows(cache, slots, rows):

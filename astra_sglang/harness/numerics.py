@@ -38,9 +38,13 @@ def dtype_name(t) -> str:
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 
-def tolerance(spec: OpSpec, tensor_dtype: str, prod_err: Optional[float]) -> float:
-    """max(k * production error, floor of the output's dtype). tensor_dtype: fp16|bf16|fp32|..."""
+def tolerance(spec: OpSpec, tensor_dtype: str, prod_err: Optional[float], alone: bool = False) -> float:
+    """max(k * production error, floor of the output's dtype). tensor_dtype: fp16|bf16|fp32|...
+    alone: production does not take the case (the fp64 reference alone judges): the spec's `alone` bound, else the
+    floor."""
     floor = float(spec.tolerance.floor.get(tensor_dtype, spec.tolerance.floor.get("fp32", 1e-5)))
+    if alone:
+        return float(spec.tolerance.alone.get(tensor_dtype, floor))
     if prod_err is None or not math.isfinite(prod_err):
         return floor
     return max(spec.tolerance.k * prod_err, floor)
