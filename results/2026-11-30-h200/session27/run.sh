@@ -84,9 +84,9 @@ q)
   echo "pytest rc=$? at $(el)s: $(tail -1 $O/pytest.log)"; grep -E "^(FAILED|ERROR)" $O/pytest.log | head -5
   pack ;;
 s)
-  step 'qwen3-8b-qout:qwen3-8b:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' 1,2,16 ;;
+  step 'qwen3-8b-qout:qwen3-8b:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-1,2,16} ;;
 m)
-  step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' 1,2,16 ;;
+  step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-1,2,16} ;;
 v)
   source kernels/astra_env.sh
   (cd /tmp && timeout ${VT:-150} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
