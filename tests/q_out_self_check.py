@@ -3,6 +3,8 @@ qknorm_rope_store, qknorm_rope).
 - run_self_check: the CPU self-check, the patch's OpState (self_check "first") around a torch stand-in for the kernel,
   the spec's fp64 reference rounded once (what a right kernel writes) or garbage. Each test file stubs SGLang's
   sequence, computes the expected result and asserts what its op leaves (q never written).
+- torch_qknorm, torch_rope: torch stand-ins for SGLang's JIT q/k norm and rope (their formulas, not their code), for
+  the tests that stub SGLang's sequence and compute what the op should leave.
 - assert_q_out_is_q_in_place: on a GPU, the shipped kernel with q_out apart and with q_out = q (the adapters'
   in-place switch) writes the same q bit for bit."""
 from __future__ import annotations
@@ -63,3 +65,26 @@ def assert_q_out_is_q_in_place(spec, tmp_path: Path, monkeypatch, extra_shapes: 
             assert torch.equal(inplace["q"][:, hq * d:], inp["q"][:, hq * d:]), (dims, dt)
             for n in same:
                 assert torch.equal(sep[n], inplace[n]), (dims, dt, n)
+
+
+def torch_qknorm(x, w, eps):
+    """A torch stand-in for SGLang's JIT q/k norm on [t, heads, d] (fp32 math, one rounding)."""
+    import torch
+
+    f = x.float()
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def torch_rope(x, cache, positions, neox: bool):
+    """A torch stand-in for SGLang's JIT rope on [t, heads, d] (fp32 math, one rounding)."""
+    import torch
+
+    d = x.shape[-1]
+    cs = cache[positions]
+    cos, sin = cs[:, None, : d // 2], cs[:, None, d // 2:]
+    f = x.float()
+    if neox:
+        a, b = f[..., : d // 2], f[..., d // 2:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
+    a, b = f[..., 0::2], f[..., 1::2]
+    return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2).to(x.dtype)

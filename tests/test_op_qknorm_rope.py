@@ -331,30 +331,11 @@ def test_production_launcher_extracts_and_builds_both_headers_in_one_unit(versio
 
 
 # ---------------------------------------------------------------- q_out: the attention's q in its own buffer
+from q_out_self_check import torch_qknorm as _norm, torch_rope as _rotate  # noqa: E402 (this section's stand-ins)
 SPEC = get_op(OP)
 HQ, HK, D = 4, 2, 64
 BF16 = torch.bfloat16
 EPS = 1e-6
-
-
-def _norm(x, w, eps):
-    """A torch stand-in for SGLang's JIT q/k norm on [t, heads, d] (fp32 math, one rounding): its formula, not its
-    code."""
-    f = x.float()
-    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
-
-
-def _rotate(x, cache, positions, neox: bool):
-    """A torch stand-in for SGLang's JIT rope on [t, heads, d] (fp32 math, one rounding)."""
-    d = x.shape[-1]
-    cs = cache[positions]
-    cos, sin = cs[:, None, : d // 2], cs[:, None, d // 2:]
-    f = x.float()
-    if neox:
-        a, b = f[..., : d // 2], f[..., d // 2:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
-    a, b = f[..., 0::2], f[..., 1::2]
-    return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2).to(x.dtype)
 
 
 @pytest.fixture
