@@ -157,6 +157,33 @@ def q_out_problem(q, qo, qs: int, qos: int) -> str:
     return ""
 
 
+def new_q_out(q, on: bool):
+    """The attention's q for an op that writes q into its own buffer: a fresh token-major [t, hq, d] buffer (rows
+    hq * d apart), or, with the op's dev switch off, q itself (in place)."""
+    import torch
+
+    t, hq, d = q.shape
+    return torch.empty((t, hq * d), dtype=q.dtype, device=q.device).view(t, hq, d) if on else q
+
+
+def q_for_sglang(c: Mapping[str, Any]):
+    """Where SGLang's in-place q kernels run in a q_out op's sequence (the self-check's expected result): q_out, after
+    q's rows are copied into it, where it lies apart from q (q left as it was); else q itself."""
+    q = c["q"]
+    qo = c.get("q_out", q)
+    if qo is not q and qo.data_ptr() != q.data_ptr():  # q_out = q: in place, no copy
+        qo.copy_(q)
+        return qo
+    return q
+
+
+def attention_q(c: Mapping[str, Any], q):
+    """The q the attention gets: q_out viewed as `q` (the [tokens, q_size] column view of qkv) where expand gave one
+    apart from q (its choice, not the switch read again), else `q`."""
+    qo = c.get("q_out")
+    return qo.view(q.shape) if qo is not None and qo is not c["q"] else q
+
+
 def q_out_stride(c: Mapping[str, Any], dims: Sequence[int]):
     """q_out's row stride (the ABI's dim after the op's own) for an op whose dims start (tokens, q heads, kv heads,
     head_dim, q_stride), or why c["q_out"] cannot take the kernel's q (a str). One token: any row stride, as for q."""

@@ -20,7 +20,7 @@ from typing import Any, Dict
 from astra_sglang.kernels.qknorm_rope_store.adapter import (_attend_without_store, _dense_canonical, _dense_store_path,
                                                             _rope_path, _rope_then_store)
 from astra_sglang.kernels.rope_store.adapter import _rope_store_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
+from astra_sglang.patch.adapters import OpAdapter, env_switch, new_q_out, q_out_stride
 
 # ASTRA_DRS_Q_OUT=0 (dev): q back in place in the qkv output (q_out is q's own view, q_out_stride = q_stride) and the
 # attention handed the column view as before q_out existed: arm A of the step A/B that measures the copy q_out saves
@@ -45,10 +45,7 @@ def _expand(a: Dict[str, Any]):
     if why:
         return why
     c = _dense_canonical(attn, positions, hs, fb)
-    q = c["q"]
-    t, hq, d = q.shape
-    # the attention's q: its own token-major buffer, or (switch off) q itself, in place
-    c["q_out"] = torch.empty((t, hq * d), dtype=q.dtype, device=q.device).view(t, hq, d) if Q_OUT else q
+    c["q_out"] = new_q_out(c["q"], Q_OUT)
     return c
 
 

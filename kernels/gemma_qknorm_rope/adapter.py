@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
+from astra_sglang.patch.adapters import OpAdapter, attention_q, env_switch, new_q_out, q_out_stride
 
 from .spec import HEAD_DIMS
 
@@ -72,10 +72,8 @@ def _expand(a: Dict[str, Any]):
     qkv, _ = attn.qkv_proj(hs)
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
     q = q.view(t, hq, d)
-    # the attention's q: its own token-major buffer, or (switch off) q itself, in place
-    q_out = torch.empty((t, hq * d), dtype=qkv.dtype, device=qkv.device).view(t, hq, d) if Q_OUT else q
     return {
-        "q": q, "q_out": q_out, "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight,
+        "q": q, "q_out": new_q_out(q, Q_OUT), "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight,
         "k_weight": attn.k_norm.weight,
         "cos": pe[0][0], "sin": pe[1][0], "eps": float(attn.q_norm.eps),
         # for returns: the rest of the method (attention, o_proj); for sequence: the layer's own norms
@@ -147,9 +145,7 @@ def _returns(c: Dict[str, Any]):
     attention gets q's column view of qkv, as before q_out."""
     attn = c["layer"]
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
-    if c["q_out"] is not c["q"]:  # expand's choice, not the switch read again
-        q = c["q_out"].view(q.shape)
-    out = attn.attn(q, k, v, forward_batch=c["forward_batch"])
+    out = attn.attn(attention_q(c, q), k, v, forward_batch=c["forward_batch"])
     if out.dim() == 4 and out.shape[0] == 1:  # 0.5.17's: the triton backend may return [1, s, h, head_dim]
         out = out.squeeze(0).flatten(-2, -1)
     out = out.reshape(-1, attn.q_size)  # 0.5.23's

@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 from astra_sglang.kernels.qknorm.adapter import _qknorm_normalize
 from astra_sglang.kernels.qknorm_rope_store.adapter import _qknorm_path, _rope_path
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
+from astra_sglang.patch.adapters import OpAdapter, attention_q, env_switch, new_q_out, q_for_sglang, q_out_stride
 
 from .spec import HEAD_DIMS
 
@@ -50,11 +50,9 @@ def _expand(a: Dict[str, Any]):
     t = qkv.shape[0]
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
     q = q.view(t, hq, d)
-    # the attention's q: its own token-major buffer, or (switch off) q itself, in place
-    q_out = torch.empty((t, hq * d), dtype=qkv.dtype, device=qkv.device).view(t, hq, d) if Q_OUT else q
     rope = attn.rotary_emb
     return {
-        "q": q, "q_out": q_out, "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight,
+        "q": q, "q_out": new_q_out(q, Q_OUT), "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight,
         "cos_sin_cache": rope.cos_sin_cache, "positions": positions, "is_neox": int(bool(rope.is_neox_style)),
         "eps": float(attn.q_norm.variance_epsilon),
         "qkv": qkv, "sizes": [attn.q_size, attn.kv_size, attn.kv_size],  # for returns
@@ -91,11 +89,7 @@ def _sequence(c: Dict[str, Any]) -> None:
     from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace
     from sglang.kernels.ops.layernorm.norm import fused_inplace_qknorm
 
-    q, k = c["q"], c["k"]
-    qo = c.get("q_out", q)
-    if qo is not q and qo.data_ptr() != q.data_ptr():  # q_out = q: in place, no copy
-        qo.copy_(q)
-        q = qo
+    q, k = q_for_sglang(c), c["k"]
     fused_inplace_qknorm(q=q, k=k, q_weight=c["q_weight"], k_weight=c["k_weight"], eps=float(c["eps"]),
                          head_dim=q.shape[-1])
     apply_rope_with_cos_sin_cache_inplace(q=q, k=k, cos_sin_cache=c["cos_sin_cache"], positions=c["positions"],
@@ -108,10 +102,7 @@ def _returns(c: Dict[str, Any]):
     to self.attn(q, k, v, forward_batch, ...), under an RL on-policy target after q.to(bfloat16), k likewise (a no-op
     there: forward casts hidden_states to bf16 first)."""
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
-    qo = c.get("q_out")
-    if qo is not None and qo is not c["q"]:  # expand's choice, not the switch read again
-        q = qo.view(q.shape)
-    return q, k, v
+    return attention_q(c, q), k, v
 
 
 ADAPTER = OpAdapter(

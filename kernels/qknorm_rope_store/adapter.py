@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from astra_sglang.kernels.rope_store.adapter import _rope_store_normalize
-from astra_sglang.patch.adapters import OpAdapter, env_switch, q_out_stride
+from astra_sglang.patch.adapters import OpAdapter, attention_q, env_switch, new_q_out, q_for_sglang, q_out_stride
 
 # ASTRA_QKRS_Q_OUT=0 (dev): q back in place in the qkv output (q_out is q's own view, q_out_stride = q_stride) and the
 # method / the attention handed the column view as before q_out existed: arm A of the step A/B that measures the copy
@@ -36,11 +36,7 @@ DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to run expand 
 
 def _with_q_out(c: Dict[str, Any]) -> Dict[str, Any]:
     """c with the attention's q: its own token-major [t, hq, d] buffer, or (switch off) q itself, in place."""
-    import torch
-
-    q = c["q"]
-    t, hq, d = q.shape
-    c["q_out"] = torch.empty((t, hq * d), dtype=q.dtype, device=q.device).view(t, hq, d) if Q_OUT else q
+    c["q_out"] = new_q_out(c["q"], Q_OUT)
     return c
 
 
@@ -207,11 +203,7 @@ def _sequence(c: Dict[str, Any]) -> None:
     from sglang.kernels.ops.attention.rope import apply_rope_inplace_with_kvcache
     from sglang.kernels.ops.layernorm.norm import fused_inplace_qknorm
 
-    q, k, v = c["q"], c["k"], c["v"]
-    qo = c.get("q_out", q)
-    if qo is not q and qo.data_ptr() != q.data_ptr():  # q_out = q: in place, no copy
-        qo.copy_(q)
-        q = qo
+    q, k, v = q_for_sglang(c), c["k"], c["v"]
     t, hk, d = k.shape[0], k.shape[1], k.shape[2]
     neox = bool(int(c["is_neox"]))
     fused_inplace_qknorm(q=q, k=k, q_weight=c["q_weight"], k_weight=c["k_weight"], eps=float(c["eps"]),
@@ -232,11 +224,7 @@ def _rope_then_store(c: Dict[str, Any]) -> None:
     from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace
     from sglang.kernels.ops.kvcache.kvcache import store_cache
 
-    q, k, v = c["q"], c["k"], c["v"]
-    qo = c.get("q_out", q)
-    if qo is not q and qo.data_ptr() != q.data_ptr():  # q_out = q (ASTRA_DRS_Q_OUT=0): in place, no copy
-        qo.copy_(q)
-        q = qo
+    q, k, v = q_for_sglang(c), c["k"], c["v"]
     t, hk, d = k.shape[0], k.shape[1], k.shape[2]
     apply_rope_with_cos_sin_cache_inplace(q=q, k=k, cos_sin_cache=c["cos_sin_cache"], positions=c["positions"],
                                           is_neox=bool(int(c["is_neox"])))
@@ -251,10 +239,7 @@ def _attend_without_store(c: Dict[str, Any]):
     (dense_rope_store, qknorm_rope_store's dense site), else q's column view of qkv."""
     attn = c["layer"]
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
-    qo = c.get("q_out")
-    if qo is not None and qo is not c["q"]:  # expand's choice, not a switch read again
-        q = qo.view(q.shape)
-    out, _ = attn.o_proj(attn.attn(q, k, v, c["forward_batch"], save_kv_cache=False))
+    out, _ = attn.o_proj(attn.attn(attention_q(c, q), k, v, c["forward_batch"], save_kv_cache=False))
     return out
 
 
@@ -267,10 +252,7 @@ def _returns(c: Dict[str, Any]):
     # q, k, v unchanged to forward_core, which calls self.attn(q, k, v, ...).
     c["layer"]._used_fused_qk_norm_rope_last_call = False
     q, k, v = c["qkv"].split(c["sizes"], dim=-1)
-    qo = c.get("q_out")
-    if qo is not None and qo is not c["q"]:  # expand's choice, not the switch read again
-        q = qo.view(q.shape)
-    return q, k, v
+    return attention_q(c, q), k, v
 
 
 ADAPTER = OpAdapter(
