@@ -1,0 +1,93 @@
+#!/bin/bash
+# 2026-11-30 (twenty-eighth session), 2x H200 (nvidia-h200-x2), from the repository root, after staging the FA3
+# wheelhouse (.whl/wh33fa3, one part a call: `bash e2e/device_install.sh stage .whl/wh33fa3/carry/partNN`). SGLang's
+# default attention (fa3). Two parts run side by side, one GPU each: `bash run.sh pair X Y`.
+#   bash run.sh a   GPU gates owed by session 27: check qknorm_rope_store against jit_dense (the `alone` bound), the
+#                   GPU tests of the four q_out ops (their shared helper); then decode-corpus benches of the q_out
+#                   shapes with production's neighbours (cuBLAS: the profile's speedup lookup reads these)
+#   bash run.sh m   Qwen3-30B-A3B (20 layers) decode-step A/B, qknorm_rope_store's MoE site: arm A q in place
+#                   (ASTRA_QKRS_Q_OUT=0 ASTRA_QKR_Q_OUT=0), arm B q_out; every default op in both arms, two processes
+#   bash run.sh l   Llama-3-8B served A/B (unpatched A, every default op B, unpatched A2; bs1 and concurrency 4)
+#   bash run.sh w   Qwen3-8B served A/B, the same
+#   bash run.sh v OP DTYPES   validate one op alone, after a fix
+#   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
+set -uo pipefail
+PART=${1:?a, m, l, w, v or pair}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+LIMIT=${LIMIT:-570}
+REPO=$(pwd)
+if [ "$PART" = pair ]; then
+  mkdir -p ${OUT:-/tmp/s28}
+  bash e2e/device_install.sh ensure > ${OUT:-/tmp/s28}/ensure.log 2>&1 || { tail -5 ${OUT:-/tmp/s28}/ensure.log; exit 1; }
+  CUDA_VISIBLE_DEVICES=0 SKIP_ENSURE=1 PORT=30100 bash $0 ${2:?X} > /tmp/s28-pair-$2.log 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 SKIP_ENSURE=1 PORT=30150 bash $0 ${3:?Y} > /tmp/s28-pair-$3.log 2>&1 &
+  wait
+  for p in $2 $3; do echo "=== part $p (GPU $([ $p = $2 ] && echo 0 || echo 1))"; cat /tmp/s28-pair-$p.log; done
+  exit 0
+fi
+O=${OUT:-/tmp/s28}/$PART; mkdir -p $O
+[ -n "${SKIP_ENSURE:-}" ] || bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+export PYTHONPATH=/tmp/e2e-site TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "installed at $(el)s on GPU ${CUDA_VISIBLE_DEVICES:-all}"
+WS=/tmp/s28-ws
+extract() {  # OP VARIANT: the production workspace at $WS/VARIANT/OP
+  [ -d $WS/$2/$1 ] || $AS extract $1 --variant $2 --arch sm_90 --out $WS/$2 --no-build > $O/extract-$1-$2.log 2>&1 \
+    || { echo "extract $1 $2 failed"; tail -3 $O/extract-$1-$2.log; return 1; }
+}
+check() {  # OP VARIANT: the shipped kernel against the extracted production path
+  extract $1 $2 || return 1
+  timeout 240 $AS check $1 --workspace $WS/$2/$1 --candidate kernels/$1/kernel.cu --json $O/check-$1-$2.json \
+    > $O/check-$1-$2.log 2>&1
+  echo "check $1 $2 rc=$? at $(el)s"; grep -E "^(PASS|FAIL|error)|bit-identical" $O/check-$1-$2.log | cut -c1-200 | head -3
+}
+bench() {  # OP VARIANT NAME SHAPES: decode rows in context between production's neighbours (cuBLAS), and chained
+  extract $1 $2 || return 1
+  timeout 200 $AS bench $1 --workspace $WS/$2/$1 --candidate kernels/$1/kernel.cu --shapes $4 --dtype bf16 --replays 8 \
+    --out $O/bench-$3.json > $O/bench-$3.log 2>&1
+  echo "bench $3 rc=$? at $(el)s"; grep -E "^geomean|^rows:|in context|error" $O/bench-$3.log | cut -c1-300 | tail -4
+}
+step() {  # SPEC BATCHES: one decode-step A/B through e2e/step_session.sh
+  STEP_ARGS="--procs ${PROCS:-2} --batch-size $2 --input-len 256 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 \
+--profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh "$1" \
+    > $O/step.log 2>&1
+  echo "step done at $(el)s"; tail -12 $O/step.log | cut -c1-220
+}
+served() {  # MODEL: every default op against none, SGLang's default attention, 3 rotated rounds of A, B, A2
+  local M=$1
+  (cd /tmp && timeout $(( LIMIT - 20 - $(el) )) python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs/$M \
+    --out /tmp/cal-$M --ops all --calibrate --workload bs1:8:128:128:1 --workload c4:16:128:128:4 --rounds ${ROUNDS:-3} \
+    --max-total-tokens 16384 --port ${PORT:-30100} > $O/cal-$M.log 2>&1); echo "cal $M rc=$? at $(el)s"
+  tar -C /tmp -czf $O/cal-$M.tar.gz --exclude="*/counters-*" cal-$M 2>/dev/null
+  grep -E "^\| (attention backend|output throughput|TPOT mean)" /tmp/cal-$M/report.md 2>/dev/null | head -8 | cut -c1-250
+  tail -3 $O/cal-$M.log | cut -c1-250
+}
+pack() { tar -C $O -czf /tmp/s28-$PART.tar.gz . && rm -rf $O/* && mv /tmp/s28-$PART.tar.gz $O/$PART.tar.gz; }  # <= 8 files back
+case $PART in
+a)
+  source kernels/astra_env.sh
+  check qknorm_rope_store jit_dense
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_op_dense_rope_store.py \
+    tests/test_op_gemma_qknorm_rope.py tests/test_op_qknorm_rope_store.py tests/test_op_qknorm_rope.py > $O/pytest.log 2>&1
+  echo "pytest rc=$? at $(el)s: $(tail -1 $O/pytest.log)"; grep -E "^(FAILED|ERROR)" $O/pytest.log | head -5
+  r() { local s=""; for t in 1 2 16 64 256; do s="$s,${t}x$1"; done; echo ${s#,}; }
+  bench dense_rope_store jit qwen25 $(r 28x4x128x4608x4608x4608x3584)
+  bench dense_rope_store jit llama3 $(r 32x8x128x6144x6144x6144x4096)
+  bench qknorm_rope_store jit_dense qwen3-8b $(r 32x8x128x6144x6144x6144x4096)
+  bench qknorm_rope_store jit qwen3-30b-a3b $(r 32x4x128x5120x5120x5120x4096)
+  bench gemma_qknorm_rope installed gemma3-12b $(r 16x8x256x8192x8192x4096)
+  pack ;;
+m)
+  step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-2,16} ;;
+l)
+  served llama3-8b ;;
+w)
+  served qwen3-8b ;;
+v)
+  source kernels/astra_env.sh
+  (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
+    > $O/validate-$2.log 2>&1
+  echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
+*) echo "error: run.sh takes a, m, l, w, v or pair" >&2; exit 2 ;;
+esac
+echo "part $PART done at $(el)s"
