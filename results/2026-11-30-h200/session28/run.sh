@@ -19,6 +19,8 @@ REPO=$(pwd)
 if [ "$PART" = pair ]; then
   mkdir -p ${OUT:-/tmp/s28}
   bash e2e/device_install.sh ensure > ${OUT:-/tmp/s28}/ensure.log 2>&1 || { tail -5 ${OUT:-/tmp/s28}/ensure.log; exit 1; }
+  export LIMIT=$(( ${PAIR_LIMIT:-580} - $(el) ))   # the call's limit less the install
+  echo "installed at $(el)s; each part's limit ${LIMIT}s"
   CUDA_VISIBLE_DEVICES=0 SKIP_ENSURE=1 PORT=30100 bash $0 ${2:?X} > /tmp/s28-pair-$2.log 2>&1 &
   CUDA_VISIBLE_DEVICES=1 SKIP_ENSURE=1 PORT=30150 bash $0 ${3:?Y} > /tmp/s28-pair-$3.log 2>&1 &
   wait
