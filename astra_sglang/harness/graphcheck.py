@@ -87,13 +87,17 @@ def _flat(ts: Sequence[Any]):
 def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Sequence[Dict[str, Any]],
                refs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], dtype: str, prod_attrs: Optional[Dict[str, Any]],
                label: str, prod_errs: Optional[Dict[str, float]] = None,
-               dims=None, repeats: Optional[Sequence[int]] = None) -> Tuple[List[str], Dict[str, float]]:
+               dims=None, repeats: Optional[Sequence[int]] = None,
+               alone: bool = False) -> Tuple[List[str], Dict[str, float]]:
     """Compare what a replay left in every set with the references of the inputs refill() wrote (special
     values are the eager check's business: these cases draw the first, finite, distribution). All sets
     of one output are compared at once (one error over their concatenation); a failing set is named.
 
     who == "production": judged against the fp64 reference alone (BASELINE_SLACK floors); returns its
     error per output, which the candidate's tolerance then uses (same inputs). Returns (failures, errors).
+
+    alone: production does not take the case (no prod_errs): the candidate is held to the spec's `alone` bound, as
+    the eager check holds it (numerics.tolerance).
 
     repeats: calls per set of the replayed graph. An in-place output that went through more than one call
     is judged by its normwise error: each call rounds to the buffer's dtype, so kernel and reference
@@ -134,7 +138,7 @@ def judge_sets(spec: OpSpec, who: str, sets: Sequence[Dict[str, Any]], fresh: Se
         if who == "production":
             tol = BASELINE_SLACK * tolerance(spec, short, None)
         else:
-            tol = tolerance(spec, short, (prod_errs or {}).get(name))
+            tol = tolerance(spec, short, (prod_errs or {}).get(name), alone=alone)
         if e["nan"] or not e["err"] <= tol:
             bad = next((j for j in range(n) if rel_err(outs[j][name], refs[j][pick][name])[key] > tol), 0)
             if e["nan"]:
@@ -152,7 +156,7 @@ def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequ
     """Production's errors on `fresh` (one eager call per set in one guarded buffer set, outputs kept):
     the tolerance the candidate's graph replay is judged with. Returns (failures, errors, refused). Where production
     does not take the shape (reference_only, or an error code: `refused` says which) there are no errors, so the
-    candidate is held to its dtype's floor."""
+    candidate is held to the spec's `alone` bound (else its dtype's floor)."""
     import torch
 
     if reference_only:
@@ -173,7 +177,7 @@ def run_production_eager(spec: OpSpec, prod, bufs, dims, dtype: str, fresh: Sequ
 def check_as_timed(ctx, dims, dtype: str, reference_only: bool = False) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
     """check's in-graph and stream cases for one shape×dtype (ctx: checkjob.CheckContext). Returns
     (details, failures, notes) like oracle.run_case. reference_only (production does not take the shape), or
-    production refusing it at run time: the candidate's replay is held to its dtype's floor."""
+    production refusing it at run time: the candidate's replay is held to the spec's `alone` bound (else the floor)."""
     import torch
 
     from .guards import GuardedSet
@@ -222,7 +226,8 @@ def check_as_timed(ctx, dims, dtype: str, reference_only: bool = False) -> Tuple
         torch.cuda.synchronize()
         f = guard_failures(bufs, label)
         if not f:
-            f, _ = judge_sets(spec, "candidate", sets, fresh, refs, dtype, None, label, perrs, dims=dims)
+            f, _ = judge_sets(spec, "candidate", sets, fresh, refs, dtype, None, label, perrs, dims=dims,
+                              alone=reference_only or bool(refused))
         details.append({"shape": skey, "dtype": dtype, "dist": dist, "run": f"graph-{rnd}", "tensor": "*",
                         "cand_err": None, "prod_err": None, "tol": None, "ok": not f})
         if f:
@@ -246,7 +251,7 @@ def guard_failures(bufs, label: str) -> List[str]:
 def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str, reference_only: bool = False) -> List[str]:
     """The candidate on a fresh non-default stream, queued right behind a long kernel and the copy of
     its fresh inputs into its buffers; no device-wide synchronize between them and the launch. Where production
-    does not take the shape (reference_only, or an error code) its dtype's floor judges the candidate."""
+    does not take the shape (reference_only, or an error code) the spec's `alone` bound judges the candidate."""
     import torch
 
     spec = ctx.spec
@@ -254,7 +259,7 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str, reference_only: 
     label = f"{skey} {dtype} {dist} on a non-default stream behind queued work that writes its inputs"
     fresh = make_case_inputs(spec, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, "stream"), "cuda")
     refs = set_references(spec, [fresh], dims, [1], ctx.prod_attrs)
-    f, perrs, _refused = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label,
+    f, perrs, refused = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label,
                                               reference_only)
     if f:
         return []
@@ -275,7 +280,8 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str, reference_only: 
     torch.cuda.synchronize()
     if rc:
         return [f"{label}: candidate returned cudaError {rc}"]
-    f, _ = judge_sets(spec, "candidate", [buf.views], [fresh], refs, dtype, None, label, perrs, dims=dims)
+    f, _ = judge_sets(spec, "candidate", [buf.views], [fresh], refs, dtype, None, label, perrs, dims=dims,
+                      alone=reference_only or bool(refused))
     if f:
         return [f[0].replace(", input set 1 of 1", "") + " (stale inputs read: does the kernel ignore its stream argument?)"]
     return []

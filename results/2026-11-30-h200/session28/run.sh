@@ -7,12 +7,15 @@
 #                   shapes with production's neighbours (cuBLAS: the profile's speedup lookup reads these)
 #   bash run.sh m   Qwen3-30B-A3B (20 layers) decode-step A/B, qknorm_rope_store's MoE site: arm A q in place
 #                   (ASTRA_QKRS_Q_OUT=0 ASTRA_QKR_Q_OUT=0), arm B q_out; every default op in both arms, two processes
+#                   an arm, one of each arm at a time
 #   bash run.sh l   Llama-3-8B served A/B (unpatched A, every default op B, unpatched A2; bs1 and concurrency 4)
 #   bash run.sh w   Qwen3-8B served A/B, the same
+#   bash run.sh x   check qknorm_rope_store against jit_dense again (in-graph re-checks now under the `alone` bound
+#                   too), then Qwen3-30B-A3B (20 layers) served A/B, as l
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 #   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
 set -uo pipefail
-PART=${1:?a, m, l, w, v or pair}
+PART=${1:?a, m, l, w, x, v or pair}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-570}
 REPO=$(pwd)
@@ -51,7 +54,7 @@ bench() {  # OP VARIANT NAME SHAPES: decode rows in context between production's
 }
 step() {  # SPEC BATCHES: one decode-step A/B through e2e/step_session.sh
   STEP_ARGS="--procs ${PROCS:-2} --batch-size $2 --input-len 256 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 \
---profile-steps 10 --mem-fraction-static 0.5" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh "$1" \
+--profile-steps 10 --mem-fraction-static 0.5 ${STEP_EXTRA:-}" RES=$O DEADLINE_S=$(( LIMIT - $(el) )) bash e2e/step_session.sh "$1" \
     > $O/step.log 2>&1
   echo "step done at $(el)s"; tail -12 $O/step.log | cut -c1-220
 }
@@ -79,8 +82,12 @@ a)
   bench qknorm_rope_store jit qwen3-30b-a3b $(r 32x4x128x5120x5120x5120x4096)
   bench gemma_qknorm_rope installed gemma3-12b $(r 16x8x256x8192x8192x4096)
   pack ;;
-m)
-  step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-2,16} ;;
+x)
+  source kernels/astra_env.sh
+  check qknorm_rope_store jit_dense
+  served qwen3-30b-a3b-20l ;;
+m)  # one process an arm at a time: four 30B-A3B processes at once leave the last no KV cache at 0.5 (its first run)
+  STEP_EXTRA="--procs-at-once 1" step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-2,16} ;;
 l)
   served llama3-8b ;;
 w)
@@ -90,6 +97,6 @@ v)
   (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, m, l, w, v or pair" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, m, l, w, x, v or pair" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
