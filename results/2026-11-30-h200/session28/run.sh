@@ -12,10 +12,12 @@
 #   bash run.sh w   Qwen3-8B served A/B, the same
 #   bash run.sh x   check qknorm_rope_store against jit_dense again (in-graph re-checks now under the `alone` bound
 #                   too), then Qwen3-30B-A3B (20 layers) served A/B, as l
+#   bash run.sh g   Gemma-3-12B served A/B, as l
+#   bash run.sh e   Qwen3-30B-A3B (20 layers) served A/B again, 5 rounds (batch 1 was not resolved in x's 3)
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 #   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
 set -uo pipefail
-PART=${1:?a, m, l, w, x, v or pair}
+PART=${1:?a, m, l, w, x, g, e, v or pair}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-570}
 REPO=$(pwd)
@@ -86,6 +88,10 @@ x)
   source kernels/astra_env.sh
   check qknorm_rope_store jit_dense
   served qwen3-30b-a3b-20l ;;
+g)
+  served gemma3-12b ;;
+e)
+  ROUNDS=${ROUNDS:-5} served qwen3-30b-a3b-20l ;;
 m)  # one process an arm at a time: four 30B-A3B processes at once leave the last no KV cache at 0.5 (its first run)
   STEP_EXTRA="--procs-at-once 1" step 'qwen3-moe-qout:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all --arm-env=A:ASTRA_QKRS_Q_OUT=0 --arm-env=A:ASTRA_QKR_Q_OUT=0' ${BS:-2,16} ;;
 l)
@@ -97,6 +103,6 @@ v)
   (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, m, l, w, x, v or pair" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, m, l, w, x, g, e, v or pair" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
