@@ -14,10 +14,11 @@
 #                   too), then Qwen3-30B-A3B (20 layers) served A/B, as l
 #   bash run.sh g   Gemma-3-12B served A/B, as l
 #   bash run.sh e   Qwen3-30B-A3B (20 layers) served A/B again, 5 rounds (batch 1 was not resolved in x's 3)
+#   bash run.sh t   Llama-3-8B served A/B at --tp 2 (both GPUs; the q_out ops' first run under tensor parallel), 2 rounds
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 #   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
 set -uo pipefail
-PART=${1:?a, m, l, w, x, g, e, v or pair}
+PART=${1:?a, m, l, w, x, g, e, t, v or pair}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-570}
 REPO=$(pwd)
@@ -60,14 +61,15 @@ step() {  # SPEC BATCHES: one decode-step A/B through e2e/step_session.sh
     > $O/step.log 2>&1
   echo "step done at $(el)s"; tail -12 $O/step.log | cut -c1-220
 }
-served() {  # MODEL: every default op against none, SGLang's default attention, 3 rotated rounds of A, B, A2
-  local M=$1
+served() {  # MODEL [NAME [E2E ARGS]]: every default op against none, SGLang's default attention, 3 rotated rounds of
+  local M=$1 N=${2:-$1}; shift; shift || true   # A, B, A2
   (cd /tmp && timeout $(( LIMIT - 20 - $(el) )) python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs/$M \
-    --out /tmp/cal-$M --ops all --calibrate --workload bs1:8:128:128:1 --workload c4:16:128:128:4 --rounds ${ROUNDS:-3} \
-    --max-total-tokens 16384 --port ${PORT:-30100} > $O/cal-$M.log 2>&1); echo "cal $M rc=$? at $(el)s"
-  tar -C /tmp -czf $O/cal-$M.tar.gz --exclude="*/counters-*" cal-$M 2>/dev/null
-  grep -E "^\| (attention backend|output throughput|TPOT mean)" /tmp/cal-$M/report.md 2>/dev/null | head -8 | cut -c1-250
-  tail -3 $O/cal-$M.log | cut -c1-250
+    --out /tmp/cal-$N --ops all --calibrate --workload bs1:8:128:128:1 --workload c4:16:128:128:4 --rounds ${ROUNDS:-3} \
+    --max-total-tokens 16384 --port ${PORT:-30100} "$@" > $O/cal-$N.log 2>&1); echo "cal $N rc=$? at $(el)s"
+  tar -C /tmp -czf $O/cal-$N.tar.gz --exclude="*/counters-*" cal-$N 2>/dev/null
+  grep -E "^\| (attention backend|output throughput|TPOT mean)" /tmp/cal-$N/report.md 2>/dev/null | head -8 | cut -c1-250
+  grep -E "A vs B" /tmp/cal-$N/report.md 2>/dev/null | head -2
+  tail -3 $O/cal-$N.log | cut -c1-250
 }
 pack() { tar -C $O -czf /tmp/s28-$PART.tar.gz . && rm -rf $O/* && mv /tmp/s28-$PART.tar.gz $O/$PART.tar.gz; }  # <= 8 files back
 case $PART in
@@ -90,6 +92,8 @@ x)
   served qwen3-30b-a3b-20l ;;
 g)
   served gemma3-12b ;;
+t)  # both GPUs: run alone, not in a pair
+  ROUNDS=${ROUNDS:-2} served llama3-8b llama3-8b-tp2 --tp 2 ;;
 e)
   ROUNDS=${ROUNDS:-5} served qwen3-30b-a3b-20l ;;
 m)  # one process an arm at a time: four 30B-A3B processes at once leave the last no KV cache at 0.5 (its first run)
@@ -103,6 +107,6 @@ v)
   (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, m, l, w, x, g, e, v or pair" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, m, l, w, x, g, e, t, v or pair" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
