@@ -183,6 +183,12 @@ class OpSpec:
     # (DeepSeek-V3's router gets fp32 logits from dsv3_router_gemm in a bf16 model). bench, validate and
     # kernels/gpu_run.sh default to them, and a bench of another dtype says it is not serving's. (): the model's.
     serving_dtypes: Tuple[str, ...] = ()
+    # launcher_only(dims) -> a callable over production's tensors (ABI names) doing the work production's launcher
+    # adds that serving does not do at these dims, or None. bench times it alone and takes it out of production's time,
+    # as it does an installed callable's copies into the ABI buffers. The q_out ops' launchers copy q into q_out before
+    # SGLang's in-place kernels: from 2 tokens on that copy stands for the one SGLang's fa3 backend makes of the strided
+    # q, but at 1 token fa3 copies nothing (qkv.launcher_q_copy).
+    launcher_only: Optional[Callable[[Tuple[int, ...]], Optional[Callable[[Dict[str, Any]], Any]]]] = None
     # dims that count something optional and may be 0 (moe_grouped_router's n_shared: no fused shared column);
     # every other dim is a size, > 0
     zero_dims: Tuple[str, ...] = ()

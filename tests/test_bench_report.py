@@ -478,3 +478,15 @@ def test_the_floor_is_the_lower_of_a_pdl_and_a_plain_touch(tmp_path):
     back = BenchReport.from_json(rep.to_json(tmp_path / "r.json"))
     assert [r.context_floor_launch for r in back.rows] == ["PDL", "plain"]
     assert back.rows[1].context_floor_us == pytest.approx(1.02)
+
+
+def test_footer_says_when_an_extracted_launchers_own_work_was_taken_out():
+    """The q_out ops' launchers copy q into q_out; at 1 token serving makes no such copy (fa3 takes a one-row view as
+    it is), so bench times that copy alone and takes it out of production (spec.launcher_only)."""
+    rep = _report()
+    assert "launcher does work serving does not" not in rep.table()
+    rep.production = "lib:/ws/dense_rope_store/build/baseline.so"
+    rep.rows[0].prod_binding_us = 0.42
+    t = rep.table()
+    assert "launcher does work serving does not at 1 of 2 rows" in t and "(0.42-0.42 µs)" in t
+    assert "its returned outputs are copied" not in t

@@ -180,6 +180,25 @@ def test_with_q_out_appends_the_contiguous_q_out_stride():
     assert qkv.with_q_out((7, 64, 3, 2), hq_index=2, head_dim_index=3) == (7, 64, 3, 2, 6)
 
 
+@pytest.mark.parametrize("op", ("dense_rope_store", "qknorm_rope_store", "qknorm_rope"))
+def test_the_launchers_q_copy_is_what_bench_takes_out_of_production_at_one_token(op):
+    """Their extracted launchers copy q into q_out before SGLang's in-place kernels. Serving makes that copy (fa3's
+    q.contiguous()) from 2 tokens on, not at 1: spec.launcher_only gives bench the copy to time alone at 1 token only,
+    and it writes exactly q's heads into q_out, leaving the rest of q_out and every other tensor as they were."""
+    spec = get_op(op)
+    dims = next(s.dims for s in spec.corpus if s.dims[0] == 1)
+    assert spec.launcher_only((2, *dims[1:])) is None and spec.launcher_only((16, *dims[1:])) is None
+    hq, d = dims[1], dims[3]
+    inp = spec.make_inputs(dims, "bf16", _gen(3), device="cpu")
+    out = {n: v.clone() if hasattr(v, "clone") else v for n, v in inp.items()}
+    out["q_out"].fill_(7.0)
+    spec.launcher_only(dims)(out)
+    assert torch.equal(out["q_out"].reshape(1, -1)[:, : hq * d], inp["q"].reshape(1, -1)[:, : hq * d])
+    assert torch.equal(out["q_out"].reshape(1, -1)[:, hq * d:], torch.full_like(out["q_out"].reshape(1, -1)[:, hq * d:], 7.0))
+    assert all(torch.equal(out[n], inp[n]) for n in inp if n != "q_out" and hasattr(inp[n], "dtype"))
+    assert get_op("gemma_qknorm_rope").launcher_only is None  # production is SGLang's installed torch path
+
+
 @pytest.mark.parametrize("op", Q_OUT_OPS)
 def test_the_q_out_ops_dims_end_with_with_q_out_s_stride(op):
     """The four ops that write q into its own buffer: q read ('in'), q_out written ('out') right after it, and

@@ -142,6 +142,22 @@ def with_q_out(dims: Sequence[int], hq_index: int = 1, head_dim_index: int = 3) 
     return dims + (dims[hq_index] * dims[head_dim_index],)
 
 
+def launcher_q_copy(dims: Sequence[int], hq_index: int = 1, head_dim_index: int = 3):
+    """spec.launcher_only of the q_out ops whose production is an extracted launcher (dense_rope_store,
+    qknorm_rope_store, qknorm_rope): at 1 token the launcher's copy of q's row into q_out, which serving does not make
+    (a one-row column view of qkv is contiguous, so fa3 hands it to the attention as it is); None from 2 tokens on,
+    where fa3's own copy of the strided q stands in it. The launcher copies with cudaMemcpy2DAsync; a one-row copy of
+    contiguous same-dtype tensors is torch's cudaMemcpyAsync, the same bytes by the same engine."""
+    if int(dims[0]) != 1:
+        return None
+    w = int(dims[hq_index]) * int(dims[head_dim_index])
+
+    def copy_q(tensors: Dict[str, Any]) -> None:
+        tensors["q_out"][:, :w].copy_(tensors["q"][:, :w])
+
+    return copy_q
+
+
 def qk_rows(dims: Tuple[int, ...], dtype: str, gen, dist: str, device: str):
     """(q, k, torch dtype) of the fused q/k ops' inputs: q and k as [tokens, q_stride] / [tokens, k_stride] row buffers
     (dims (tokens, q heads, kv heads, head_dim, q_stride, k_stride)), N(0, 1), x16 for "large", drawn q first. The
@@ -227,14 +243,16 @@ def spec(*, name: str, summary: str, dim_names: Tuple[str, ...], pointers: Seque
          replaces: Tuple[str, ...], kernel_symbols: Tuple[str, ...],
          tolerance: Tolerance = Tolerance(k=2.0), fuses: Tuple[str, ...] = (),
          more_variants: Tuple[Variant, ...] = (),
-         context_sites: Optional[Callable[[Tuple[int, ...]], Tuple[Any, ...]]] = None) -> OpSpec:
+         context_sites: Optional[Callable[[Tuple[int, ...]], Tuple[Any, ...]]] = None,
+         launcher_only: Optional[Callable[[Tuple[int, ...]], Any]] = None) -> OpSpec:
     """An op spec of this family; `variant` ("jit") is the default production, `more_variants` other call sites'
     production sequences (qknorm_rope_store's dense-attention sequence); `context_sites` where serving runs a decode
-    row (sites.attention_input_sites)."""
+    row (sites.attention_input_sites); `launcher_only` what production's launcher adds that serving does not do
+    (launcher_q_copy)."""
     return OpSpec(
         name=name, summary=summary, dim_names=dim_names, abi=abi(pointers, dim_names, scalar_args),
         variants=(variant,) + tuple(more_variants), default_variant=lambda roots: "jit", dtypes=DTYPES, corpus=corpus,
         edge_shapes=edge_shapes, tolerance=tolerance, make_inputs=make_inputs, reference=reference,
         scalars=scalars, bytes_moved=bytes_moved, distributions=distributions, replaces=replaces,
-        kernel_symbols=kernel_symbols, fuses=fuses, context_sites=context_sites,
+        kernel_symbols=kernel_symbols, fuses=fuses, context_sites=context_sites, launcher_only=launcher_only,
     )

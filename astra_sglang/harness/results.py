@@ -135,8 +135,9 @@ class BenchRow:
     context_installed_us: Optional[float] = None
     installed_bitwise_equal: Optional[bool] = None  # extracted production == installed, bit for bit
     installed_mismatches: Dict[str, int] = field(default_factory=dict)  # per output: elements that differ
-    # production is an installed callable that returns its outputs: the copies into the ABI buffers, timed
-    # alone (µs per call), already taken out of prod_us (chained) and context_base_us (in context)
+    # production is an installed callable that returns its outputs: the copies into the ABI buffers, or an extracted
+    # launcher's work serving does not do at this row (spec.launcher_only), timed alone (µs per call), already taken
+    # out of prod_us (chained) and context_base_us (in context)
     prod_binding_us: Optional[float] = None
     # why the patch leaves this shape to SGLang by design (the op's adapter: max_tokens, keeps); "" where the patch
     # takes it; None where the op has no adapter (or the bench predates this field)
@@ -459,11 +460,15 @@ class BenchReport:
                                 f"geomean {geomean(of):.3f}x over {len(of)} rows"
                                 + (f"; {len(high)} rows have a floor >= 1 us, in context there "
                                    f"{geomean(r.context_speedup for r in high):.3f}x" if high else ""))
+        b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
         if self.production.startswith("installed"):
-            b = [r.prod_binding_us for r in self.rows if r.prod_binding_us is not None]
             foot.append(f"production: {self.production}"
                         + (f"; its returned outputs are copied into the ABI buffers: those copies, timed alone "
                            f"({min(b):.2f}-{max(b):.2f} µs), are taken out of the prod columns" if b else ""))
+        elif b:
+            foot.append(f"production's launcher does work serving does not at {len(b)} of {len(self.rows)} rows "
+                        f"(the op's spec.launcher_only: the q_out ops' copy of q at 1 token, which fa3 does not make): "
+                        f"timed alone ({min(b):.2f}-{max(b):.2f} µs), it is taken out of the prod columns there")
         if has_i:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")

@@ -150,4 +150,5 @@ SPEC = qkv.spec(
     # only ours: SGLang's two kernels are attributed to the rope and kv_store ops
     kernel_symbols=(r"astra_drs::",),
     fuses=("rope", "kv_store"),
+    launcher_only=qkv.launcher_q_copy,  # bench: at 1 token serving makes no q copy (fa3 takes the row as it is)
 )

@@ -174,6 +174,7 @@ SPEC = qkv.spec(
     # only ours: SGLang's two kernels are attributed to the qknorm and rope ops
     kernel_symbols=(r"astra_qkr::",),
     fuses=("qknorm", "rope"),
+    launcher_only=qkv.launcher_q_copy,  # bench: at 1 token serving makes no q copy (fa3 takes the row as it is)
     # decode rows: qkv -> q/k norm + rope -> SGLang's KV store (PDL, in the attention backend) -> attention, as a
     # patched dense Qwen3 layer runs them; rope's site had the same follower (1.000x -> 1.522x there, H200, 2026-11-29)
     context_sites=lambda dims: attention_input_sites(DENSE_MODELS, dims[1:4], "q/k norm + rope", "KV store"),

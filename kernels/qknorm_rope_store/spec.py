@@ -225,4 +225,5 @@ SPEC = qkv.spec(
     # only ours: SGLang's kernels are attributed to the qknorm, rope_store, rope and kv_store ops
     kernel_symbols=(r"astra_qkrs::",),
     fuses=(("qknorm", "rope_store"), ("qknorm", "rope", "kv_store")),  # Qwen3-MoE, dense Qwen3
+    launcher_only=qkv.launcher_q_copy,  # bench: at 1 token serving makes no q copy (fa3 takes the row as it is)
 )
