@@ -260,7 +260,7 @@ def stream_honesty(ctx, buf, pbuf, dims, dtype: str, dist: str, reference_only: 
     fresh = make_case_inputs(spec, dims, dtype, dist, case_seed(ctx.seed, dims, dtype, "stream"), "cuda")
     refs = set_references(spec, [fresh], dims, [1], ctx.prod_attrs)
     f, perrs, refused = run_production_eager(spec, ctx.prod, pbuf, dims, dtype, [fresh], refs, ctx.prod_attrs, label,
-                                              reference_only)
+                                             reference_only)
     if f:
         return []
     roles = _roles(spec)
