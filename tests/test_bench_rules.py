@@ -318,6 +318,28 @@ def test_a_compiled_callable_is_captured_over_input_sets_of_different_kinds():
         torch.testing.assert_close(out, x.sum(1))
 
 
+@pytest.mark.gpu
+def test_the_q_out_launchers_one_token_copy_is_captured_as_bench_times_it():
+    """spec.launcher_only of the q_out ops (qkv.launcher_q_copy): at 1 token bench captures the launcher's copy of q's
+    row into q_out alone, over its input sets, to take it out of production; the graph copies exactly q's heads."""
+    from astra_sglang.harness.timer import graph_of
+    from astra_sglang.registry import get_op
+
+    spec = get_op("dense_rope_store")
+    dims = next(s.dims for s in spec.corpus if s.dims[0] == 1)
+    copy = spec.launcher_only(dims)
+    sets = [spec.make_inputs(dims, "bf16", torch.Generator(device="cuda").manual_seed(i), device="cuda")
+            for i in range(2)]
+    g = graph_of(lambda i: copy(sets[i % 2]), 4, warm=2)
+    w = dims[1] * dims[3]
+    for s in sets:
+        s["q_out"].zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    for s in sets:
+        assert torch.equal(s["q_out"][:, :w], s["q"][:, :w])
+
+
 class _FakeGraph:
     """Stands in for a captured in-context graph: replay() runs the producer and the op on set 0."""
 
