@@ -12,6 +12,7 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -81,6 +82,8 @@ def _fused_rows(rows: Sequence[dict], cfg: dict, tokens: int, tp: int, dtype: st
         if not ran:
             continue
         members, variant = ran[0]
+        if Q_COPY in by_op and name in q_out_ops():
+            members = (*members, Q_COPY)   # fa3's q copy, which the q_out ops remove (their bench counts it)
         us = sum(by_op[m]["us_per_step"] for m in members)
         # the speedup over this site's production (its bench against that variant)
         sp = (speedups.lookup(name, lookup_dims(name, "", cfg, tokens, tp), dtype, variant=variant)
@@ -275,6 +278,63 @@ def qk_path_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Ca
                for k in run if k.shapes and match(k.name).op != op)
 
 
+# SGLang 0.5.17's fa3 backend calls q.contiguous() before it attends. Where the rope left q a column view of qkv's
+# output (SGLang's own ops, and astra's fused rope ops with q in place) that is one torch copy a layer from 2 tokens
+# on. The ops that write q into their own buffer (q_out) remove it, and their bench counts it in production's time from
+# 2 tokens on (their launchers' copy stands for it); so the profile shows it as its own row and counts it in their
+# fused rows. Its kernel's name is every torch copy's: its place (right after the layer's rope / KV store, right before
+# its attention) and the eager step's shapes (a [tokens, q heads x head_dim] or [tokens, q heads, head_dim] q) tell it
+# apart. Gemma-3's lies inside its torch q/k path (TORCH_QK_PATHS), which already counts it.
+Q_COPY = "attention q copy"
+# what runs right before the copy: the layer's rope, q/k norm or KV store, SGLang's or astra's
+_BEFORE_Q_COPY = ("rope", "rope+kv_store", "kv_store", "qknorm", "qknorm+rope", "rope_store", "dense_rope_store",
+                  "qknorm_rope_store", "qknorm_rope")
+
+
+@lru_cache(maxsize=1)
+def q_out_ops() -> frozenset:
+    """The registered ops that write q into their own buffer (a q_out pointer in their ABI): they remove fa3's q copy."""
+    from astra_sglang.registry import get_op, op_names
+
+    return frozenset(n for n in op_names() if any(a.name == "q_out" for a in get_op(n).abi))
+
+
+def q_copy_kernels(kernels: Sequence[KernelEvent], match: Callable[[str], Match]) -> List[KernelEvent]:
+    """The attention's q copies among `kernels`: on each stream, a torch copy kernel right after a rope / q/k norm /
+    KV-store kernel and right before an attention kernel."""
+    by_stream: Dict[Tuple[int, int], List[KernelEvent]] = defaultdict(list)
+    for k in kernels:
+        by_stream[(k.device, k.stream)].append(k)
+    out: List[KernelEvent] = []
+    for ks in by_stream.values():
+        ks = sorted(ks, key=lambda e: e.ts)
+        ms = [match(k.name) for k in ks]
+        for i in range(1, len(ks) - 1):
+            if (ms[i].op == "torch elementwise/copy" and not ms[i].astra and ms[i + 1].category == "attention"
+                    and ms[i - 1].op in _BEFORE_Q_COPY):
+                out.append(ks[i])
+    return out
+
+
+def _q_shaped(dims, cfg: dict) -> bool:
+    """Whether a torch copy's Input Dims are a q: [tokens, q heads x head_dim] or [tokens, q heads, head_dim], the q
+    heads on one rank at any tensor-parallel degree."""
+    from astra_sglang.families.qkv import heads_of_config
+
+    hq, _, d = heads_of_config(cfg) or (0, 0, 0)
+    heads = _per_rank(int(hq))
+    x = dims[0] if dims and isinstance(dims[0], list) else None
+    if not x or not all(isinstance(v, int) for v in x):
+        return False
+    return (len(x) == 2 and x[1] in {h * d for h in heads}) or (len(x) == 3 and x[1] in heads and x[2] == d)
+
+
+def q_copy_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Callable[[str], Match]) -> bool:
+    """Whether the eager step agrees with `q_copy_kernels`: every one whose launching op's shapes were recorded copied
+    a q (`_q_shaped`). A trace without shapes (a live server's) cannot disagree."""
+    return all(_q_shaped(k.shapes, cfg) for k in q_copy_kernels(shape_kernels, match) if k.shapes)
+
+
 def attributors(cfg: dict, traces: Sequence[Sequence[KernelEvent]], shape_traces: Sequence[Sequence[KernelEvent]],
                 bounds: Optional[Tuple[int, int]] = None) -> Tuple[Callable[[str], Match], Callable[[KernelEvent], Match]]:
     """(name -> Match, event -> Match) for kernels of `traces`, with the eager `shape_traces` (also among `traces`
@@ -288,18 +348,27 @@ def kernel_matcher(cfg: dict, match: Callable[[str], Match], traces: Sequence[Se
                    shape_traces: Sequence[Sequence[KernelEvent]] = ()) -> Callable[[KernelEvent], Match]:
     """kernel event -> Match: `match` by name, except, in a model whose q/k norm + rope SGLang runs as torch ops
     (TORCH_QK_PATHS), the kernels of `qk_path_runs` in `traces`: the fused op's production (covered, SGLang's), or its
-    own kernel. torch's kernel names are shared with every other torch op, so only their place in the layer tells
-    them apart; the graph trace records no shapes, so its runs are found by place alone, and the eager step's shapes
-    (each of `shape_traces`) must confirm the rule (qk_path_confirmed) or nothing is moved."""
+    own kernel; and elsewhere the attention's q copies (`q_copy_kernels`): the Q_COPY row. torch's kernel names are
+    shared with every other torch op, so only their place in the layer tells them apart; the graph trace records no
+    shapes, so its runs are found by place alone, and the eager step's shapes (each of `shape_traces`) must confirm each
+    rule (qk_path_confirmed, q_copy_confirmed) or it moves nothing."""
     op = TORCH_QK_PATHS.get(str(cfg.get("model_type", "")))
-    if not op or not all(qk_path_confirmed(ks, cfg, match, op) for ks in shape_traces):
+    path: set = set()
+    if op and all(qk_path_confirmed(ks, cfg, match, op) for ks in shape_traces):
+        path = {id(k) for ks in traces for run in qk_path_runs(ks, match, op) for k in run}
+    copies: set = set()
+    if not op and cfg and all(q_copy_confirmed(ks, cfg, match) for ks in shape_traces):
+        copies = {id(k) for ks in traces for k in q_copy_kernels(ks, match)}
+    if not path and not copies:
         return lambda k: match(k.name)
-    path = {id(k) for ks in traces for run in qk_path_runs(ks, match, op) for k in run}
-    production = Match(op, "op", True, False)
+    production = Match(op, "op", True, False) if op else None
+    q_copy = Match(Q_COPY, "op", False, False)
 
     def of(k: KernelEvent) -> Match:
         m = match(k.name)
-        return production if id(k) in path and m.op != op else m
+        if id(k) in path and m.op != op:
+            return production
+        return q_copy if id(k) in copies else m
 
     return of
 

@@ -226,6 +226,7 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
     a list): only those ops' savings count. patched_base: arm A runs astra's ops too, so a bench speedup (over
     SGLang's kernel) does not apply to its profile: no bench prediction (None, shown as —), the in-graph ones stand
     (moe_align alone at batch 64: 40 µs measured, 38 in-graph, 39 with consumers; H200, 2026-11-29)."""
+    from .profile import Q_COPY, q_out_ops
     from .step_worker import ops_to_patch
 
     dec = {(c["arm"], c["batch_size"]): c for c in analysis["captures"] if c["stage"] == "decode"}
@@ -259,6 +260,11 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                 # (only a fused op whose kernel ran in the arm: of two overlapping ones, the one the arm ran)
                 p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in c.get("fused", ())
                                                 if f["op"] in theirs and not set(f["replaces"]) & set(theirs))
+                # fa3's q copies, which an op writing q into its own buffer removes (profile.Q_COPY)
+                if arm_ops[o] & q_out_ops():
+                    copies = {a: next((r["us_per_step"] for r in x["ops"] if r["op"] == Q_COPY), 0.0)
+                              for a, x in (("base", c), ("arm", oc))}
+                    p["in_context_saved_us"] += copies["base"] - copies["arm"]
                 p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p
     return out
