@@ -293,7 +293,8 @@ _BEFORE_Q_COPY = ("rope", "rope+kv_store", "kv_store", "qknorm", "qknorm+rope", 
 
 @lru_cache(maxsize=1)
 def q_out_ops() -> frozenset:
-    """The registered ops that write q into their own buffer (a q_out pointer in their ABI): they remove fa3's q copy."""
+    """The registered ops that write q into their own buffer (a q_out pointer in their ABI): they remove fa3's
+    q copy."""
     from astra_sglang.registry import get_op, op_names
 
     return frozenset(n for n in op_names() if any(a.name == "q_out" for a in get_op(n).abi))

@@ -258,10 +258,11 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                                                for r in c["ops"] if r["covered"] and r["op"] in theirs)
                 # a fused op's kernel in the arm against its members' kernels in the base
                 # (only a fused op whose kernel ran in the arm: of two overlapping ones, the one the arm ran)
-                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in c.get("fused", ())
-                                                if f["op"] in theirs and not set(f["replaces"]) & set(theirs))
-                # fa3's q copies, which an op writing q into its own buffer removes (profile.Q_COPY)
-                if arm_ops[o] & q_out_ops():
+                counted = [f for f in c.get("fused", ()) if f["op"] in theirs and not set(f["replaces"]) & set(theirs)]
+                p["in_context_saved_us"] += sum(f["us_per_step"] - theirs[f["op"]] for f in counted)
+                # fa3's q copies, which an op writing q into its own buffer removes (profile.Q_COPY), where no fused
+                # row above counted them (an arm A running astra's op with q in place has none)
+                if arm_ops[o] & q_out_ops() and not any(Q_COPY in f["replaces"] for f in counted):
                     copies = {a: next((r["us_per_step"] for r in x["ops"] if r["op"] == Q_COPY), 0.0)
                               for a, x in (("base", c), ("arm", oc))}
                     p["in_context_saved_us"] += copies["base"] - copies["arm"]

@@ -139,3 +139,12 @@ def test_the_in_graph_prediction_of_q_in_place_against_q_out_counts_the_copies()
     # an arm that patches no op writing q_out is not credited with copies it did not remove
     p = predicted_from_profile({"captures": [a, b]}, "A", ["B"], {"A": "all", "B": ["rmsnorm"]}, True)[("B", 2)]
     assert p["in_context_saved_us"] == pytest.approx(0.0)
+
+
+def test_an_unpatched_base_s_copies_count_once_in_the_fused_row():
+    """A: SGLang unpatched (rope, KV store, fa3's copy); B: dense_rope_store into q_out. The fused row already holds
+    A's copies; the in-graph prediction counts them once: A's rope + store + copy against B's kernel."""
+    a, b = analyze(LLAMA, table=Table()), analyze(LLAMA, rope="q_out", arm="B", table=Table())
+    p = predicted_from_profile({"captures": [a, b]}, "A", ["B"], {"A": "none", "B": "all"})[("B", 2)]
+    assert p["in_context_saved_us"] == pytest.approx((1.0 + 1.0 + 2.0 - 1.5) * LAYERS)
+    assert p["kernel_step_delta_us"] == pytest.approx((1.0 + 1.0 + 2.0 - 1.5) * LAYERS)
