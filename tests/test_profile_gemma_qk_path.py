@@ -16,7 +16,8 @@ from astra_sglang.e2e.neighbours import compare_dir
 from astra_sglang.e2e.profile import Capture, analyze_capture
 from astra_sglang.e2e.speedups import Speedup, SpeedupTable
 from astra_sglang.e2e.step import predicted_from_profile
-from astra_sglang.e2e.trace import KernelEvent, exclusive_times
+from astra_sglang.e2e.trace import exclusive_times
+from step_kernels import step_kernels
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "e2e" / "configs"
@@ -83,15 +84,7 @@ def durations(name: str) -> float:
 
 def kernels(step, steps: int, shapes: bool):
     """The step's kernels back to back on one stream (a graph replay), with their torch op's Dims where `shapes`."""
-    ks, t = [], 0.0
-    for _ in range(steps):
-        for name, op, dims in step:
-            k = KernelEvent(name, t, durations(name), stream=7)
-            if shapes and dims is not None:
-                k.shapes, k.torch_op = dims, op
-            ks.append(k)
-            t += k.dur
-    return ks
+    return step_kernels(step, steps, shapes, durations)
 
 
 def analyze(cfg, patched=False, steps=2, table=None, step=None):

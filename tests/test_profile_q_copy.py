@@ -16,7 +16,8 @@ import pytest
 from astra_sglang.e2e.profile import Q_COPY, Capture, analyze_capture
 from astra_sglang.e2e.speedups import Speedup, SpeedupTable
 from astra_sglang.e2e.step import predicted_from_profile
-from astra_sglang.e2e.trace import KernelEvent, exclusive_times
+from astra_sglang.e2e.trace import exclusive_times
+from step_kernels import step_kernels
 
 CONFIGS = Path(__file__).resolve().parent.parent / "e2e" / "configs"
 LLAMA = json.loads((CONFIGS / "llama3-8b" / "config.json").read_text())     # 32 q heads of 128: q is 4096 wide
@@ -55,15 +56,7 @@ def durations(name: str) -> float:
 
 
 def kernels(step, steps: int, shapes: bool):
-    ks, t = [], 0.0
-    for _ in range(steps):
-        for name, op, dims in step:
-            k = KernelEvent(name, t, durations(name), stream=7)
-            if shapes and dims is not None:
-                k.shapes, k.torch_op = dims, op
-            ks.append(k)
-            t += k.dur
-    return ks
+    return step_kernels(step, steps, shapes, durations)
 
 
 def analyze(cfg, tokens=2, rope="sglang", steps=2, table=None, q_dims=None, arm="A"):
