@@ -286,9 +286,9 @@ def qk_path_confirmed(shape_kernels: Sequence[KernelEvent], cfg: dict, match: Ca
 # its attention) and the eager step's shapes (a [tokens, q heads x head_dim] or [tokens, q heads, head_dim] q) tell it
 # apart. Gemma-3's lies inside its torch q/k path (TORCH_QK_PATHS), which already counts it.
 Q_COPY = "attention q copy"
-# what runs right before the copy: the layer's rope, q/k norm or KV store, SGLang's or astra's
-_BEFORE_Q_COPY = ("rope", "rope+kv_store", "kv_store", "qknorm", "qknorm+rope", "rope_store", "dense_rope_store",
-                  "qknorm_rope_store", "qknorm_rope")
+# what runs right before the copy: the layer's rope, q/k norm or KV store (SGLang's), or a q_out op's kernel with q
+# in place (astra's, `q_out_ops`)
+_BEFORE_Q_COPY = ("rope", "rope+kv_store", "kv_store", "qknorm", "qknorm+rope", "rope_store")
 
 
 @lru_cache(maxsize=1)
@@ -312,7 +312,7 @@ def q_copy_kernels(kernels: Sequence[KernelEvent], match: Callable[[str], Match]
         ms = [match(k.name) for k in ks]
         for i in range(1, len(ks) - 1):
             if (ms[i].op == "torch elementwise/copy" and not ms[i].astra and ms[i + 1].category == "attention"
-                    and ms[i - 1].op in _BEFORE_Q_COPY):
+                    and (ms[i - 1].op in _BEFORE_Q_COPY or ms[i - 1].op in q_out_ops())):
                 out.append(ks[i])
     return out
 

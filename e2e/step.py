@@ -263,12 +263,15 @@ def predicted_from_profile(analysis: dict, base: str, others: Sequence[str],
                 # fa3's q copies, which an op writing q into its own buffer removes (profile.Q_COPY), where no fused
                 # row above counted them (an arm A running astra's op with q in place has none)
                 if arm_ops[o] & q_out_ops() and not any(Q_COPY in f["replaces"] for f in counted):
-                    copies = {a: next((r["us_per_step"] for r in x["ops"] if r["op"] == Q_COPY), 0.0)
-                              for a, x in (("base", c), ("arm", oc))}
-                    p["in_context_saved_us"] += copies["base"] - copies["arm"]
+                    p["in_context_saved_us"] += _us_of(c, Q_COPY) - _us_of(oc, Q_COPY)
                 p["kernel_step_delta_us"] = c["kernel_us_per_step"] - oc["kernel_us_per_step"]
             out[(o, bs)] = p
     return out
+
+
+def _us_of(capture: dict, op: str) -> float:
+    """µs a step of `op`'s row in a profiled capture (0 where it has none)."""
+    return next((r["us_per_step"] for r in capture["ops"] if r["op"] == op), 0.0)
 
 
 def _widest_fused(fused: Sequence[dict]) -> List[dict]:

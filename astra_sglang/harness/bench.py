@@ -151,9 +151,12 @@ def run_bench_job(job: Dict[str, Any]) -> Dict[str, Any]:
             # production is an installed callable that returns its outputs: the copies into the ABI buffers
             # are the binding's, not SGLang's; timed alone in the same rotation and taken out below. An extracted
             # launcher's work that serving does not do at these dims (spec.launcher_only) likewise
-            bind = prod.binding if (not failed and job.get("prod_binding")) else None
-            if bind is None and not failed and not job.get("prod_binding") and spec.launcher_only is not None:
-                bind = spec.launcher_only(dims)
+            if failed:
+                bind = None
+            elif job.get("prod_binding"):
+                bind = prod.binding
+            else:
+                bind = spec.launcher_only(dims) if spec.launcher_only else None
             if bind is not None:
                 graphs.append(graph_of(lambda i: bind(prod_sets[i % n_sets]), n_calls))
             if failed:

@@ -467,8 +467,8 @@ class BenchReport:
                            f"({min(b):.2f}-{max(b):.2f} µs), are taken out of the prod columns" if b else ""))
         elif b:
             foot.append(f"production's launcher does work serving does not at {len(b)} of {len(self.rows)} rows "
-                        f"(the op's spec.launcher_only: the q_out ops' copy of q at 1 token, which fa3 does not make): "
-                        f"timed alone ({min(b):.2f}-{max(b):.2f} µs), it is taken out of the prod columns there")
+                        f"(the op's spec.launcher_only): timed alone ({min(b):.2f}-{max(b):.2f} µs), it is taken out "
+                        f"of the prod columns there")
         if has_i:
             foot.append(f"installed baseline: {self.installed} (SGLang's callable through torch, same graphs); "
                         f"bits: extracted production vs installed on the same inputs")

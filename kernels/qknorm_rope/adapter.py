@@ -52,7 +52,8 @@ def _expand(a: Dict[str, Any]):
     q = q.view(t, hq, d)
     rope = attn.rotary_emb
     return {
-        "q": q, "q_out": new_q_out(q, Q_OUT), "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight, "k_weight": attn.k_norm.weight,
+        "q": q, "q_out": new_q_out(q, Q_OUT), "k": k.view(t, hk, d), "q_weight": attn.q_norm.weight,
+        "k_weight": attn.k_norm.weight,
         "cos_sin_cache": rope.cos_sin_cache, "positions": positions, "is_neox": int(bool(rope.is_neox_style)),
         "eps": float(attn.q_norm.variance_epsilon),
         "qkv": qkv, "sizes": [attn.q_size, attn.kv_size, attn.kv_size],  # for returns
