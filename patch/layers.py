@@ -27,12 +27,9 @@ def construct(cls, *args, **kwargs):
 
 
 @contextmanager
-def server_defaults():
-    """Outside a server SGLang's runtime config is not published (get_exec raises), and the code the rope-family
-    layers run reads three of its values: RotaryEmbedding's __init__ and Qwen3Attention.forward the RL on-policy
-    target, apply_qk_norm the prefill compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
-    answer as a server started without those flags would (no on-policy target, no inductor, no context
-    parallelism); everything else is SGLang's code as it runs."""
+def _supplied(exec_cfg, modules):
+    """Inside the block, the named modules' `get_exec` (and the other names given) answer from `exec_cfg` where
+    SGLang's runtime config is not published (outside a server); inside a server nothing changes."""
     import importlib
 
     from sglang.srt import runtime_context
@@ -45,17 +42,10 @@ def server_defaults():
     if published:
         yield
         return
-    exec_cfg = SimpleNamespace(
-        deterministic=SimpleNamespace(rl_on_policy_target=None),
-        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
-    supplied = {"sglang.srt.models.utils": {"get_exec": lambda: exec_cfg,
-                                             "is_prefill_context_parallel_enabled": lambda: False},
-                "sglang.srt.layers.rotary_embedding.base": {"get_exec": lambda: exec_cfg},
-                "sglang.srt.models.qwen3": {"get_exec": lambda: exec_cfg}}
     saved = []
-    for mod_name, names in supplied.items():
+    for mod_name, names in modules.items():
         mod = importlib.import_module(mod_name)
-        for n, f in names.items():
+        for n, f in {"get_exec": lambda: exec_cfg, **names}.items():
             if not hasattr(mod, n):  # another SGLang version reads no config there
                 continue
             saved.append((mod, n, getattr(mod, n)))
@@ -65,6 +55,30 @@ def server_defaults():
     finally:
         for mod, n, f in saved:
             setattr(mod, n, f)
+
+
+def server_defaults():
+    """Outside a server SGLang's runtime config is not published (get_exec raises), and the code the rope-family
+    layers run reads three of its values: RotaryEmbedding's __init__ and Qwen3Attention.forward the RL on-policy
+    target, apply_qk_norm the prefill compiler, enable_fused_set_kv_buffer whether prefill context parallelism is on. For the call, those modules
+    answer as a server started without those flags would (no on-policy target, no inductor, no context
+    parallelism); everything else is SGLang's code as it runs."""
+    exec_cfg = SimpleNamespace(
+        deterministic=SimpleNamespace(rl_on_policy_target=None),
+        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(tc_compiler=None))))
+    return _supplied(exec_cfg, {"sglang.srt.models.utils": {"is_prefill_context_parallel_enabled": lambda: False},
+                                "sglang.srt.layers.rotary_embedding.base": {},
+                                "sglang.srt.models.qwen3": {}})
+
+
+def moe_server_defaults():
+    """server_defaults for fused_experts_impl (moe_experts' installed sequence): outside a server its module reads
+    whether the fused MoE sum + all-reduce is on, and the Triton config lookup whether deterministic inference is;
+    both answer as a server started without those flags would (off)."""
+    exec_cfg = SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=False),
+                               moe=SimpleNamespace(enable_fused_moe_sum_all_reduce=False))
+    return _supplied(exec_cfg, {"sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe": {},
+                                "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config": {}})
 
 
 def qk_norms_and_rope(inp, head_dim: int, eps: float, neox: bool):
