@@ -20,15 +20,19 @@
 // tensor-core GEMM per routed expert block (mostly padding rows), the activation, the down GEMM, then a compiled sum:
 // five launches, and the expert weights stream at ~3.4 TB/s (Qwen3-30B-A3B on an H200, kernels/NOTES.md 00a) where a
 // dense GEMV reads 4.2. Here, as in kernels/linear:
-//  * kernel 1: a CTA of 8 warps owns 8 act columns of one (token, expert) slot; warp w reads the gate row and the up
-//    row of column w (H / 8 16-byte vectors each, lane-strided, 4 vectors of each row in flight per lane) with
-//    ld.global.nc.L1::no_allocate, x through L1; butterflies; lane 0 rounds g and u, applies silu, rounds again.
-//  * kernel 2: a CTA of 8 warps owns 8 output rows of one token; warp w takes row w of each routed expert's w2 (I / 8
-//    vectors, lane-strided), 4 experts in flight, act through L1; lane 0 weights each expert's sum, rounds it, adds.
+//  * kernel 1: a CTA of ASTRA_K1_WARPS warps owns that many act columns of one (token, expert) slot; warp w reads the
+//    gate row and the up row of its column (H / 8 16-byte vectors each, lane-strided, ASTRA_K1_UNROLL vectors of each
+//    row in flight per lane) with ld.global.nc.L1::no_allocate, x through L1; butterflies; lane 0 rounds g and u,
+//    applies silu, rounds again.
+//  * kernel 2: a CTA of ASTRA_K2_WARPS warps owns that many output rows of one token; warp w takes its row of KG
+//    routed experts' w2 at a time (I / 8 vectors each, lane-strided), ~ASTRA_K2_LOADS loads a lane issued before any
+//    FMA, act through L1; lane 0 weights each expert's sum, rounds it, adds.
 //  * Programmatic dependent launch: kernel 1 waits before anything (its expert ids come from the router) and triggers
 //    at once; kernel 2 starts under kernel 1, reads its ids (written before kernel 1 passed its wait) and its first w2
 //    vectors, and only then waits for act.
-// Experts two tokens share are read once per token (L2 serves the second read while both are in flight).
+// Measured (H200, 2026-11-30, RESULTS.md): 1.11x SGLang's fused_experts at 1 token chained, 0.96x at 2 (experts two
+// tokens share are read once per token), so the adapter takes 1 token. ~2.6 TB/s: kernel 1 cannot prefetch before its
+// wait, and the macros' sweep (results/2026-11-30-h200/session29/moe_sweep.py) found kernel 2's occupancy the lever.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -41,10 +45,22 @@
 namespace astra_moex {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kUnroll = 4;  // kernel 1: vectors of each row in flight per lane
-constexpr int kExperts = 4;  // kernel 2: experts in flight per warp
+#ifndef ASTRA_K1_WARPS
+#define ASTRA_K1_WARPS 8  // kernel 1: warps (act columns) per CTA
+#endif
+#ifndef ASTRA_K1_UNROLL
+#define ASTRA_K1_UNROLL 8  // kernel 1: vectors of each of the two rows in flight per lane
+#endif
+#ifndef ASTRA_K2_WARPS
+#define ASTRA_K2_WARPS 8  // kernel 2: warps (output rows) per CTA
+#endif
+#ifndef ASTRA_K2_LOADS
+#define ASTRA_K2_LOADS 12  // kernel 2: w2 vectors in flight per lane (experts x vectors of a row); 24 was slower (sweep)
+#endif
+
+constexpr int kWarps1 = ASTRA_K1_WARPS;
+constexpr int kWarps2 = ASTRA_K2_WARPS;
+constexpr int kUnroll = ASTRA_K1_UNROLL;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ void pdl_wait() {
@@ -90,17 +106,17 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// grid (ceil(I / 8), T * K): warp w -> act column blockIdx.x * 8 + w of slot blockIdx.y
+// grid (ceil(I / W1), T * K): warp w -> act column blockIdx.x * W1 + w of slot blockIdx.y
 template <typename T>
-__global__ void __launch_bounds__(kThreads) gate_up_act_kernel(const T* __restrict__ x, const T* __restrict__ w13,
-                                                               const int* __restrict__ ids, T* __restrict__ act,
-                                                               int hidden, int inter, int num_experts, int topk) {
-  if (ASTRA_PDL) {
+__global__ void __launch_bounds__(kWarps1 * 32) gate_up_act_kernel(const T* __restrict__ x, const T* __restrict__ w13,
+                                                                   const int* __restrict__ ids, T* __restrict__ act,
+                                                                   int hidden, int inter, int num_experts, int topk) {
+  if (ASTRA_PDL) {  // the expert id comes from the router: nothing to prefetch
     pdl_wait();
     pdl_trigger();
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int slot = blockIdx.y, j = blockIdx.x * kWarps + warp;
+  const int slot = blockIdx.y, j = blockIdx.x * kWarps1 + warp;
   const int e = ids[slot];
   if (e < 0 || e >= num_experts || j >= inter) return;  // no barrier below: a warp may leave alone
   const int nvec = hidden >> 3;
@@ -134,67 +150,68 @@ __global__ void __launch_bounds__(kThreads) gate_up_act_kernel(const T* __restri
   }
 }
 
-// grid (ceil(H / 8), T): warp w -> output row blockIdx.x * 8 + w of token blockIdx.y
-template <typename T>
-__global__ void __launch_bounds__(kThreads) down_sum_kernel(const T* __restrict__ w2, const float* __restrict__ wts,
-                                                            const int* __restrict__ ids, const T* act,
-                                                            T* out, int hidden, int inter, int num_experts, int topk,
-                                                            float scale) {
+// grid (ceil(H / W2), T): warp w -> output row blockIdx.x * W2 + w of token blockIdx.y. The warp takes its row of KG
+// routed experts at a time, VPL vectors of each per lane, all KG x VPL loads issued before any FMA (a w2 row is short:
+// I / 8 vectors, 96 for I = 768, so a lane's whole share of a row is a few vectors).
+template <typename T, int VPL, int KG>
+__global__ void __launch_bounds__(kWarps2 * 32) down_sum_kernel(const T* __restrict__ w2, const float* __restrict__ wts,
+                                                                const int* __restrict__ ids, const T* act, T* out,
+                                                                int hidden, int inter, int num_experts, int topk,
+                                                                float scale) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.y, h = min(blockIdx.x * kWarps + warp, hidden - 1);  // a row past the end redoes the last
-  const bool live_row = blockIdx.x * kWarps + warp < hidden;
+  const int t = blockIdx.y, h = min(blockIdx.x * kWarps2 + warp, hidden - 1);  // a row past the end redoes the last
+  const bool live_row = blockIdx.x * kWarps2 + warp < hidden;
   const int nvec = inter >> 3;
   const uint4* w2v = reinterpret_cast<const uint4*>(w2);
   const int* tid = ids + static_cast<int64_t>(t) * topk;
-  // before the wait: the ids (the router's, complete before kernel 1 passed its wait) and the first w2 vectors
-  int e[kExperts];
-  uint4 first[kExperts];
-#pragma unroll
-  for (int i = 0; i < kExperts; ++i) {
-    e[i] = i < topk ? tid[i] : -1;
-    const bool ok = e[i] >= 0 && e[i] < num_experts && lane < nvec;
-    first[i] = ok ? load_stream(w2v + (static_cast<int64_t>(e[i]) * hidden + h) * nvec + lane) : make_uint4(0, 0, 0, 0);
-  }
-  if (ASTRA_PDL) {
-    pdl_wait();
-    pdl_trigger();
-  }
+  // the ids (the router's, complete before kernel 1 passed its wait) and the first w2 vectors are read before the
+  // wait; act (kernel 1's) only after it
+  bool waited = !ASTRA_PDL;
   float total = 0.f;
-  for (int k0 = 0; k0 < topk; k0 += kExperts) {
-    if (k0 > 0) {
+  for (int k0 = 0; k0 < topk; k0 += KG) {
+    const uint4* row[KG];
 #pragma unroll
-      for (int i = 0; i < kExperts; ++i) {
-        e[i] = k0 + i < topk ? tid[k0 + i] : -1;
-        const bool ok = e[i] >= 0 && e[i] < num_experts && lane < nvec;
-        first[i] = ok ? load_stream(w2v + (static_cast<int64_t>(e[i]) * hidden + h) * nvec + lane)
-                      : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < KG; ++i) {
+      const int e = k0 + i < topk ? tid[k0 + i] : -1;
+      row[i] = (e >= 0 && e < num_experts) ? w2v + (static_cast<int64_t>(e) * hidden + h) * nvec : nullptr;
+    }
+    float acc[KG];
+#pragma unroll
+    for (int i = 0; i < KG; ++i) acc[i] = 0.f;
+    for (int c0 = lane; c0 < nvec; c0 += 32 * VPL) {
+      uint4 wv[KG][VPL];
+#pragma unroll
+      for (int i = 0; i < KG; ++i)
+#pragma unroll
+        for (int q = 0; q < VPL; ++q) {
+          const int v = c0 + 32 * q;
+          wv[i][q] = (row[i] && v < nvec) ? load_stream(row[i] + v) : make_uint4(0, 0, 0, 0);
+        }
+      if (!waited) {
+        pdl_wait();
+        pdl_trigger();
+        waited = true;
+      }
+#pragma unroll
+      for (int i = 0; i < KG; ++i) {
+        const uint4* av = reinterpret_cast<const uint4*>(act) + (static_cast<int64_t>(t) * topk + k0 + i) * nvec;
+#pragma unroll
+        for (int q = 0; q < VPL; ++q) {
+          const int v = c0 + 32 * q;
+          if (row[i] && v < nvec) acc[i] = dot8<T>(av[v], wv[i][q], acc[i]);
+        }
       }
     }
-    float acc[kExperts];
-    const uint4* row[kExperts];
-    const uint4* av[kExperts];
 #pragma unroll
-    for (int i = 0; i < kExperts; ++i) {
-      acc[i] = 0.f;
-      const bool ok = e[i] >= 0 && e[i] < num_experts;
-      row[i] = ok ? w2v + (static_cast<int64_t>(e[i]) * hidden + h) * nvec : nullptr;
-      av[i] = reinterpret_cast<const uint4*>(act) + (static_cast<int64_t>(t) * topk + k0 + i) * nvec;
-      if (ok && lane < nvec) acc[i] = dot8<T>(av[i][lane], first[i], 0.f);
-    }
-    for (int v = lane + 32; v < nvec; v += 32) {
-      uint4 wv[kExperts];
-#pragma unroll
-      for (int i = 0; i < kExperts; ++i) wv[i] = row[i] ? load_stream(row[i] + v) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int i = 0; i < kExperts; ++i)
-        if (row[i]) acc[i] = dot8<T>(av[i][v], wv[i], acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kExperts; ++i) {
+    for (int i = 0; i < KG; ++i) {
       const float s = warp_sum(acc[i]);
       // the down GEMM's output: the router weight applied in fp32, then rounded (SGLang's intermediate_cache3)
       if (row[i]) total += rnd<T>(s * wts[static_cast<int64_t>(t) * topk + k0 + i]);
     }
+  }
+  if (!waited) {  // a lane past every row's vectors (I < 256) or no expert: still wait before the dependents start
+    pdl_wait();
+    pdl_trigger();
   }
   if (lane == 0 && live_row) {
     float y = rnd<T>(total);  // the top-k sum, as SGLang stores it
@@ -215,10 +232,10 @@ int device_major() {
 }
 
 template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, cudaStream_t stream, Args... args) {
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -229,16 +246,36 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, cudaStream_t stream, Arg
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
+// the down kernel for rows of `nvec` vectors: VPL vectors of each of KG experts per lane, ~ASTRA_K2_LOADS in flight
+template <typename T, int VPL>
+cudaError_t launch_down(dim3 grid, cudaStream_t stream, const T* w2, const float* wts, const int* ids, const T* act,
+                        T* out, int hidden, int inter, int experts, int topk, float scale) {
+  constexpr int kg = ASTRA_K2_LOADS / VPL < 1 ? 1 : (ASTRA_K2_LOADS / VPL > 8 ? 8 : ASTRA_K2_LOADS / VPL);
+  return launch(down_sum_kernel<T, VPL, kg>, grid, kWarps2 * 32, stream, w2, wts, ids, act, out, hidden, inter,
+                experts, topk, scale);
+}
+
 template <typename T>
 cudaError_t dispatch(const void* x, const void* w13, const void* w2, const float* wts, const int* ids, void* act,
                      void* out, int tokens, int hidden, int inter, int experts, int topk, float scale,
                      cudaStream_t stream) {
-  cudaError_t err = launch(gate_up_act_kernel<T>, dim3((inter + kWarps - 1) / kWarps, tokens * topk), stream,
-                           static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden,
-                           inter, experts, topk);
+  cudaError_t err = launch(gate_up_act_kernel<T>, dim3((inter + kWarps1 - 1) / kWarps1, tokens * topk), kWarps1 * 32,
+                           stream, static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act),
+                           hidden, inter, experts, topk);
   if (err != cudaSuccess) return err;
-  return launch(down_sum_kernel<T>, dim3((hidden + kWarps - 1) / kWarps, tokens), stream, static_cast<const T*>(w2),
-                wts, ids, static_cast<const T*>(act), static_cast<T*>(out), hidden, inter, experts, topk, scale);
+  const dim3 grid((hidden + kWarps2 - 1) / kWarps2, tokens);
+  const T* w = static_cast<const T*>(w2);
+  const T* a = static_cast<const T*>(act);
+  T* o = static_cast<T*>(out);
+  const int lanes = (inter / 8 + 31) / 32;  // vectors of a w2 row per lane
+  switch (lanes) {
+    case 1: return launch_down<T, 1>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+    case 2: return launch_down<T, 2>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+    case 3: return launch_down<T, 3>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+    case 4: return launch_down<T, 4>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+    case 5: case 6: return launch_down<T, 6>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+    default: return launch_down<T, 8>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
+  }
 }
 
 }  // namespace

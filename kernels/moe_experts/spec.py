@@ -109,7 +109,8 @@ def make_inputs(dims, dtype: str, gen, dist: str = "normal", device: str = "cuda
         drop = torch.rand((t, k), generator=gen, device=device) < 0.25
         ids = torch.where(drop, torch.full_like(ids, -1), ids)
     return {"x": x, "w13": w13, "w2": w2, "topk_weights": weights.contiguous(), "topk_ids": ids.contiguous(),
-            "act": torch.empty((t, k, inter), device=device, dtype=td),
+            # scratch: garbage, as a fresh allocation holds (the kernel must write before it reads)
+            "act": torch.randn((t, k, inter), generator=gen, device=device, dtype=torch.float32).to(td),
             "out": torch.empty((t, h), device=device, dtype=td)}
 
 
@@ -187,7 +188,7 @@ FACTS = (
           r"topk_output: StandardTopKOutput,\s*moe_runner_config: MoeRunnerConfig,",
      "fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config, ...)"),
     (_FM, r"topk_weights, topk_ids, _ = topk_output", "fused_experts unpacks (weights, ids, logits) from topk_output"),
-    (_FM, r"if moe_runner_config\.inplace:[\s\S]{0,900}?return hidden_states",
+    (_FM, r"if moe_runner_config\.inplace:[\s\S]{0,2000}?\n        return hidden_states\n    else:",
      "fused_experts in place returns hidden_states, holding the result"),
     (_FM, r"def fused_experts_impl\(\s*hidden_states: torch\.Tensor,\s*w1: torch\.Tensor,\s*w2: torch\.Tensor,\s*"
           r"topk_weights: torch\.Tensor,\s*topk_ids: torch\.Tensor,\s*b1: Optional\[torch\.Tensor\] = None,\s*"
@@ -198,8 +199,8 @@ FACTS = (
      "the combine rounds the top-k sum into out, then scales it in place"),
     (_FM, r"get_exec\(\)\.moe\.enable_fused_moe_sum_all_reduce",
      "the fused sum + all-reduce path is a runtime switch the adapter reads"),
-    (_KERNELS, r"accumulator = accumulator \* moe_weight\[:, None\]\s*\n\s*"
-               r"accumulator = accumulator\.to\(c_ptr\.dtype\.element_ty\)",
+    (_KERNELS, r"if MUL_ROUTED_WEIGHT:\s*moe_weight = tl\.load\(topk_weights_ptr \+ offs_token, mask=token_mask, "
+               r"other=0\)\s*accumulator \*= moe_weight\[:, None\]\s*accumulator = accumulator\.to\(compute_type\)",
      "fused_moe_kernel applies the router weight in fp32 before casting the down GEMM's output"),
 )
 

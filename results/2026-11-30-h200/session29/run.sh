@@ -6,19 +6,21 @@
 #                   bench of the decode corpus rows (chained and in context)
 #   bash run.sh m   Qwen3-30B-A3B (20 layers) decode-step A/B: every default op in both arms, arm B adds moe_experts;
 #                   two processes an arm, one at a time
+#   bash run.sh s   moe_experts launch-shape sweep against SGLang's fused_experts_impl (moe_sweep.py)
 #   bash run.sh q   owed by session 28: the launcher_only GPU test, then the q_out ops' decode corpora rebenched with
 #                   the 1-token copy taken out
 #   bash run.sh e   Qwen3-30B-A3B (20 layers) served A/B: unpatched (A, A2) against moe_experts alone (B)
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 #   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
 set -uo pipefail
-PART=${1:?a, m, q, e, v or pair}
+PART=${1:?a, m, s, q, e, v or pair}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-570}
 REPO=$(pwd)
 if [ "$PART" = pair ]; then
   mkdir -p ${OUT:-/tmp/s29}
   bash e2e/device_install.sh ensure > ${OUT:-/tmp/s29}/ensure.log 2>&1 || { tail -5 ${OUT:-/tmp/s29}/ensure.log; exit 1; }
+  bash e2e/device_install.sh astra >> ${OUT:-/tmp/s29}/ensure.log 2>&1   # this checkout's astra, on a warm node too
   export LIMIT=$(( ${PAIR_LIMIT:-580} - $(el) ))   # the call's limit less the install
   echo "installed at $(el)s; each part's limit ${LIMIT}s"
   CUDA_VISIBLE_DEVICES=0 SKIP_ENSURE=1 PORT=30100 bash $0 ${2:?X} > /tmp/s29-pair-$2.log 2>&1 &
@@ -79,6 +81,9 @@ a)
   pack ;;
 m)  # one process an arm at a time: four 30B-A3B processes at once leave the last no KV cache at 0.5
   STEP_EXTRA="--procs-at-once 1" step 'moe-experts:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all,moe_experts' ${BS:-1,2} ;;
+s)
+  timeout $(( LIMIT - 10 )) python3 results/2026-11-30-h200/session29/moe_sweep.py $O > $O/sweep.log 2>&1
+  echo "sweep rc=$? at $(el)s"; tail -12 $O/sweep.log | cut -c1-400 ;;
 q)
   source kernels/astra_env.sh
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -98,6 +103,6 @@ v)
   (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, m, q, e, v or pair" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, m, s, q, e, v or pair" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
