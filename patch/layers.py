@@ -43,17 +43,17 @@ def _supplied(exec_cfg, modules):
         yield
         return
     saved = []
-    for mod_name, names in modules.items():
-        mod = importlib.import_module(mod_name)
-        for n, f in {"get_exec": lambda: exec_cfg, **names}.items():
-            if not hasattr(mod, n):  # another SGLang version reads no config there
-                continue
-            saved.append((mod, n, getattr(mod, n)))
-            setattr(mod, n, f)
-    try:
+    try:  # an import failing part way still restores what was replaced before it
+        for mod_name, names in modules.items():
+            mod = importlib.import_module(mod_name)
+            for n, f in {"get_exec": lambda: exec_cfg, **names}.items():
+                if not hasattr(mod, n):  # another SGLang version reads no config there
+                    continue
+                saved.append((mod, n, getattr(mod, n)))
+                setattr(mod, n, f)
         yield
     finally:
-        for mod, n, f in saved:
+        for mod, n, f in reversed(saved):
             setattr(mod, n, f)
 
 

@@ -350,7 +350,7 @@ def test_no_register_spills_at_sm_90a_with_or_without_pdl(pdl, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the CLI and the layer
-def test_astra_sglang_ops_lists_it_off_by_default_until_measured(capsys):
+def test_astra_sglang_ops_lists_it_on_by_default(capsys):
     from astra_sglang.patch import patchable_ops
     from astra_sglang.patch.config import default_ops, parse_ops
 
@@ -358,9 +358,10 @@ def test_astra_sglang_ops_lists_it_off_by_default_until_measured(capsys):
     assert code == 0
     row = {r["op"]: r for r in json.loads(out)}[OP]
     assert row["kernel"] and row["validate"] and row["missing"] == [] and row["extract"] == ["installed"]
-    assert row["patch"] == [TARGET] and row["default_off"] == AD.DEFAULT_OFF != ""
+    assert row["patch"] == [TARGET] and not row["default_off"] and AD.DEFAULT_OFF == ""
     known = patchable_ops()
-    assert OP not in parse_ops("all", known, default_ops(known)) and OP in parse_ops(OP, known, default_ops(known))
+    assert OP in parse_ops("all", known, default_ops(known)) and OP not in parse_ops("all,-" + OP, known,
+                                                                                    default_ops(known))
     code, out, _ = run_cli(["ops"], capsys)
     assert code == 0 and OP in out
 

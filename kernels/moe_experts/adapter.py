@@ -25,8 +25,9 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
-# Calls with more tokens keep SGLang's fused_experts: at 2 tokens the kernel was 0.96x of it chained, 0.80x at 4 (H200,
-# 2026-11-30, results/2026-11-30-h200/session29/; kernels/moe_experts/RESULTS.md)
+# Calls with more tokens keep SGLang's fused_experts: at 2 tokens the kernel was 1.08x of it chained, but a sibling
+# launch shape at 1.10x made the Qwen3-30B-A3B batch-2 step +1.40% slower (H200, 2026-11-30,
+# results/2026-11-30-h200/session29/; kernels/moe_experts/RESULTS.md): two tokens' shared experts are read twice
 MAX_TOKENS = 1
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 _QUANT_FLAGS = ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "per_channel_quant")
@@ -177,8 +178,10 @@ def _precheck(args, kwargs) -> Optional[str]:
             if shape is not None and len(shape) == 2 and shape[0] > MAX_TOKENS else None)
 
 
-# Off in `--ops all` until a decode-step A/B says it helps. DEFAULT_OFF = "" would put it in.
-DEFAULT_OFF = "new (2026-11-30): not yet measured in a decode step"
+# On in `--ops all` since its decode-step A/B over every other default op: Qwen3-30B-A3B (20 layers) -6.55% [-7.47,
+# -5.61] at batch 1, H200, 2026-11-30 (results/2026-11-30-h200/session29/); check and validate pass. DEFAULT_OFF =
+# "reason" would take it out of `--ops all` again.
+DEFAULT_OFF = ""
 
 ADAPTER = OpAdapter(
     op="moe_experts",

@@ -19,20 +19,26 @@
 // Why: at 1-2 tokens SGLang's fused_experts aligns the ids into 16-row blocks (moe_align_block_size), runs a Triton
 // tensor-core GEMM per routed expert block (mostly padding rows), the activation, the down GEMM, then a compiled sum:
 // five launches, and the expert weights stream at ~3.4 TB/s (Qwen3-30B-A3B on an H200, kernels/NOTES.md 00a) where a
-// dense GEMV reads 4.2. Here, as in kernels/linear:
-//  * kernel 1: a CTA of ASTRA_K1_WARPS warps owns that many act columns of one (token, expert) slot; warp w reads the
-//    gate row and the up row of its column (H / 8 16-byte vectors each, lane-strided, ASTRA_K1_UNROLL vectors of each
-//    row in flight per lane) with ld.global.nc.L1::no_allocate, x through L1; butterflies; lane 0 rounds g and u,
-//    applies silu, rounds again.
-//  * kernel 2: a CTA of ASTRA_K2_WARPS warps owns that many output rows of one token; warp w takes its row of KG
-//    routed experts' w2 at a time (I / 8 vectors each, lane-strided), ~ASTRA_K2_LOADS loads a lane issued before any
-//    FMA, act through L1; lane 0 weights each expert's sum, rounds it, adds.
+// dense GEMV reads 4.2. Here, as in kernels/linear (weights with ld.global.nc.L1::no_allocate, activations through L1,
+// fp32 sums), in the shape a launch-shape sweep picked (results/2026-11-30-h200/session29/, the macros below):
+//  * kernel 1 (gate_up + SiLU-and-mul): a CTA of ASTRA_K1_WARPS warps owns that many act columns of one (token,
+//    expert) slot; warp w reads the gate row and the up row of its column (H / 8 16-byte vectors each, lane-strided,
+//    ASTRA_K1_UNROLL vectors of each row in flight per lane); butterflies; lane 0 rounds g and u, applies silu,
+//    rounds again. ASTRA_K1_COLS > 0 takes linear's CTA instead (256 threads sweeping 2 x COLS rows together): as fast
+//    at Qwen3-30B-A3B's shape, faster at Qwen3-235B's tp8, and over the check's tolerance once (2.01x production's
+//    error on one bf16 case, with the chunk kernel 2 at 2 rows).
+//  * kernel 2 (down + router weights + top-k sum): 256 threads own ASTRA_K2_ROWS output rows of one token; work is cut
+//    into 32-vector chunks of one routed expert's w2 rows (all ROWS rows of w2[e] are contiguous), warp w takes chunks
+//    w, w + 8, ... ASTRA_K2_GROUP at a time with every load issued before any FMA; per (chunk, row) sums meet in shared
+//    memory, then each (expert, row) gets its router weight and rounding, then the top-k sum in expert order. Shapes
+//    with more than 64 chunks a token (K x ceil(I / 256)) take a warp per output row instead (down_sum_kernel).
 //  * Programmatic dependent launch: kernel 1 waits before anything (its expert ids come from the router) and triggers
 //    at once; kernel 2 starts under kernel 1, reads its ids (written before kernel 1 passed its wait) and its first w2
 //    vectors, and only then waits for act.
-// Measured (H200, 2026-11-30, RESULTS.md): 1.11x SGLang's fused_experts at 1 token chained, 0.96x at 2 (experts two
-// tokens share are read once per token), so the adapter takes 1 token. ~2.6 TB/s: kernel 1 cannot prefetch before its
-// wait, and the macros' sweep (results/2026-11-30-h200/session29/moe_sweep.py) found kernel 2's occupancy the lever.
+// Measured (H200, 2026-11-30, RESULTS.md): 1.22x SGLang's fused_experts chained at 1 token (Qwen3-30B-A3B), the decode
+// step -6.55% at batch 1; at 2 tokens 1.08x chained, but a sibling shape (linear's CTA for kernel 1, 2-row chunks)
+// 1.10x chained made the batch-2 step +1.40% slower (experts two tokens share are read once per token), so the
+// adapter takes 1 token.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -52,10 +58,22 @@ namespace {
 #define ASTRA_K1_UNROLL 8  // kernel 1: vectors of each of the two rows in flight per lane
 #endif
 #ifndef ASTRA_K2_WARPS
-#define ASTRA_K2_WARPS 8  // kernel 2: warps (output rows) per CTA
+#define ASTRA_K2_WARPS 8  // down_sum_kernel: warps (output rows) per CTA
+#endif
+#ifndef ASTRA_K1_COLS
+#define ASTRA_K1_COLS 0  // > 0: kernel 1 as linear's CTA, this many act columns a 256-thread CTA; 0: a warp a column
+#endif
+#ifndef ASTRA_K1_ITERS
+#define ASTRA_K1_ITERS 1  // that kernel's 256-vector sweeps of a row issued before any FMA
+#endif
+#ifndef ASTRA_K2_ROWS
+#define ASTRA_K2_ROWS 8  // kernel 2 over 32-vector chunks: output rows a 256-thread CTA; 0: down_sum_kernel
+#endif
+#ifndef ASTRA_K2_GROUP
+#define ASTRA_K2_GROUP 2  // that kernel's chunks a warp issues before any FMA (x ASTRA_K2_ROWS loads a lane)
 #endif
 #ifndef ASTRA_K2_LOADS
-#define ASTRA_K2_LOADS 12  // kernel 2: w2 vectors in flight per lane (experts x vectors of a row); 24 was slower (sweep)
+#define ASTRA_K2_LOADS 12  // down_sum_kernel: w2 vectors in flight per lane (experts x vectors); 24 was slower
 #endif
 
 constexpr int kWarps1 = ASTRA_K1_WARPS;
@@ -220,6 +238,150 @@ __global__ void __launch_bounds__(kWarps2 * 32) down_sum_kernel(const T* __restr
   }
 }
 
+
+// kernel 1 as linear's CTA: grid (ceil(I / C), T * K), 256 threads own C act columns (the C gate rows and the C up
+// rows) of one slot and sweep the rows together, thread i taking vectors i, i + 256, ...; partial sums meet in shared
+// memory.
+template <typename T, int C, int IT>
+__global__ void __launch_bounds__(256) gate_up_rows_kernel(const T* __restrict__ x, const T* __restrict__ w13,
+                                                           const int* __restrict__ ids, T* __restrict__ act,
+                                                           int hidden, int inter, int num_experts, int topk) {
+  __shared__ float part[8][2 * C];
+  if (ASTRA_PDL) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int slot = blockIdx.y, j0 = blockIdx.x * C;
+  const int e = ids[slot];
+  if (e < 0 || e >= num_experts) return;  // uniform over the CTA: no thread reaches the barrier
+  const int nvec = hidden >> 3;
+  const uint4* xv = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(slot / topk) * nvec;
+  const uint4* base = reinterpret_cast<const uint4*>(w13) + static_cast<int64_t>(e) * 2 * inter * nvec;
+  const uint4* row[2 * C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {  // columns past the end read the last one again; not stored
+    const int j = min(j0 + c, inter - 1);
+    row[c] = base + static_cast<int64_t>(j) * nvec;
+    row[C + c] = base + static_cast<int64_t>(inter + j) * nvec;
+  }
+  float acc[2 * C];
+#pragma unroll
+  for (int r = 0; r < 2 * C; ++r) acc[r] = 0.f;
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += 256 * IT) {
+    uint4 wv[IT][2 * C];
+#pragma unroll
+    for (int i = 0; i < IT; ++i)
+#pragma unroll
+      for (int r = 0; r < 2 * C; ++r) {
+        const int v = v0 + 256 * i;
+        wv[i][r] = v < nvec ? load_stream(row[r] + v) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int i = 0; i < IT; ++i) {
+      const int v = v0 + 256 * i;
+      if (v < nvec) {
+        const uint4 a = __ldg(xv + v);
+#pragma unroll
+        for (int r = 0; r < 2 * C; ++r) acc[r] = dot8<T>(a, wv[i][r], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2 * C; ++r) {
+    const float s = warp_sum(acc[r]);
+    if (lane == 0) part[warp][r] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < C && j0 + threadIdx.x < inter) {
+    float g = 0.f, u = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      g += part[w][threadIdx.x];
+      u += part[w][C + threadIdx.x];
+    }
+    const float gr = rnd<T>(g), ur = rnd<T>(u);
+    act[static_cast<int64_t>(slot) * inter + j0 + threadIdx.x] = from_f<T>(gr / (1.f + __expf(-gr)) * ur);
+  }
+}
+
+constexpr int kMaxChunks = 64;  // the chunk kernel's shared partial sums: K x ceil(I / 256) chunks of one token
+
+// kernel 2 over 32-vector chunks: grid (ceil(H / R), T), 256 threads own R output rows of one token. A chunk is 32
+// consecutive vectors of one routed expert's w2 rows (chunk c: expert c / cpr, vectors 32 (c % cpr) + lane), read for
+// the R rows at once (R consecutive rows of w2[e] are contiguous); warp w takes chunks w, w + 8, ..., G at a time with
+// all G x R loads issued before any FMA. Per (chunk, row) sums meet in shared memory; then per (expert, row) the
+// router weight and the rounding, then the top-k sum, in expert order.
+template <typename T, int R, int G>
+__global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ w2, const float* __restrict__ wts,
+                                                          const int* __restrict__ ids, const T* act, T* out,
+                                                          int hidden, int inter, int num_experts, int topk,
+                                                          float scale) {
+  __shared__ float part[kMaxChunks][R];
+  __shared__ float ysum[16][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = blockIdx.y, h0 = blockIdx.x * R;
+  const int nvec = inter >> 3, cpr = (nvec + 31) >> 5, nch = topk * cpr;
+  const uint4* w2v = reinterpret_cast<const uint4*>(w2);
+  const int* tid = ids + static_cast<int64_t>(t) * topk;
+  bool waited = !ASTRA_PDL;
+  for (int c0 = warp; c0 < nch; c0 += 8 * G) {
+    uint4 wv[G][R];
+    const uint4* wrow[G];
+    int vv[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int c = c0 + 8 * g;
+      const int k = c / cpr, v = (c - k * cpr) * 32 + lane;
+      const int e = c < nch ? tid[k] : -1;
+      vv[g] = v;
+      wrow[g] = (e >= 0 && e < num_experts && v < nvec) ? w2v + static_cast<int64_t>(e) * hidden * nvec + v : nullptr;
+#pragma unroll
+      for (int r = 0; r < R; ++r)  // rows past the end read the last row again; not stored
+        wv[g][r] = wrow[g] ? load_stream(wrow[g] + static_cast<int64_t>(min(h0 + r, hidden - 1)) * nvec)
+                           : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {  // the ids and the first w2 vectors before the wait; act (kernel 1's) after it
+      pdl_wait();
+      pdl_trigger();
+      waited = true;
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int c = c0 + 8 * g;
+      if (c >= nch) break;  // warp-uniform
+      const int k = c / cpr;
+      uint4 a = make_uint4(0, 0, 0, 0);
+      if (wrow[g]) a = reinterpret_cast<const uint4*>(act)[(static_cast<int64_t>(t) * topk + k) * nvec + vv[g]];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float s = warp_sum(wrow[g] ? dot8<T>(a, wv[g][r], 0.f) : 0.f);
+        if (lane == 0) part[c][r] = s;
+      }
+    }
+  }
+  if (!waited) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < topk * R; o += 256) {  // (expert, row): its chunks in order, weighted, rounded
+    const int k = o / R, r = o - k * R;
+    const int e = tid[k];
+    float s = 0.f;
+    for (int q = 0; q < cpr; ++q) s += part[k * cpr + q][r];
+    ysum[k][r] = (e >= 0 && e < num_experts) ? rnd<T>(s * wts[static_cast<int64_t>(t) * topk + k]) : 0.f;
+  }
+  __syncthreads();
+  if (threadIdx.x < R && h0 + threadIdx.x < hidden) {
+    float total = 0.f;
+    for (int k = 0; k < topk; ++k) total += ysum[k][threadIdx.x];
+    float y = rnd<T>(total);
+    if (scale != 1.f) y = y * scale;
+    out[static_cast<int64_t>(t) * hidden + h0 + threadIdx.x] = from_f<T>(y);
+  }
+}
+
 int device_major() {
   static int cached_dev = -1, major = 0;
   int dev = 0;
@@ -259,15 +421,27 @@ template <typename T>
 cudaError_t dispatch(const void* x, const void* w13, const void* w2, const float* wts, const int* ids, void* act,
                      void* out, int tokens, int hidden, int inter, int experts, int topk, float scale,
                      cudaStream_t stream) {
-  cudaError_t err = launch(gate_up_act_kernel<T>, dim3((inter + kWarps1 - 1) / kWarps1, tokens * topk), kWarps1 * 32,
-                           stream, static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act),
-                           hidden, inter, experts, topk);
+  cudaError_t err;
+  constexpr int cols = ASTRA_K1_COLS > 0 ? ASTRA_K1_COLS : 1;
+  if (ASTRA_K1_COLS > 0)
+    err = launch(gate_up_rows_kernel<T, cols, ASTRA_K1_ITERS>, dim3((inter + cols - 1) / cols, tokens * topk), 256,
+                 stream, static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden, inter,
+                 experts, topk);
+  else
+    err = launch(gate_up_act_kernel<T>, dim3((inter + kWarps1 - 1) / kWarps1, tokens * topk), kWarps1 * 32, stream,
+                 static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden, inter,
+                 experts, topk);
   if (err != cudaSuccess) return err;
   const dim3 grid((hidden + kWarps2 - 1) / kWarps2, tokens);
   const T* w = static_cast<const T*>(w2);
   const T* a = static_cast<const T*>(act);
   T* o = static_cast<T*>(out);
   const int lanes = (inter / 8 + 31) / 32;  // vectors of a w2 row per lane
+  if (ASTRA_K2_ROWS > 0 && topk * lanes <= kMaxChunks && topk <= 16) {
+    constexpr int r = ASTRA_K2_ROWS > 0 ? ASTRA_K2_ROWS : 1;
+    return launch(down_chunks_kernel<T, r, ASTRA_K2_GROUP>, dim3((hidden + r - 1) / r, tokens), 256, stream, w, wts,
+                  ids, a, o, hidden, inter, experts, topk, scale);
+  }
   switch (lanes) {
     case 1: return launch_down<T, 1>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);
     case 2: return launch_down<T, 2>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);

@@ -1,7 +1,8 @@
 """The SGLang code `validate` drives for this fused op: fused_experts itself (looked up on its module at call time,
 so the patch is what runs), as fused_experts_none_to_triton calls it, with a MoeRunnerConfig of the plain silu-gated
 MoE (in place, as FusedMoE's default) and the case's routing as a StandardTopKOutput. num_experts is left unset, as
-SGLang's filtered path then runs (the spec's `ep` ids are -1). In place the call overwrites its input: it gets a copy."""
+SGLang's filtered path then runs (the spec's `ep` ids are -1). In place the call overwrites its input: it gets a
+copy."""
 from astra_sglang.patch.layers import moe_server_defaults, write_back
 
 

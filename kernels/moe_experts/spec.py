@@ -225,9 +225,10 @@ VARIANT = Variant(
 
 SPEC = OpSpec(
     name="moe_experts",
-    summary="FUSED routed experts of an unquantized MoE layer at 1-8 decode tokens: gate_up GEMV + SiLU-and-mul, "
-            "down GEMV with the router weights + top-k sum, two launches (replaces SGLang's fused_experts: the id "
-            "alignment, two Triton expert GEMMs, the activation and the combine; speedups are over all of it)",
+    summary="FUSED routed experts of an unquantized MoE layer at decode sizes (the adapter takes 1 token): gate_up "
+            "GEMV + SiLU-and-mul, down GEMV with the router weights + top-k sum, two launches (replaces SGLang's "
+            "fused_experts: the id alignment, two Triton expert GEMMs, the activation and the combine; speedups are "
+            "over all of it)",
     dim_names=("num_tokens", "hidden", "inter", "num_experts", "topk"),
     abi=ABI,
     variants=(VARIANT,),

@@ -7,6 +7,7 @@ median of REPLAYS replays. Run on the GPU node from the repository root with the
 
 Prints one table (µs per call, production / variant) and writes it to OUT_DIR/moe_sweep.md."""
 import ctypes
+import os
 import statistics
 import subprocess
 import sys
@@ -17,16 +18,31 @@ import torch
 from astra_sglang.patch.layers import moe_server_defaults
 
 KERNEL = Path("kernels/moe_experts/kernel.cu")
-VARIANTS = {
-    "v0 default": [],
-    "v1 k2w4": ["-DASTRA_K2_WARPS=4"],
-    "v2 k2l12": ["-DASTRA_K2_LOADS=12"],
-    "v3 k2w4 l12": ["-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=12"],
-    "v4 k1u4": ["-DASTRA_K1_UNROLL=4"],
-    "v5 k1w4": ["-DASTRA_K1_WARPS=4"],
+# round 1 (kernel 1 a warp a column, kernel 2 a warp a row): v0-v7; round 2 adds linear-style CTAs (ASTRA_K1_COLS) and
+# the chunk kernel 2 (ASTRA_K2_ROWS). ROUND=1 runs the first round's set.
+ROUND1 = {
+    "v0 default": ["-DASTRA_K2_LOADS=24"],
+    "v1 k2w4": ["-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=24"],
+    "v2 k2l12": [],
+    "v3 k2w4 l12": ["-DASTRA_K2_WARPS=4"],
+    "v4 k1u4": ["-DASTRA_K1_UNROLL=4", "-DASTRA_K2_LOADS=24"],
+    "v5 k1w4": ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_LOADS=24"],
     "v6 k1w4 k2w4 l16": ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=16"],
-    "v7 k2w2": ["-DASTRA_K2_WARPS=2"],
+    "v7 k2w2": ["-DASTRA_K2_WARPS=2", "-DASTRA_K2_LOADS=24"],
 }
+ROUND2 = {
+    "v2 k2l12": [],
+    "c2": ["-DASTRA_K1_COLS=2"],
+    "c4": ["-DASTRA_K1_COLS=4"],
+    "c2i2": ["-DASTRA_K1_COLS=2", "-DASTRA_K1_ITERS=2"],
+    "r4": ["-DASTRA_K2_ROWS=4"],
+    "r8g2": ["-DASTRA_K2_ROWS=8", "-DASTRA_K2_GROUP=2"],
+    "c2r4": ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=4"],
+    "c4r4": ["-DASTRA_K1_COLS=4", "-DASTRA_K2_ROWS=4"],
+    "c2r2": ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=2"],
+    "c1r4": ["-DASTRA_K1_COLS=1", "-DASTRA_K2_ROWS=4"],
+}
+VARIANTS = ROUND1 if os.environ.get("ROUND") == "1" else ROUND2
 SHAPES = [  # (T, H, I, E, K, name)
     (1, 2048, 768, 128, 8, "qwen3-30b-a3b"), (2, 2048, 768, 128, 8, "qwen3-30b-a3b"),
     (4, 2048, 768, 128, 8, "qwen3-30b-a3b"), (1, 2048, 1024, 64, 8, "olmoe"), (2, 2048, 1024, 64, 8, "olmoe"),
@@ -37,7 +53,7 @@ CALLS, REPLAYS = 16, 15
 
 
 def build(name, flags, out):
-    so = out / f"moe_{name.split()[0]}.so"
+    so = Path("/tmp") / f"moe_{name.split()[0]}.so"  # not under OUT: what comes back is the table
     subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "--use_fast_math", "-shared", "-Xcompiler", "-fPIC",
                     *flags, "-o", str(so), str(KERNEL)], check=True)
     lib = ctypes.CDLL(str(so))
@@ -120,6 +136,10 @@ def main(out):
     text = "\n".join(lines)
     (out / "moe_sweep.md").write_text(text + "\n")
     print(text)
+    # the variant run.sh ships for the step and the served A/B: fastest at 1 token on the first shape (Qwen3-30B-A3B)
+    best = min(names, key=lambda n: rows[0][n][0])
+    (out / "best.txt").write_text(" ".join(VARIANTS[best]) + "\n")
+    print(f"best at {rows[0]['shape']}: {best} {VARIANTS[best]}")
 
 
 if __name__ == "__main__":

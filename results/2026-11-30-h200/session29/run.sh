@@ -7,13 +7,15 @@
 #   bash run.sh m   Qwen3-30B-A3B (20 layers) decode-step A/B: every default op in both arms, arm B adds moe_experts;
 #                   two processes an arm, one at a time
 #   bash run.sh s   moe_experts launch-shape sweep against SGLang's fused_experts_impl (moe_sweep.py)
+#   bash run.sh S   the sweep, its fastest variant into this copy's kernel.cu, then m and e (batch 1 only) side by side
+#   bash run.sh c   check and validate moe_experts (after a change of its defaults)
 #   bash run.sh q   owed by session 28: the launcher_only GPU test, then the q_out ops' decode corpora rebenched with
 #                   the 1-token copy taken out
 #   bash run.sh e   Qwen3-30B-A3B (20 layers) served A/B: unpatched (A, A2) against moe_experts alone (B)
 #   bash run.sh v OP DTYPES   validate one op alone, after a fix
 #   bash run.sh pair X Y      X on GPU 0 and Y on GPU 1 at once (the install runs once, first)
 set -uo pipefail
-PART=${1:?a, m, s, q, e, v or pair}
+PART=${1:?a, m, c, s, S, q, e, v or pair}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-570}
 REPO=$(pwd)
@@ -60,7 +62,7 @@ step() {  # SPEC BATCHES: one decode-step A/B through e2e/step_session.sh
 served() {  # MODEL [NAME [E2E ARGS]]: every default op against none, SGLang's default attention, 3 rotated rounds of
   local M=$1 N=${2:-$1}; shift; shift || true   # A, B, A2
   (cd /tmp && timeout $(( LIMIT - 20 - $(el) )) python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs/$M \
-    --out /tmp/cal-$N --ops all --calibrate --workload bs1:8:128:128:1 --workload c4:16:128:128:4 --rounds ${ROUNDS:-3} \
+    --out /tmp/cal-$N --ops all --calibrate ${WORKLOADS:---workload bs1:8:128:128:1 --workload c4:16:128:128:4} --rounds ${ROUNDS:-3} \
     --max-total-tokens 16384 --port ${PORT:-30100} "$@" > $O/cal-$N.log 2>&1); echo "cal $N rc=$? at $(el)s"
   tar -C /tmp -czf $O/cal-$N.tar.gz --exclude="*/counters-*" cal-$N 2>/dev/null
   grep -E "^\| (attention backend|output throughput|TPOT mean)" /tmp/cal-$N/report.md 2>/dev/null | head -8 | cut -c1-250
@@ -81,9 +83,27 @@ a)
   pack ;;
 m)  # one process an arm at a time: four 30B-A3B processes at once leave the last no KV cache at 0.5
   STEP_EXTRA="--procs-at-once 1" step 'moe-experts:qwen3-30b-a3b-20l:540:--base-ops=all --ops=all,moe_experts' ${BS:-1,2} ;;
+c)  # check and validate the shipped defaults
+  source kernels/astra_env.sh
+  CT=${CT:-200} check moe_experts installed
+  [ -z "${NOVAL:-}" ] || exit 0
+  (cd /tmp && timeout 150 $AS validate --ops moe_experts --dtypes bf16,fp16 --json $O/validate-moe_experts.json) \
+    > $O/validate-moe_experts.log 2>&1
+  echo "validate rc=$? at $(el)s: $(tail -1 $O/validate-moe_experts.log | cut -c1-200)" ;;
 s)
   timeout $(( LIMIT - 10 )) python3 results/2026-11-30-h200/session29/moe_sweep.py $O > $O/sweep.log 2>&1
   echo "sweep rc=$? at $(el)s"; tail -12 $O/sweep.log | cut -c1-400 ;;
+S)  # the sweep on GPU 0, its fastest variant written into this copy's kernel.cu defaults, then m and e side by side
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 results/2026-11-30-h200/session29/moe_sweep.py $O > $O/sweep.log 2>&1
+  echo "sweep rc=$? at $(el)s"; tail -14 $O/sweep.log | cut -c1-400
+  for f in $(cat $O/best.txt 2>/dev/null); do n=${f#-D}; sed -i "s|^#define ${n%%=*} .*|#define ${n%%=*} ${n#*=}  // the sweep's pick|" kernels/moe_experts/kernel.cu; done
+  grep -n "sweep's pick" kernels/moe_experts/kernel.cu
+  bash e2e/device_install.sh astra > $O/astra.log 2>&1
+  export LIMIT=$(( LIMIT - $(el) ))
+  CUDA_VISIBLE_DEVICES=0 SKIP_ENSURE=1 PORT=30100 bash $0 m > $O/m.log 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 SKIP_ENSURE=1 PORT=30150 ROUNDS=${ROUNDS:-3} WORKLOADS="--workload bs1:8:128:128:1" bash $0 e > $O/e.log 2>&1 &
+  wait
+  cat $O/m.log $O/e.log | grep -v "^\s*$" | tail -40 ;;
 q)
   source kernels/astra_env.sh
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
@@ -103,6 +123,6 @@ v)
   (cd /tmp && timeout ${VT:-300} $AS validate --ops ${2:?OP} --dtypes ${3:?DTYPES} --json $O/validate-$2.json) \
     > $O/validate-$2.log 2>&1
   echo "validate $2 rc=$? at $(el)s: $(tail -1 $O/validate-$2.log | cut -c1-200)"; grep FAIL $O/validate-$2.log | cut -c1-250 ;;
-*) echo "error: run.sh takes a, m, s, q, e, v or pair" >&2; exit 2 ;;
+*) echo "error: run.sh takes a, m, c, s, S, q, e, v or pair" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
