@@ -19,28 +19,31 @@ from astra_sglang.patch.layers import moe_server_defaults
 
 KERNEL = Path("kernels/moe_experts/kernel.cu")
 # round 1 (kernel 1 a warp a column, kernel 2 a warp a row): v0-v7; round 2 adds linear-style CTAs (ASTRA_K1_COLS) and
-# the chunk kernel 2 (ASTRA_K2_ROWS). ROUND=1 runs the first round's set.
+# the chunk kernel 2 (ASTRA_K2_ROWS). ROUND=1 runs the first round's set. Every variant names the macros whose defaults
+# changed since it ran (the shipped kernel is round 2's r8g2), so each reruns as it ran.
+R1 = ["-DASTRA_K2_ROWS=0"]  # round 1 had no chunk kernel
 ROUND1 = {
-    "v0 default": ["-DASTRA_K2_LOADS=24"],
-    "v1 k2w4": ["-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=24"],
-    "v2 k2l12": [],
-    "v3 k2w4 l12": ["-DASTRA_K2_WARPS=4"],
-    "v4 k1u4": ["-DASTRA_K1_UNROLL=4", "-DASTRA_K2_LOADS=24"],
-    "v5 k1w4": ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_LOADS=24"],
-    "v6 k1w4 k2w4 l16": ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=16"],
-    "v7 k2w2": ["-DASTRA_K2_WARPS=2", "-DASTRA_K2_LOADS=24"],
+    "v0 default": R1 + ["-DASTRA_K2_LOADS=24"],
+    "v1 k2w4": R1 + ["-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=24"],
+    "v2 k2l12": R1,
+    "v3 k2w4 l12": R1 + ["-DASTRA_K2_WARPS=4"],
+    "v4 k1u4": R1 + ["-DASTRA_K1_UNROLL=4", "-DASTRA_K2_LOADS=24"],
+    "v5 k1w4": R1 + ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_LOADS=24"],
+    "v6 k1w4 k2w4 l16": R1 + ["-DASTRA_K1_WARPS=4", "-DASTRA_K2_WARPS=4", "-DASTRA_K2_LOADS=16"],
+    "v7 k2w2": R1 + ["-DASTRA_K2_WARPS=2", "-DASTRA_K2_LOADS=24"],
 }
+G4 = ["-DASTRA_K2_GROUP=4"]  # round 2's default chunk group
 ROUND2 = {
-    "v2 k2l12": [],
-    "c2": ["-DASTRA_K1_COLS=2"],
-    "c4": ["-DASTRA_K1_COLS=4"],
-    "c2i2": ["-DASTRA_K1_COLS=2", "-DASTRA_K1_ITERS=2"],
-    "r4": ["-DASTRA_K2_ROWS=4"],
+    "v2 k2l12": R1,
+    "c2": R1 + ["-DASTRA_K1_COLS=2"],
+    "c4": R1 + ["-DASTRA_K1_COLS=4"],
+    "c2i2": R1 + ["-DASTRA_K1_COLS=2", "-DASTRA_K1_ITERS=2"],
+    "r4": G4 + ["-DASTRA_K2_ROWS=4"],
     "r8g2": ["-DASTRA_K2_ROWS=8", "-DASTRA_K2_GROUP=2"],
-    "c2r4": ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=4"],
-    "c4r4": ["-DASTRA_K1_COLS=4", "-DASTRA_K2_ROWS=4"],
-    "c2r2": ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=2"],
-    "c1r4": ["-DASTRA_K1_COLS=1", "-DASTRA_K2_ROWS=4"],
+    "c2r4": G4 + ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=4"],
+    "c4r4": G4 + ["-DASTRA_K1_COLS=4", "-DASTRA_K2_ROWS=4"],
+    "c2r2": G4 + ["-DASTRA_K1_COLS=2", "-DASTRA_K2_ROWS=2"],
+    "c1r4": G4 + ["-DASTRA_K1_COLS=1", "-DASTRA_K2_ROWS=4"],
 }
 VARIANTS = ROUND1 if os.environ.get("ROUND") == "1" else ROUND2
 SHAPES = [  # (T, H, I, E, K, name)
