@@ -103,6 +103,9 @@ class OpAdapter:
     # layer, hundreds of MB. The self-check then copies just those rows (a compact cache, the index
     # renumbered) instead of cloning the pool, and restores just those rows on a mismatch.
     slot_indexed: Mapping[str, str] = field(default_factory=dict)
+    # Inputs neither the kernel nor SGLang's original writes, too large to copy for a self-check (moe_experts'
+    # expert stacks: GBs a layer, where a server has no such headroom): the self-check reads them where they are.
+    read_only: Tuple[str, ...] = ()
     # Outputs a callable or `sequence` *returns* as new tensors that the harness's installed baseline then copies
     # into the ABI's buffers (moe_route_align: fused_topk's weights and ids): bench times just these copies as
     # the binding's, not SGLang's. Empty: every mutated ABI tensor.

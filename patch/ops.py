@@ -333,6 +333,8 @@ class OpState:
                 out[n] = v
             elif n in self.adapter.slot_indexed:
                 continue  # below: only the rows the sampled tokens address
+            elif n in self.adapter.read_only:
+                out[n] = v  # never written: read in place, not copied
             elif idx is not None and n in self.adapter.rowwise:
                 out[n] = v.index_select(0, idx.to(v.device))
             else:
@@ -355,7 +357,8 @@ class OpState:
         # output depends on every id) are checked whole, so the dims the check uses are the call's own
         idx = self._rows(dims[0]) if self.adapter.rowwise else None
         pristine = self._sample(views, idx)  # inputs, before anything runs
-        expected = {n: (v.clone() if hasattr(v, "clone") else v) for n, v in pristine.items()}
+        ro = self.adapter.read_only
+        expected = {n: (v.clone() if hasattr(v, "clone") and n not in ro else v) for n, v in pristine.items()}
         inout = [n for n in self.layout.mutated if n in self._inputs_read()]
         slots = self.adapter.slot_indexed
         # to restore in-place args on a mismatch (a slot-indexed cache: the rows the call writes)

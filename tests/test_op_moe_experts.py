@@ -368,3 +368,39 @@ def test_astra_sglang_ops_lists_it_on_by_default(capsys):
 
 def test_layer_imports_without_sglang():
     assert callable(op_part(OP, "layer").run_layer)
+
+
+def test_the_self_check_reads_the_expert_stacks_in_place(tmp_path):
+    """A server's first call of a shape runs SGLang's original beside the kernel on copies of the call's tensors; the
+    expert stacks are GBs a layer (Qwen3-30B-A3B: 1.2 GB) that a server at its memory fraction cannot copy, so they are
+    read where they are (adapter.read_only) while x, the routing and the outputs are still copied. A correct kernel
+    passes, and both sides saw the layer's own weights."""
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState
+
+    dims = (1, 64, 32, 8, 3)
+    inp = SPEC.make_inputs(dims, "bf16", torch.Generator().manual_seed(3), "normal", device="cpu")
+    want = SPEC.reference(inp, dims, SPEC.scalars(dims))["out"].to(torch.bfloat16)
+    seen = {}
+
+    class Backend:  # a correct kernel: the reference's result
+        devices, dtypes = ("cpu",), ("fp16", "bf16")
+
+        def launch(self, views, dims, dt, scalars):
+            seen["kernel"] = (views["w13"].data_ptr(), views["w2"].data_ptr())
+            views["out"].copy_(want)
+
+    def original(c):
+        seen["original"] = (c["w13"].data_ptr(), c["w2"].data_ptr(), c["x"].data_ptr())
+        c["out"].copy_(want)
+
+    st = OpState(SPEC, A, Backend(), CounterFile(tmp_path / "c", [OP]))
+    views = {**{n: inp[n] for n in ("x", "w13", "w2", "topk_weights", "topk_ids", "act")},
+             "out": torch.empty_like(inp["x"]), "routed_scaling_factor": 1.0}
+    st.execute(views, dims, "bf16", original)
+    assert st.last_check is not None and st.last_check.ok, st.last_check
+    stacks = (inp["w13"].data_ptr(), inp["w2"].data_ptr())
+    assert seen["kernel"] == stacks and seen["original"][:2] == stacks
+    assert seen["original"][2] != inp["x"].data_ptr()  # the rest is still copied
+    assert torch.equal(views["out"], want)
+    assert set(A.read_only) == {"w13", "w2"}
