@@ -165,15 +165,16 @@ def _expand(a: Dict[str, Any]):
     return {"x": x, "weight": w, "out": torch.empty(x.shape[:-1] + (w.shape[0],), device=x.device, dtype=x.dtype)}
 
 
-def token_precheck(x_position: int, max_tokens: int):
-    """A precheck for a method taking x [..., features] at `x_position` (or as keyword x): a call of more than
+def token_precheck(x_position: int, max_tokens: int, keyword: str = "x", kept_by: str = "SGLang's cuBLAS GEMM"):
+    """A precheck for a method taking x [..., features] at `x_position` (or as `keyword`): a call of more than
     max_tokens rows is declined off the raw arguments, before binding (every eager prefill call of every such
-    layer passes here); None leaves the call to expand. linear's apply(self, layer, x) and moe_gate's
-    ReplicatedLinear.forward(self, x) share it."""
-    reason = f"more than {max_tokens} tokens: SGLang's cuBLAS GEMM"
+    layer passes here); None leaves the call to expand. linear's apply(self, layer, x), moe_gate's
+    ReplicatedLinear.forward(self, x) and moe_experts' fused_experts(hidden_states, ...) share it; `kept_by` names
+    what serves a declined call."""
+    reason = f"more than {max_tokens} tokens: {kept_by}"
 
     def precheck(args, kwargs) -> Optional[str]:
-        x = args[x_position] if len(args) > x_position else kwargs.get("x")
+        x = args[x_position] if len(args) > x_position else kwargs.get(keyword)
         shape = getattr(x, "shape", None)
         if not shape:
             return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Optional
 
+from astra_sglang.kernels.linear.adapter import token_precheck
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
 # Calls with more tokens keep SGLang's fused_experts: at 2 tokens the kernel was 1.08x of it chained, but a sibling
@@ -170,14 +171,6 @@ def sequence(c: Dict[str, Any]) -> None:
              filter_expert=bool(c.get("filter_expert", True)))
 
 
-def _precheck(args, kwargs) -> Optional[str]:
-    """A prefill-sized call, declined off the raw arguments before binding."""
-    x = args[0] if args else kwargs.get("hidden_states")
-    shape = getattr(x, "shape", None)
-    return (f"more than {MAX_TOKENS} tokens: SGLang's fused_experts"
-            if shape is not None and len(shape) == 2 and shape[0] > MAX_TOKENS else None)
-
-
 # On in `--ops all` since its decode-step A/B over every other default op: Qwen3-30B-A3B (20 layers) -6.55% [-7.47,
 # -5.61] at batch 1, H200, 2026-11-30 (results/2026-11-30-h200/session29/); check and validate pass. DEFAULT_OFF =
 # "reason" would take it out of `--ops all` again.
@@ -193,7 +186,8 @@ ADAPTER = OpAdapter(
     returns=lambda c: c["out"],
     expand=expand,
     sequence=sequence,
-    precheck=_precheck,
+    # a prefill-sized call leaves off the raw arguments, before binding
+    precheck=token_precheck(0, MAX_TOKENS, keyword="hidden_states", kept_by="SGLang's fused_experts"),
     max_tokens=MAX_TOKENS,
     keeps=lambda dims: declined(*dims),
     # the installed sequence copies x into out first (it runs in place there): bench times that copy alone
