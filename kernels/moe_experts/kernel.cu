@@ -124,6 +124,25 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// an id this rank computes (-1: an expert another rank holds under expert parallelism; SGLang writes zeros for it)
+__device__ __forceinline__ bool routed(int e, int num_experts) { return e >= 0 && e < num_experts; }
+
+// act from the gate_up GEMV's fp32 sums: g and u rounded as SGLang's GEMM stores them, silu(g) * u rounded again
+template <typename T>
+__device__ __forceinline__ T silu_mul_rounded(float g, float u) {
+  const float gr = rnd<T>(g), ur = rnd<T>(u);
+  return from_f<T>(gr / (1.f + __expf(-gr)) * ur);
+}
+
+// out from the fp32 sum of the top-k rounded expert outputs: rounded as SGLang's sum stores it, then scaled in place
+// (out.mul_) where the factor is not 1
+template <typename T>
+__device__ __forceinline__ T topk_sum_out(float total, float scale) {
+  float y = rnd<T>(total);
+  if (scale != 1.f) y = y * scale;
+  return from_f<T>(y);
+}
+
 // grid (ceil(I / W1), T * K): warp w -> act column blockIdx.x * W1 + w of slot blockIdx.y
 template <typename T>
 __global__ void __launch_bounds__(kWarps1 * 32) gate_up_act_kernel(const T* __restrict__ x, const T* __restrict__ w13,
@@ -136,7 +155,7 @@ __global__ void __launch_bounds__(kWarps1 * 32) gate_up_act_kernel(const T* __re
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = blockIdx.y, j = blockIdx.x * kWarps1 + warp;
   const int e = ids[slot];
-  if (e < 0 || e >= num_experts || j >= inter) return;  // no barrier below: a warp may leave alone
+  if (!routed(e, num_experts) || j >= inter) return;  // no barrier below: a warp may leave alone
   const int nvec = hidden >> 3;
   const uint4* xv = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(slot / topk) * nvec;
   const uint4* gv = reinterpret_cast<const uint4*>(w13) + (static_cast<int64_t>(e) * 2 * inter + j) * nvec;
@@ -162,10 +181,7 @@ __global__ void __launch_bounds__(kWarps1 * 32) gate_up_act_kernel(const T* __re
   }
   g = warp_sum(g);
   u = warp_sum(u);
-  if (lane == 0) {
-    const float gr = rnd<T>(g), ur = rnd<T>(u);  // the gate_up GEMM's output, as SGLang stores it
-    act[static_cast<int64_t>(slot) * inter + j] = from_f<T>(gr / (1.f + __expf(-gr)) * ur);
-  }
+  if (lane == 0) act[static_cast<int64_t>(slot) * inter + j] = silu_mul_rounded<T>(g, u);
 }
 
 // grid (ceil(H / W2), T): warp w -> output row blockIdx.x * W2 + w of token blockIdx.y. The warp takes its row of KG
@@ -191,7 +207,7 @@ __global__ void __launch_bounds__(kWarps2 * 32) down_sum_kernel(const T* __restr
 #pragma unroll
     for (int i = 0; i < KG; ++i) {
       const int e = k0 + i < topk ? tid[k0 + i] : -1;
-      row[i] = (e >= 0 && e < num_experts) ? w2v + (static_cast<int64_t>(e) * hidden + h) * nvec : nullptr;
+      row[i] = routed(e, num_experts) ? w2v + (static_cast<int64_t>(e) * hidden + h) * nvec : nullptr;
     }
     float acc[KG];
 #pragma unroll
@@ -231,11 +247,7 @@ __global__ void __launch_bounds__(kWarps2 * 32) down_sum_kernel(const T* __restr
     pdl_wait();
     pdl_trigger();
   }
-  if (lane == 0 && live_row) {
-    float y = rnd<T>(total);  // the top-k sum, as SGLang stores it
-    if (scale != 1.f) y = y * scale;  // then scaled in place (out.mul_)
-    out[static_cast<int64_t>(t) * hidden + h] = from_f<T>(y);
-  }
+  if (lane == 0 && live_row) out[static_cast<int64_t>(t) * hidden + h] = topk_sum_out<T>(total, scale);
 }
 
 
@@ -254,7 +266,7 @@ __global__ void __launch_bounds__(256) gate_up_rows_kernel(const T* __restrict__
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = blockIdx.y, j0 = blockIdx.x * C;
   const int e = ids[slot];
-  if (e < 0 || e >= num_experts) return;  // uniform over the CTA: no thread reaches the barrier
+  if (!routed(e, num_experts)) return;  // uniform over the CTA: no thread reaches the barrier
   const int nvec = hidden >> 3;
   const uint4* xv = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(slot / topk) * nvec;
   const uint4* base = reinterpret_cast<const uint4*>(w13) + static_cast<int64_t>(e) * 2 * inter * nvec;
@@ -300,8 +312,7 @@ __global__ void __launch_bounds__(256) gate_up_rows_kernel(const T* __restrict__
       g += part[w][threadIdx.x];
       u += part[w][C + threadIdx.x];
     }
-    const float gr = rnd<T>(g), ur = rnd<T>(u);
-    act[static_cast<int64_t>(slot) * inter + j0 + threadIdx.x] = from_f<T>(gr / (1.f + __expf(-gr)) * ur);
+    act[static_cast<int64_t>(slot) * inter + j0 + threadIdx.x] = silu_mul_rounded<T>(g, u);
   }
 }
 
@@ -335,7 +346,7 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
       const int k = c / cpr, v = (c - k * cpr) * 32 + lane;
       const int e = c < nch ? tid[k] : -1;
       vv[g] = v;
-      wrow[g] = (e >= 0 && e < num_experts && v < nvec) ? w2v + static_cast<int64_t>(e) * hidden * nvec + v : nullptr;
+      wrow[g] = (routed(e, num_experts) && v < nvec) ? w2v + static_cast<int64_t>(e) * hidden * nvec + v : nullptr;
 #pragma unroll
       for (int r = 0; r < R; ++r)  // rows past the end read the last row again; not stored
         wv[g][r] = wrow[g] ? load_stream(wrow[g] + static_cast<int64_t>(min(h0 + r, hidden - 1)) * nvec)
@@ -370,15 +381,13 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
     const int e = tid[k];
     float s = 0.f;
     for (int q = 0; q < cpr; ++q) s += part[k * cpr + q][r];
-    ysum[k][r] = (e >= 0 && e < num_experts) ? rnd<T>(s * wts[static_cast<int64_t>(t) * topk + k]) : 0.f;
+    ysum[k][r] = routed(e, num_experts) ? rnd<T>(s * wts[static_cast<int64_t>(t) * topk + k]) : 0.f;
   }
   __syncthreads();
   if (threadIdx.x < R && h0 + threadIdx.x < hidden) {
     float total = 0.f;
     for (int k = 0; k < topk; ++k) total += ysum[k][threadIdx.x];
-    float y = rnd<T>(total);
-    if (scale != 1.f) y = y * scale;
-    out[static_cast<int64_t>(t) * hidden + h0 + threadIdx.x] = from_f<T>(y);
+    out[static_cast<int64_t>(t) * hidden + h0 + threadIdx.x] = topk_sum_out<T>(total, scale);
   }
 }
 
@@ -423,7 +432,7 @@ cudaError_t dispatch(const void* x, const void* w13, const void* w2, const float
                      cudaStream_t stream) {
   cudaError_t err;
   constexpr int cols = ASTRA_K1_COLS > 0 ? ASTRA_K1_COLS : 1;
-  if (ASTRA_K1_COLS > 0)
+  if constexpr (ASTRA_K1_COLS > 0)
     err = launch(gate_up_rows_kernel<T, cols, ASTRA_K1_ITERS>, dim3((inter + cols - 1) / cols, tokens * topk), 256,
                  stream, static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden, inter,
                  experts, topk);
