@@ -111,13 +111,17 @@ class Shape:
 @dataclass(frozen=True)
 class Tolerance:
     """A candidate fails when err > max(k * production_err, floor[dtype]); on a case production does not take, when
-    err > alone[dtype] (default: the floor)."""
+    err > alone[dtype] (default: the floor). err is `metric` of harness/numerics.rel_err."""
 
     k: float = 2.0
     floor: Mapping[str, float] = field(default_factory=lambda: {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2})
     # where production does not take a case there is no production error to scale: an op whose production rounds
     # between stages (and whose kernel rounds as it does) errs there as much as production does elsewhere
     alone: Mapping[str, float] = field(default_factory=dict)
+    # "err": the largest elementwise relative error; "norm": the normwise error ||c - r|| / ||r||, for an op whose
+    # output sums values it first rounds to the model dtype (a fused GEMM's top-k sum): where that sum cancels, one
+    # rounding that falls on the other side of a tie in either kernel decides the elementwise maximum
+    metric: str = "err"
 
 
 @dataclass(frozen=True)

@@ -435,7 +435,7 @@ def _pid() -> int:
 
 def compare(spec, inputs: Dict[str, Any], expected: Dict[str, Any], got: Dict[str, Any], dims, names) -> CheckResult:
     """The check's tolerance rule on every output: err(got) <= max(k * err(expected), floor)."""
-    from astra_sglang.harness.numerics import SHORT_DTYPE, dtype_name, nonfinite_mismatch, rel_err, tolerance
+    from astra_sglang.harness.numerics import SHORT_DTYPE, dtype_name, judged, nonfinite_mismatch, rel_err, tolerance
 
     from astra_sglang.harness.numerics import canonical_outputs
 
@@ -448,13 +448,13 @@ def compare(spec, inputs: Dict[str, Any], expected: Dict[str, Any], got: Dict[st
     for n in names:
         g = got[n].reshape(ref[n].shape) if got[n].numel() == ref[n].numel() else got[n]
         e = expected[n].reshape(ref[n].shape) if expected[n].numel() == ref[n].numel() else expected[n]
-        r_got = rel_err(g, ref[n])
-        r_prod = rel_err(e, ref[n])
-        tol = tolerance(spec, SHORT_DTYPE.get(dtype_name(g), dtype_name(g)), r_prod["err"])
+        r_got = judged(spec, rel_err(g, ref[n]))
+        r_prod = judged(spec, rel_err(e, ref[n]))
+        tol = tolerance(spec, SHORT_DTYPE.get(dtype_name(g), dtype_name(g)), r_prod)
         nf = nonfinite_mismatch(g, ref[n], e)
-        errors[n] = (r_got["err"], r_prod["err"], tol)
-        if not (r_got["err"] <= tol) or nf:
-            why = f"{n}: err {r_got['err']:.3g} > tol {tol:.3g} (production {r_prod['err']:.3g})"
+        errors[n] = (r_got, r_prod, tol)
+        if not (r_got <= tol) or nf:
+            why = f"{n}: err {r_got:.3g} > tol {tol:.3g} (production {r_prod:.3g})"
             if nf:
                 why += f", {nf} special-value mismatches"
             bad.append(why)

@@ -8,6 +8,8 @@ with err the largest elementwise error relative to the reference's magnitude,
 
     err = max_i |c_i - r_i| / (|r_i| + 0.01 * rms(r)),
 
+or, for a spec whose tolerance.metric is "norm", the normwise error ||c - r|| / ||r|| (`judged`),
+
 both sides clamped to the output dtype's finite range (an fp16 output that overflows to inf
 matches a reference beyond 65504). A NaN where the reference is finite is an error of inf.
 Positions where the fp64 reference itself is not finite (±inf lse) must match the reference
@@ -48,6 +50,14 @@ def tolerance(spec: OpSpec, tensor_dtype: str, prod_err: Optional[float], alone:
     if prod_err is None or not math.isfinite(prod_err):
         return floor
     return max(spec.tolerance.k * prod_err, floor)
+
+
+def judged(spec: OpSpec, r: Optional[Dict[str, Any]]) -> Optional[float]:
+    """The error of a rel_err result that spec.tolerance judges (its metric; inf for a NaN where the reference is
+    finite either way); None for None."""
+    if r is None:
+        return None
+    return float("inf") if r["nan"] else float(r[spec.tolerance.metric])
 
 
 def rel_err(out, ref, chunk: int = 1 << 24) -> Dict[str, Any]:

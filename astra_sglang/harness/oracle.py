@@ -11,7 +11,7 @@ from .guards import GuardedSet
 from .impl import Impl, cuda_error_name
 from .inputs import from_prod_abi, make_case_inputs, reference_kwargs, takes_model_dtype, to_prod_abi
 from .numerics import (BASELINE_SLACK, SHORT_DTYPE, bitwise_changed, canonical_outputs, count_poison, dtype_name,
-                       nonfinite_mismatch, rel_err, tolerance)
+                       judged, nonfinite_mismatch, rel_err, tolerance)
 
 
 class FatalCaseError(Exception):
@@ -171,6 +171,7 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
     notes: List[str] = []
     details: List[Dict[str, Any]] = []
     prod = outs.get("production")   # None: production does not take the case; the dtype's floor judges alone
+    what = "normwise error" if spec.tolerance.metric == "norm" else "error"
     for name, r in ref.items():
         rp = rel_err(prod[name], ref_p[name]) if prod is not None else None
         short = SHORT_DTYPE.get(dtype_name((prod if prod is not None else outs["candidate"])[name]), dtype)
@@ -179,32 +180,37 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             limit = BASELINE_SLACK * tolerance(spec, short, None)
             tol = limit
             mism = nonfinite_mismatch(prod[name], ref_p[name])
-            ok = rp["err"] <= limit
+            ok = judged(spec, rp) <= limit
             if not ok:
-                failures.append(f"{label}: production's {name} disagrees with the fp64 reference: error "
-                                f"{rp['err']:.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
+                failures.append(f"{label}: production's {name} disagrees with the fp64 reference: {what} "
+                                f"{judged(spec, rp):.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
                                 + (f", {rp['nan']} NaN where the reference is finite" if rp["nan"] else "") + again)
             if mism:
                 notes.append(f"{label}: production's {name} differs from the reference at {mism} non-finite positions")
         else:
             rc_ = rel_err(outs["candidate"][name], r)
-            prod_err = rp["err"] if rp else None
+            prod_err = judged(spec, rp)
             tol = tolerance(spec, short, prod_err, alone=prod is None)
             mism = nonfinite_mismatch(outs["candidate"][name], r, prod[name] if prod is not None else None)
-            ok = rc_["err"] <= tol and not mism
+            ok = judged(spec, rc_) <= tol and not mism
             if rc_["nan"]:
                 failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
-            elif rc_["err"] > tol:
+            elif judged(spec, rc_) > tol:
                 why = (f"production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)" if rp else
                        f"the {short} bound where production does not take the case: the fp64 reference alone judges it")
-                failures.append(f"{label}: candidate's {name} error {rc_['err']:.3g} > tolerance {tol:.3g} ({why}){again}")
+                failures.append(f"{label}: candidate's {name} {what} {judged(spec, rc_):.3g} > tolerance {tol:.3g} "
+                                f"({why}){again}")
             if mism:
                 failures.append(f"{label}: candidate's {name} differs from reference"
                                 + (" and production" if rp else "") + f" at {mism} positions where the reference is "
                                 f"±inf/NaN{again}")
         details.append({
             "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
-            "cand_err": None if baseline_only else rc_["err"], "prod_err": rp["err"] if rp else None, "tol": tol,
+            # cand_err / prod_err: the errors the tolerance judged (spec.tolerance.metric); the elementwise maximum and
+            # the normwise error both stay in the row
+            "cand_err": None if baseline_only else judged(spec, rc_), "prod_err": judged(spec, rp), "tol": tol,
+            "metric": spec.tolerance.metric, "cand_max": None if baseline_only else rc_["err"],
+            "prod_max": rp["err"] if rp else None,
             "ok": ok, "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"] if rp else None,
             "nan": rc_["nan"], "ref_nonfinite": int((rp or rc_)["ref_nonfinite"]),
             "identical": None if baseline_only or prod is None else identical_fraction(outs["candidate"][name],

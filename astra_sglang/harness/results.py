@@ -595,7 +595,8 @@ def format_check(result: Any, verbose: bool = False) -> str:
                         f"{100 * least['identical']:.2f}% of its elements"))
     worst = result.worst()
     if worst:
-        lines.append("  worst error / tolerance per output and dtype:")
+        normwise = any(d.get("metric") == "norm" for d in worst)
+        lines.append("  worst error / tolerance per output and dtype" + (" (normwise errors)" if normwise else "") + ":")
         for d in sorted(worst, key=lambda d: (d["tensor"], d["dtype"])):
             ce = d.get("cand_err")
             lines.append(
