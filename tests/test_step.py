@@ -232,6 +232,15 @@ def test_arms_sizes_kv_and_server_args():
     assert arms_for("all", False, True, "silu_and_mul")["A2"] == ["silu_and_mul"]
     with pytest.raises(AstraError, match="same"):
         arms_for("silu_and_mul,rmsnorm", False, False, "rmsnorm,silu_and_mul")
+    # 'all,OP' with OP on by default is 'all' (a step A/B of moe_experts once it was in 'all' compared all with all)
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.config import default_ops
+
+    on = default_ops(patchable_ops())
+    assert "moe_experts" in on
+    with pytest.raises(AstraError, match="same"):
+        arms_for("all,moe_experts", False, False, "all")
+    assert arms_for("all", False, False, "all,-moe_experts") == {"A": ["all", "-moe_experts"], "B": "all"}
     with pytest.raises(AstraError, match="--aa"):
         arms_for("none", False, False)
     # --arm-env: the same ops, a switch in one arm's environment (A2 takes A's)
