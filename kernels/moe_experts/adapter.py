@@ -26,10 +26,11 @@ from typing import Any, Dict, Optional
 from astra_sglang.kernels.linear.adapter import token_precheck
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
-# Calls with more tokens keep SGLang's fused_experts: at 2 tokens the kernel was 1.08x of it chained, but a sibling
-# launch shape at 1.10x made the Qwen3-30B-A3B batch-2 step +1.40% slower (H200, 2026-11-30,
-# results/2026-11-30-h200/session29/; kernels/moe_experts/RESULTS.md): two tokens' shared experts are read twice
-MAX_TOKENS = 1
+# Calls with more tokens keep SGLang's fused_experts. Since the kernel reads an expert two tokens share once, the
+# Qwen3-30B-A3B decode step at batch 2 is -0.60% (at 1: -9.86%; H200, 2026-11-30, results/2026-11-30-h200/session30/);
+# at 4 tokens it is 0.96x of fused_experts chained (0.81x where the tokens share their experts: SGLang's tensor-core
+# GEMMs take 4 tokens for the price of one)
+MAX_TOKENS = 2
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 _QUANT_FLAGS = ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "per_channel_quant")
 _NONE_ARGS = ("b1", "b2", "w1_scale", "w2_scale", "w1_zp", "w2_zp", "a1_scale", "a2_scale", "block_shape", "a1_q")

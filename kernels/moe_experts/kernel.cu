@@ -20,25 +20,29 @@
 // tensor-core GEMM per routed expert block (mostly padding rows), the activation, the down GEMM, then a compiled sum:
 // five launches, and the expert weights stream at ~3.4 TB/s (Qwen3-30B-A3B on an H200, kernels/NOTES.md 00a) where a
 // dense GEMV reads 4.2. Here, as in kernels/linear (weights with ld.global.nc.L1::no_allocate, activations through L1,
-// fp32 sums), in the shape a launch-shape sweep picked (results/2026-11-30-h200/session29/, the macros below):
+// fp32 sums), in the shapes launch-shape sweeps picked (results/2026-11-30-h200/session29/ and session30/, the
+// macros below). Tokens are taken in windows of whole tokens (at most 32 slots, kernel 2's shared memory permitting):
+// an expert several tokens of a window route to is read once for all of them (ASTRA_DEDUP).
 //  * kernel 1 (gate_up + SiLU-and-mul): a CTA of ASTRA_K1_WARPS warps owns that many act columns of one (token,
 //    expert) slot; warp w reads the gate row and the up row of its column (H / 8 16-byte vectors each, lane-strided,
-//    ASTRA_K1_UNROLL vectors of each row in flight per lane); butterflies; lane 0 rounds g and u, applies silu,
-//    rounds again. ASTRA_K1_COLS > 0 takes linear's CTA instead (256 threads sweeping 2 x COLS rows together): as fast
-//    at Qwen3-30B-A3B's shape, faster at Qwen3-235B's tp8, and over the check's tolerance once (2.01x production's
-//    error on one bf16 case, with the chunk kernel 2 at 2 rows).
-//  * kernel 2 (down + router weights + top-k sum): 256 threads own ASTRA_K2_ROWS output rows of one token; work is cut
-//    into 32-vector chunks of one routed expert's w2 rows (all ROWS rows of w2[e] are contiguous), warp w takes chunks
-//    w, w + 8, ... ASTRA_K2_GROUP at a time with every load issued before any FMA; per (chunk, row) sums meet in shared
-//    memory, then each (expert, row) gets its router weight and rounding, then the top-k sum in expert order. Shapes
-//    with more than 64 chunks a token (K x ceil(I / 256)) take a warp per output row instead (down_sum_kernel).
+//    U vectors of each row in flight per lane) and dots them with the x of every slot of its window routed to the same
+//    expert (a later such slot's CTAs leave at once); butterflies; lane 0 rounds g and u, applies silu, rounds again.
+//    One token a window: U and the CTAs an SM by the grid (8 vectors where two CTAs an SM hold the grid, 2 vectors at
+//    six an SM where those hold it, 4 vectors at four an SM beyond). ASTRA_K1_COLS > 0 takes linear's CTA instead (256
+//    threads sweeping 2 x COLS rows together; no window): as fast at Qwen3-30B-A3B's shape, faster at Qwen3-235B's
+//    tp8, and over the check's tolerance once (2.01x production's error on one bf16 case, with 2-row chunks).
+//  * kernel 2 (down + router weights + top-k sum): 256 threads own ASTRA_K2_ROWS output rows of a window's tokens;
+//    work is cut into 32-vector chunks of one distinct routed expert's w2 rows (all ROWS rows of w2[e] are contiguous),
+//    each dotted with the act of every slot routed to that expert; warp w takes chunks w, w + 8, ... ASTRA_K2_GROUP at
+//    a time with every load issued before any FMA; per (slot, chunk, row) sums meet in shared memory, then each (slot,
+//    row) gets its router weight and rounding, then each token's top-k sum in expert order. Shapes with more than 64
+//    chunks a token (K x ceil(I / 256)) take a warp per output row of one token instead (down_sum_kernel).
 //  * Programmatic dependent launch: kernel 1 waits before anything (its expert ids come from the router) and triggers
 //    at once; kernel 2 starts under kernel 1, reads its ids (written before kernel 1 passed its wait) and its first w2
 //    vectors, and only then waits for act.
-// Measured (H200, 2026-11-30, RESULTS.md): 1.22x SGLang's fused_experts chained at 1 token (Qwen3-30B-A3B), the decode
-// step -6.55% at batch 1; at 2 tokens 1.08x chained, but a sibling shape (linear's CTA for kernel 1, 2-row chunks)
-// 1.10x chained made the batch-2 step +1.40% slower (experts two tokens share are read once per token), so the
-// adapter takes 1 token.
+// Measured (H200, 2026-11-30, RESULTS.md): 1.32x SGLang's fused_experts chained at 1 token (Qwen3-30B-A3B), 1.08x at
+// 2; the decode step -9.86% at batch 1 and -0.60% at batch 2, so the adapter takes 2 tokens. At 4 tokens 0.96x (0.81x
+// where the 4 tokens share their experts: SGLang's tensor-core GEMMs take them for the price of one).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -55,7 +59,7 @@ namespace {
 #define ASTRA_K1_WARPS 8  // kernel 1: warps (act columns) per CTA
 #endif
 #ifndef ASTRA_K1_UNROLL
-#define ASTRA_K1_UNROLL 8  // kernel 1: vectors of each of the two rows in flight per lane
+#define ASTRA_K1_UNROLL 0  // kernel 1 at one token a window: vectors a row in flight per lane; 0: by its grid
 #endif
 #ifndef ASTRA_K2_WARPS
 #define ASTRA_K2_WARPS 8  // down_sum_kernel: warps (output rows) per CTA
@@ -72,13 +76,18 @@ namespace {
 #ifndef ASTRA_K2_GROUP
 #define ASTRA_K2_GROUP 2  // that kernel's chunks a warp issues before any FMA (x ASTRA_K2_ROWS loads a lane)
 #endif
+#ifndef ASTRA_DEDUP
+#define ASTRA_DEDUP 1  // an expert several tokens share is read once (0: once per token)
+#endif
+#ifndef ASTRA_K1_MINB
+#define ASTRA_K1_MINB 1  // with ASTRA_K1_UNROLL > 0: kernel 1's CTAs an SM the compiler must fit (launch bounds)
+#endif
 #ifndef ASTRA_K2_LOADS
 #define ASTRA_K2_LOADS 12  // down_sum_kernel: w2 vectors in flight per lane (experts x vectors); 24 was slower
 #endif
 
 constexpr int kWarps1 = ASTRA_K1_WARPS;
 constexpr int kWarps2 = ASTRA_K2_WARPS;
-constexpr int kUnroll = ASTRA_K1_UNROLL;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ void pdl_wait() {
@@ -143,45 +152,77 @@ __device__ __forceinline__ T topk_sum_out(float total, float scale) {
   return from_f<T>(y);
 }
 
-// grid (ceil(I / W1), T * K): warp w -> act column blockIdx.x * W1 + w of slot blockIdx.y
-template <typename T>
-__global__ void __launch_bounds__(kWarps1 * 32) gate_up_act_kernel(const T* __restrict__ x, const T* __restrict__ w13,
-                                                                   const int* __restrict__ ids, T* __restrict__ act,
-                                                                   int hidden, int inter, int num_experts, int topk) {
+// grid (ceil(I / W1), T * K): warp w -> act column blockIdx.x * W1 + w of slot blockIdx.y and of every later slot of its
+// window routed to the same expert (the CTAs of such a later slot leave at once), MS slots a sweep of the two rows.
+template <typename T, int MS, int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps1 * 32, kMinBlocks)
+    gate_up_act_kernel(const T* __restrict__ x, const T* __restrict__ w13, const int* __restrict__ ids,
+                       T* __restrict__ act, int hidden, int inter, int num_experts, int topk, int nslots, int ws) {
   if (ASTRA_PDL) {  // the expert id comes from the router: nothing to prefetch
     pdl_wait();
     pdl_trigger();
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = blockIdx.y, j = blockIdx.x * kWarps1 + warp;
-  const int e = ids[slot];
-  if (!routed(e, num_experts) || j >= inter) return;  // no barrier below: a warp may leave alone
+  int e, wb = slot;
+  unsigned mask = 1u;  // the slots this CTA computes: bit i is slot wb + i
+  if constexpr (MS == 1) {  // its own slot alone (ws 1)
+    e = ids[slot];
+    if (!routed(e, num_experts)) return;  // uniform over the CTA; no barrier below: a warp may leave alone
+  } else {  // the window's ids in one read (lane i: slot wb + i), this slot's expert among them
+    wb = slot - slot % ws;
+    const int l = wb + lane;
+    const int id = lane < ws && l < nslots ? ids[l] : -1;
+    e = __shfl_sync(kFull, id, slot - wb);
+    if (!routed(e, num_experts)) return;
+    mask = __ballot_sync(kFull, lane < ws && l < nslots && id == e);
+    if (__ffs(mask) - 1 != slot - wb) return;  // an earlier slot of the window computes this one
+  }
+  if (j >= inter) return;
   const int nvec = hidden >> 3;
-  const uint4* xv = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(slot / topk) * nvec;
   const uint4* gv = reinterpret_cast<const uint4*>(w13) + (static_cast<int64_t>(e) * 2 * inter + j) * nvec;
   const uint4* uv = gv + static_cast<int64_t>(inter) * nvec;
-  float g = 0.f, u = 0.f;
-  for (int v0 = lane; v0 < nvec; v0 += 32 * kUnroll) {
-    uint4 gw[kUnroll], uw[kUnroll];
+  while (mask) {  // MS of the expert's slots a sweep: the first MS set bits
+    int sl[MS];
+    const uint4* xv[MS];
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int v = v0 + 32 * i;
-      gw[i] = v < nvec ? load_stream(gv + v) : make_uint4(0, 0, 0, 0);
-      uw[i] = v < nvec ? load_stream(uv + v) : make_uint4(0, 0, 0, 0);
+    for (int q = 0; q < MS; ++q) {
+      sl[q] = mask ? wb + __ffs(mask) - 1 : -1;
+      mask &= mask - 1;
+      xv[q] = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>((sl[q] < 0 ? slot : sl[q]) / topk) * nvec;
     }
+    float g[MS], u[MS];
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int v = v0 + 32 * i;
-      if (v < nvec) {
-        const uint4 a = __ldg(xv + v);
-        g = dot8<T>(a, gw[i], g);
-        u = dot8<T>(a, uw[i], u);
+    for (int q = 0; q < MS; ++q) g[q] = u[q] = 0.f;
+    for (int v0 = lane; v0 < nvec; v0 += 32 * kUnroll) {
+      uint4 gw[kUnroll], uw[kUnroll];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        const int v = v0 + 32 * i;
+        gw[i] = v < nvec ? load_stream(gv + v) : make_uint4(0, 0, 0, 0);
+        uw[i] = v < nvec ? load_stream(uv + v) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        const int v = v0 + 32 * i;
+        if (v < nvec) {
+#pragma unroll
+          for (int q = 0; q < MS; ++q) {
+            if (sl[q] < 0) break;  // warp-uniform
+            const uint4 a = __ldg(xv[q] + v);
+            g[q] = dot8<T>(a, gw[i], g[q]);
+            u[q] = dot8<T>(a, uw[i], u[q]);
+          }
+        }
       }
     }
+#pragma unroll
+    for (int q = 0; q < MS; ++q) {
+      if (sl[q] < 0) break;
+      const float gs = warp_sum(g[q]), us = warp_sum(u[q]);
+      if (lane == 0) act[static_cast<int64_t>(sl[q]) * inter + j] = silu_mul_rounded<T>(gs, us);
+    }
   }
-  g = warp_sum(g);
-  u = warp_sum(u);
-  if (lane == 0) act[static_cast<int64_t>(slot) * inter + j] = silu_mul_rounded<T>(g, u);
 }
 
 // grid (ceil(H / W2), T): warp w -> output row blockIdx.x * W2 + w of token blockIdx.y. The warp takes its row of KG
@@ -316,37 +357,56 @@ __global__ void __launch_bounds__(256) gate_up_rows_kernel(const T* __restrict__
   }
 }
 
-constexpr int kMaxChunks = 64;  // the chunk kernel's shared partial sums: K x ceil(I / 256) chunks of one token
+constexpr int kTokenChunks = 64;  // the chunk kernel takes shapes of at most this many chunks a token (K x ceil(I / 256))
+constexpr int kMaxChunks = 256;   // its shared partial sums: a window's slots x ceil(I / 256) chunks
+constexpr int kMaxWindow = 32;   // slots a window (whole tokens): one warp's match of their ids
 
-// kernel 2 over 32-vector chunks: grid (ceil(H / R), T), 256 threads own R output rows of one token. A chunk is 32
-// consecutive vectors of one routed expert's w2 rows (chunk c: expert c / cpr, vectors 32 (c % cpr) + lane), read for
-// the R rows at once (R consecutive rows of w2[e] are contiguous); warp w takes chunks w, w + 8, ..., G at a time with
-// all G x R loads issued before any FMA. Per (chunk, row) sums meet in shared memory; then per (expert, row) the
-// router weight and the rounding, then the top-k sum, in expert order.
+// kernel 2 over 32-vector chunks: grid (ceil(H / R), windows), 256 threads own R output rows of a window's tokens
+// (slots [wb, wb + ws)). A chunk is 32 consecutive vectors of one distinct routed expert's w2 rows (chunk c: the
+// window's expert c / cpr, vectors 32 (c % cpr) + lane), read for the R rows at once (R consecutive rows of w2[e] are
+// contiguous) and multiplied by the act of every slot of the window routed to that expert (an expert two tokens share
+// is read once); warp w takes chunks w, w + 8, ..., G at a time with all G x R loads issued before any FMA. Per (slot,
+// chunk, row) sums meet in shared memory; then per (slot, row) the router weight and the rounding, then each token's
+// top-k sum, in expert order.
 template <typename T, int R, int G>
 __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ w2, const float* __restrict__ wts,
                                                           const int* __restrict__ ids, const T* act, T* out,
-                                                          int hidden, int inter, int num_experts, int topk,
-                                                          float scale) {
+                                                          int tokens, int hidden, int inter, int num_experts, int topk,
+                                                          int ws, float scale) {
   __shared__ float part[kMaxChunks][R];
-  __shared__ float ysum[16][R];
+  __shared__ float ysum[kMaxWindow][R];
+  __shared__ int lead_e[kMaxWindow];
+  __shared__ unsigned lead_mask[kMaxWindow];
+  __shared__ int nlead;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.y, h0 = blockIdx.x * R;
-  const int nvec = inter >> 3, cpr = (nvec + 31) >> 5, nch = topk * cpr;
+  const int wb = blockIdx.y * ws, h0 = blockIdx.x * R;
+  const int nw = min(ws, tokens * topk - wb);  // this window's slots
+  const int nvec = inter >> 3, cpr = (nvec + 31) >> 5;
   const uint4* w2v = reinterpret_cast<const uint4*>(w2);
-  const int* tid = ids + static_cast<int64_t>(t) * topk;
+  if (warp == 0) {  // the window's distinct routed experts, in slot order, each with its slots (the router's ids)
+    const int e = lane < nw ? ids[wb + lane] : -1;
+    const bool ok = lane < nw && routed(e, num_experts);
+    const unsigned same = __match_any_sync(kFull, ok ? e : -2 - lane);
+    const bool lead = ok && __ffs(same) - 1 == lane;
+    const unsigned leads = __ballot_sync(kFull, lead);
+    if (lead) {
+      const int li = __popc(leads & ((1u << lane) - 1u));
+      lead_e[li] = e;
+      lead_mask[li] = same;
+    }
+    if (lane == 0) nlead = __popc(leads);
+  }
+  __syncthreads();
+  const int nch = nlead * cpr;
   bool waited = !ASTRA_PDL;
   for (int c0 = warp; c0 < nch; c0 += 8 * G) {
     uint4 wv[G][R];
     const uint4* wrow[G];
-    int vv[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int c = c0 + 8 * g;
-      const int k = c / cpr, v = (c - k * cpr) * 32 + lane;
-      const int e = c < nch ? tid[k] : -1;
-      vv[g] = v;
-      wrow[g] = (routed(e, num_experts) && v < nvec) ? w2v + static_cast<int64_t>(e) * hidden * nvec + v : nullptr;
+      const int li = c / cpr, v = (c - li * cpr) * 32 + lane;
+      wrow[g] = (c < nch && v < nvec) ? w2v + static_cast<int64_t>(lead_e[li]) * hidden * nvec + v : nullptr;
 #pragma unroll
       for (int r = 0; r < R; ++r)  // rows past the end read the last row again; not stored
         wv[g][r] = wrow[g] ? load_stream(wrow[g] + static_cast<int64_t>(min(h0 + r, hidden - 1)) * nvec)
@@ -361,13 +421,16 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
     for (int g = 0; g < G; ++g) {
       const int c = c0 + 8 * g;
       if (c >= nch) break;  // warp-uniform
-      const int k = c / cpr;
-      uint4 a = make_uint4(0, 0, 0, 0);
-      if (wrow[g]) a = reinterpret_cast<const uint4*>(act)[(static_cast<int64_t>(t) * topk + k) * nvec + vv[g]];
+      const int li = c / cpr, q = c - li * cpr, v = q * 32 + lane;
+      for (unsigned m = lead_mask[li]; m; m &= m - 1) {  // every slot of the window routed to this expert
+        const int sw = __ffs(m) - 1;
+        uint4 a = make_uint4(0, 0, 0, 0);
+        if (wrow[g]) a = reinterpret_cast<const uint4*>(act)[static_cast<int64_t>(wb + sw) * nvec + v];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float s = warp_sum(wrow[g] ? dot8<T>(a, wv[g][r], 0.f) : 0.f);
-        if (lane == 0) part[c][r] = s;
+        for (int r = 0; r < R; ++r) {
+          const float s = warp_sum(wrow[g] ? dot8<T>(a, wv[g][r], 0.f) : 0.f);
+          if (lane == 0) part[sw * cpr + q][r] = s;
+        }
       }
     }
   }
@@ -376,31 +439,43 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
     pdl_trigger();
   }
   __syncthreads();
-  for (int o = threadIdx.x; o < topk * R; o += 256) {  // (expert, row): its chunks in order, weighted, rounded
-    const int k = o / R, r = o - k * R;
-    const int e = tid[k];
+  for (int o = threadIdx.x; o < nw * R; o += 256) {  // (slot, row): its chunks in order, weighted, rounded
+    const int sw = o / R, r = o - sw * R;
     float s = 0.f;
-    for (int q = 0; q < cpr; ++q) s += part[k * cpr + q][r];
-    ysum[k][r] = routed(e, num_experts) ? rnd<T>(s * wts[static_cast<int64_t>(t) * topk + k]) : 0.f;
+    if (routed(ids[wb + sw], num_experts)) {
+      for (int q = 0; q < cpr; ++q) s += part[sw * cpr + q][r];
+      s = rnd<T>(s * wts[wb + sw]);
+    }
+    ysum[sw][r] = s;
   }
   __syncthreads();
-  if (threadIdx.x < R && h0 + threadIdx.x < hidden) {
+  for (int o = threadIdx.x; o < (nw / topk) * R; o += 256) {  // (token, row): the top-k sum in expert order
+    const int tw = o / R, r = o - tw * R;
+    if (h0 + r >= hidden) continue;
     float total = 0.f;
-    for (int k = 0; k < topk; ++k) total += ysum[k][threadIdx.x];
-    out[static_cast<int64_t>(t) * hidden + h0 + threadIdx.x] = topk_sum_out<T>(total, scale);
+    for (int k = 0; k < topk; ++k) total += ysum[tw * topk + k][r];
+    out[static_cast<int64_t>(wb / topk + tw) * hidden + h0 + r] = topk_sum_out<T>(total, scale);
   }
 }
 
-int device_major() {
-  static int cached_dev = -1, major = 0;
+struct DeviceFacts {
+  int major = 0, sms = 0;
+};
+
+DeviceFacts device_facts() {  // the current device's, cached
+  static int cached_dev = -1;
+  static DeviceFacts facts;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return DeviceFacts{};
   if (dev != cached_dev) {
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&facts.major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, dev);
     cached_dev = dev;
   }
-  return major;
+  return facts;
 }
+
+int device_major() { return device_facts().major; }
 
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, int threads, cudaStream_t stream, Args... args) {
@@ -431,25 +506,46 @@ cudaError_t dispatch(const void* x, const void* w13, const void* w2, const float
                      void* out, int tokens, int hidden, int inter, int experts, int topk, float scale,
                      cudaStream_t stream) {
   cudaError_t err;
+  const int lanes = (inter / 8 + 31) / 32;  // vectors of a w2 row per lane
+  const bool chunks = ASTRA_K2_ROWS > 0 && topk <= 16 && topk * lanes <= kTokenChunks;
+  // a window: the whole tokens whose shared experts are read once (kernel 2's shared memory bounds it); 1: none
+  int wtok = 1;
+  if (ASTRA_DEDUP && topk <= kMaxWindow) {
+    wtok = kMaxWindow / topk;
+    if (chunks) wtok = min(wtok, kMaxChunks / (topk * lanes));
+    wtok = max(1, min(wtok, tokens));
+  }
+  const dim3 grid1((inter + kWarps1 - 1) / kWarps1, tokens * topk);
+  const T* xp = static_cast<const T*>(x);
+  const T* wp = static_cast<const T*>(w13);
+  T* ap = static_cast<T*>(act);
   constexpr int cols = ASTRA_K1_COLS > 0 ? ASTRA_K1_COLS : 1;
   if constexpr (ASTRA_K1_COLS > 0)
     err = launch(gate_up_rows_kernel<T, cols, ASTRA_K1_ITERS>, dim3((inter + cols - 1) / cols, tokens * topk), 256,
-                 stream, static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden, inter,
-                 experts, topk);
-  else
-    err = launch(gate_up_act_kernel<T>, dim3((inter + kWarps1 - 1) / kWarps1, tokens * topk), kWarps1 * 32, stream,
-                 static_cast<const T*>(x), static_cast<const T*>(w13), ids, static_cast<T*>(act), hidden, inter,
-                 experts, topk);
+                 stream, xp, wp, ids, ap, hidden, inter, experts, topk);
+  else if (wtok > 1)  // windows of several tokens: 2 or 4 slots a sweep, 8 vectors a row in flight
+    err = launch(wtok == 2 ? gate_up_act_kernel<T, 2, 8, 1> : gate_up_act_kernel<T, 4, 8, 1>, grid1, kWarps1 * 32,
+                 stream, xp, wp, ids, ap, hidden, inter, experts, topk, tokens * topk, wtok * topk);
+  else {
+    // one slot a sweep, its launch shape by the grid (session 30's sweep): a grid that fits two 8-vector CTAs an SM
+    // keeps them; one that fits six 2-vector CTAs an SM (40 registers) runs in that one wave; larger grids take
+    // 4-vector CTAs, four an SM
+    const int64_t ctas = static_cast<int64_t>(grid1.x) * grid1.y, sms = device_facts().sms;
+    auto k1 = ASTRA_K1_UNROLL > 0 ? gate_up_act_kernel<T, 1, (ASTRA_K1_UNROLL > 0 ? ASTRA_K1_UNROLL : 8), ASTRA_K1_MINB>
+              : ctas <= 2 * sms   ? gate_up_act_kernel<T, 1, 8, 1>
+              : ctas <= 6 * sms   ? gate_up_act_kernel<T, 1, 2, 6>
+                                  : gate_up_act_kernel<T, 1, 4, 4>;
+    err = launch(k1, grid1, kWarps1 * 32, stream, xp, wp, ids, ap, hidden, inter, experts, topk, tokens * topk, 1);
+  }
   if (err != cudaSuccess) return err;
   const dim3 grid((hidden + kWarps2 - 1) / kWarps2, tokens);
   const T* w = static_cast<const T*>(w2);
   const T* a = static_cast<const T*>(act);
   T* o = static_cast<T*>(out);
-  const int lanes = (inter / 8 + 31) / 32;  // vectors of a w2 row per lane
-  if (ASTRA_K2_ROWS > 0 && topk * lanes <= kMaxChunks && topk <= 16) {
+  if (chunks) {
     constexpr int r = ASTRA_K2_ROWS > 0 ? ASTRA_K2_ROWS : 1;
-    return launch(down_chunks_kernel<T, r, ASTRA_K2_GROUP>, dim3((hidden + r - 1) / r, tokens), 256, stream, w, wts,
-                  ids, a, o, hidden, inter, experts, topk, scale);
+    return launch(down_chunks_kernel<T, r, ASTRA_K2_GROUP>, dim3((hidden + r - 1) / r, (tokens + wtok - 1) / wtok), 256,
+                  stream, w, wts, ids, a, o, tokens, hidden, inter, experts, topk, wtok * topk, scale);
   }
   switch (lanes) {
     case 1: return launch_down<T, 1>(grid, stream, w, wts, ids, a, o, hidden, inter, experts, topk, scale);

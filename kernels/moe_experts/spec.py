@@ -225,7 +225,7 @@ VARIANT = Variant(
 
 SPEC = OpSpec(
     name="moe_experts",
-    summary="FUSED routed experts of an unquantized MoE layer at decode sizes (the adapter takes 1 token): gate_up "
+    summary="FUSED routed experts of an unquantized MoE layer at decode sizes (the adapter takes 1-2 tokens): gate_up "
             "GEMV + SiLU-and-mul, down GEMV with the router weights + top-k sum, two launches (replaces SGLang's "
             "fused_experts: the id alignment, two Triton expert GEMMs, the activation and the combine; speedups are "
             "over all of it)",
