@@ -240,6 +240,9 @@ def test_declined_keeps_and_the_precheck_say_n_a_beyond_max_tokens():
     assert isinstance(A.kept_by_sglang((8, 2048, 768, 128, 8)), str) and "tokens" in AD.declined(n + 1, 2048, 768)
     assert A.kept_by_sglang((n, 2048, 768, 128, 8)) is None and AD.declined(n, 2048, 768) is None
     assert "multiples of 8" in AD.declined(1, 2052, 768) and "multiples of 8" in AD.declined(1, 2048, 764)
+    # from 2 tokens, experts wider than MAX_INTER_MULTI columns stay SGLang's (Mixtral tp4 ran 0.90x there)
+    assert AD.declined(1, 4096, 3584) is None and AD.declined(2, 2048, AD.MAX_INTER_MULTI) is None
+    assert "3584-column experts" in AD.declined(2, 4096, 3584)
     assert {s.dims[0] for s in SPEC.corpus if A.kept_by_sglang(s.dims) is None} == {1, 2, 4, 8} & set(range(n + 1))
     # the precheck: a call of more tokens leaves before binding, positional or keyword
     assert "tokens" in A.precheck((torch.randn(n + 1, 64),), {})

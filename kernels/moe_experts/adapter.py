@@ -4,7 +4,8 @@ function is replaced: a call it takes runs this op's two kernels instead of fuse
 expert GEMMs, activation and combine. patch/adapters.py holds the machinery and says what each field means.
 
 `expand` declines (fused_experts runs as before) before any work unless:
-- hidden_states is a 2-D CUDA tensor of at most MAX_TOKENS rows (checked first: every prefill call leaves at once);
+- hidden_states is a 2-D CUDA tensor of at most MAX_TOKENS rows (checked first: every prefill call leaves at once),
+  one row where the experts are wider than MAX_INTER_MULTI columns;
 - the call is unquantized (no fp8 / int8 / int4 flag, scale, zero point, block shape or pre-quantized input), without
   expert biases, and the runner config is the plain silu-gated MoE: activation silu, gated, the router weights
   applied after the down GEMM, combined (no_combine off), no gemm1 alpha / clamp limit (gpt-oss's swiglu), no swiglu
@@ -31,6 +32,9 @@ from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 # at 4 tokens it is 0.96x of fused_experts chained (0.81x where the tokens share their experts: SGLang's tensor-core
 # GEMMs take 4 tokens for the price of one)
 MAX_TOKENS = 2
+# and 2-token calls of wider experts: Mixtral tp4's (3584 columns, top-2) ran 0.90x of fused_experts chained at 2
+# tokens, where every measured shape of at most 1024 columns ran 1.02-1.25x (same record)
+MAX_INTER_MULTI = 1024
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 _QUANT_FLAGS = ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "per_channel_quant")
 _NONE_ARGS = ("b1", "b2", "w1_scale", "w2_scale", "w1_zp", "w2_zp", "a1_scale", "a2_scale", "block_shape", "a1_q")
@@ -41,6 +45,8 @@ def declined(tokens: int, hidden: int, inter: int, experts: int = 1, topk: int =
     """Why a call of these dims stays with SGLang by design, or None: the rule expand and validate (n/a) share."""
     if tokens > MAX_TOKENS:
         return f"{tokens} tokens > {MAX_TOKENS}: SGLang's fused_experts"
+    if tokens > 1 and inter > MAX_INTER_MULTI:
+        return f"{tokens} tokens of {inter}-column experts (> {MAX_INTER_MULTI} from 2 tokens): SGLang's fused_experts"
     if hidden % 8 or inter % 8:
         return f"hidden {hidden} / intermediate {inter} not multiples of 8 (the kernel's 16-byte vectors)"
     return None
