@@ -290,15 +290,6 @@ def _op_list(text: str) -> object:
     return t if t in ("all", "none") else [o.strip() for o in t.split(",") if o.strip()]
 
 
-def _resolved(text: str) -> frozenset:
-    """The ops an arm's --ops text patches ('all' is the default ops: 'all,OP' with OP on by default is 'all')."""
-    from astra_sglang.patch import patchable_ops
-    from astra_sglang.patch.config import default_ops, parse_ops
-
-    known = patchable_ops()
-    return frozenset(parse_ops(text, known, default_ops(known)))
-
-
 def parse_arm_env(items: Sequence[str]) -> Dict[str, Dict[str, str]]:
     """--arm-env ARM:KEY=VALUE items -> {"A": {...}, "B": {...}}: arm A's (A2 takes A's too) or arm B's worker
     environment on top of the driver's, for an A/B of a switch an op reads from the environment at patch time."""
@@ -330,7 +321,10 @@ def arms_for(ops: str, aa: bool, calibrate: bool, base_ops: str = "none",
     if ops.strip() == "none" or not patched:
         raise AstraError("--ops none would compare the baseline with itself; use --aa for an A/A run"
                          + (" (and no op reads an --arm-env switch in an unpatched arm)" if arm_env else ""))
-    same_ops = base == patched or _resolved(base_ops or "none") == _resolved(ops)
+    from .step_worker import ops_to_patch
+
+    # the ops each arm patches, as its workers resolve them ('all,OP' with OP on by default is 'all')
+    same_ops = set(ops_to_patch(base_ops or "none")) == set(ops_to_patch(ops))
     if base != "none" and same_ops and not candidates and env_of_arm(arm_env, "A") == env_of_arm(arm_env, "B"):
         raise AstraError("--base-ops equals --ops: the arms would be the same")
     return {"A": base, "A2": base, "B": patched} if calibrate else {"A": base, "B": patched}

@@ -180,10 +180,11 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             limit = BASELINE_SLACK * tolerance(spec, short, None)
             tol = limit
             mism = nonfinite_mismatch(prod[name], ref_p[name])
-            ok = judged(spec, rp) <= limit
+            prod_err = judged(spec, rp)
+            ok = prod_err <= limit
             if not ok:
                 failures.append(f"{label}: production's {name} disagrees with the fp64 reference: {what} "
-                                f"{judged(spec, rp):.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
+                                f"{prod_err:.3g} > {limit:.3g} ({BASELINE_SLACK:g}× the {short} floor)"
                                 + (f", {rp['nan']} NaN where the reference is finite" if rp["nan"] else "") + again)
             if mism:
                 notes.append(f"{label}: production's {name} differs from the reference at {mism} non-finite positions")
@@ -192,13 +193,14 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             prod_err = judged(spec, rp)
             tol = tolerance(spec, short, prod_err, alone=prod is None)
             mism = nonfinite_mismatch(outs["candidate"][name], r, prod[name] if prod is not None else None)
-            ok = judged(spec, rc_) <= tol and not mism
+            cand_err = judged(spec, rc_)
+            ok = cand_err <= tol and not mism
             if rc_["nan"]:
                 failures.append(f"{label}: candidate's {name} has {rc_['nan']} NaN where the reference is finite{again}")
-            elif judged(spec, rc_) > tol:
+            elif cand_err > tol:
                 why = (f"production {prod_err:.3g}; max({spec.tolerance.k:g}×production, {short} floor)" if rp else
                        f"the {short} bound where production does not take the case: the fp64 reference alone judges it")
-                failures.append(f"{label}: candidate's {name} {what} {judged(spec, rc_):.3g} > tolerance {tol:.3g} "
+                failures.append(f"{label}: candidate's {name} {what} {cand_err:.3g} > tolerance {tol:.3g} "
                                 f"({why}){again}")
             if mism:
                 failures.append(f"{label}: candidate's {name} differs from reference"
@@ -208,7 +210,7 @@ def judge(spec: OpSpec, label: str, dims, dtype: str, dist: str, run_index: int,
             "shape": "x".join(map(str, dims)), "dtype": dtype, "dist": dist, "run": run_index, "tensor": name,
             # cand_err / prod_err: the errors the tolerance judged (spec.tolerance.metric); the elementwise maximum and
             # the normwise error both stay in the row
-            "cand_err": None if baseline_only else judged(spec, rc_), "prod_err": judged(spec, rp), "tol": tol,
+            "cand_err": None if baseline_only else judged(spec, rc_), "prod_err": prod_err, "tol": tol,
             "metric": spec.tolerance.metric, "cand_max": None if baseline_only else rc_["err"],
             "prod_max": rp["err"] if rp else None,
             "ok": ok, "cand_norm": None if baseline_only else rc_["norm"], "prod_norm": rp["norm"] if rp else None,

@@ -179,8 +179,8 @@ def sequence(c: Dict[str, Any]) -> None:
 
 
 # On in `--ops all` since its decode-step A/B over every other default op: Qwen3-30B-A3B (20 layers) -6.55% [-7.47,
-# -5.61] at batch 1, H200, 2026-11-30 (results/2026-11-30-h200/session29/); check and validate pass. DEFAULT_OFF =
-# "reason" would take it out of `--ops all` again.
+# -5.61] at batch 1, H200, 2026-11-30 (results/2026-11-30-h200/session29/); now -9.86% at batch 1 and -0.60% at 2
+# (session30/); check and validate pass. DEFAULT_OFF = "reason" would take it out of `--ops all` again.
 DEFAULT_OFF = ""
 
 ADAPTER = OpAdapter(
