@@ -55,7 +55,8 @@ def test_spec_abi_symbols_and_what_it_replaces():
     assert set(SPEC.reference(inp, (1, 8, 8, 4, 1), SPEC.scalars(None))) == {"out"}
     # decode only; every H and I a multiple of 8 (the kernel's 16-byte vectors)
     dims = {s.dims for s in SPEC.corpus}
-    assert {s.tags for s in SPEC.corpus} == {("decode",)} and {d[0] for d in dims} == {1, 2, 4, 8}
+    assert {s.tags for s in SPEC.corpus} == {("decode",), ("decode", "validate")}
+    assert {d[0] for d in dims} == {1, 2, 4, 8}
     assert (1, 2048, 768, 128, 8) in dims and (2, 4096, 14336 // 8, 8, 2) in dims  # Qwen3-30B-A3B, Mixtral tp8
     assert all(h % 8 == 0 and i % 8 == 0 for _, h, i, _, _ in list(dims) + [s.dims for s in SPEC.edge_shapes])
 
@@ -248,6 +249,19 @@ def test_declined_keeps_and_the_precheck_say_n_a_beyond_max_tokens():
     assert "tokens" in A.precheck((torch.randn(n + 1, 64),), {})
     assert "tokens" in A.precheck((), {"hidden_states": torch.randn(n + 1, 64)})
     assert A.precheck((torch.randn(n, 64),), {}) is None and A.precheck((), {}) is None
+
+
+def test_validate_runs_a_2_token_row_taken_and_one_left_to_sglang_by_its_width():
+    """validate's decode sample held no real 2-token row (session 31's GPU validate: 32 passed, none at 2 tokens of a
+    corpus model), so MAX_INTER_MULTI had never run in SGLang's layer: it now takes Qwen3-30B-A3B's 2 tokens (the
+    adapter's) and Mixtral tp8's (left to SGLang: 1792-column experts)."""
+    from astra_sglang.patch.validate import validation_shapes
+
+    rows = {s.dims for s in validation_shapes(SPEC, "validate")}
+    taken, left = op_part(OP, "spec").VALIDATE_ROWS
+    assert {taken, left} <= rows and {taken, left} <= {s.dims for s in SPEC.corpus}
+    assert A.kept_by_sglang(taken) is None and taken[2] <= AD.MAX_INTER_MULTI and taken[0] == 2 <= AD.MAX_TOKENS
+    assert "1792-column experts" in A.kept_by_sglang(left) and left[2] > AD.MAX_INTER_MULTI
 
 
 @pytest.mark.wheels

@@ -43,6 +43,9 @@ MOE_MODELS: Tuple[Tuple[str, int, int, int, int, Tuple[int, ...]], ...] = (
     ("mixtral-8x7b", 4096, 14336, 8, 2, (2, 4, 8)),
 )
 DECODE = (1, 2, 4, 8)
+# rows `validate` runs besides its decode sample (which holds no real 2-token row): Qwen3-30B-A3B's 2 tokens, which the
+# adapter takes, and Mixtral tp8's, whose 1792-column experts it leaves to SGLang from 2 tokens (MAX_INTER_MULTI)
+VALIDATE_ROWS = ((2, 2048, 768, 128, 8), (2, 4096, 1792, 8, 2))
 
 
 def corpus(models=MOE_MODELS) -> Tuple[Shape, ...]:
@@ -50,7 +53,9 @@ def corpus(models=MOE_MODELS) -> Tuple[Shape, ...]:
     for model, h, inter, e, k, tps in models:
         for tp in tps:
             for t in DECODE:
-                out.append(Shape((t, h, inter // tp, e, k), ("decode",), f"{model} tp{tp}"))
+                dims = (t, h, inter // tp, e, k)
+                out.append(Shape(dims, ("decode", "validate") if dims in VALIDATE_ROWS else ("decode",),
+                                 f"{model} tp{tp}"))
     return dedupe_shapes(out)
 
 
