@@ -6,8 +6,8 @@ launch, no math; the floor), timed against SGLang's installed fused_experts_impl
 29's build and graph timer and session 30's routing (`rand`: each token's top-k drawn alone; `same`: every token on
 the first token's experts). Every variant's output is compared bit for bit with the shipped kernel's (`auto`).
 None of these variants shipped: kernels/moe_experts/kernel.cu no longer has their macros; apply `variants-r1r2.diff`
-(rounds 1 and 2) or `variants-r3.diff` (round 3) here to the kernel of 360cb43 to run them again (`auto` and `touch`
-run as they are). Run on the GPU node from the repository root with the e2e site on PYTHONPATH:
+(rounds 1 and 2), `variants-r3.diff` (round 3) or `variants-next.diff` (`VARIANTS=auto,tma,touch`: not yet run) here to the
+kernel of 360cb43 to run them (`auto` and `touch` run as they are). Run on the GPU node from the repository root with the e2e site on PYTHONPATH:
 
     python3 results/2026-11-30-h200/session31/moe_sweep.py OUT_DIR         # the sweep: OUT_DIR/moe_sweep.md
     NCU=1 VARIANTS=auto,s2b4 python3 .../moe_sweep.py OUT_DIR              # a few eager calls each, for ncu
@@ -58,10 +58,14 @@ ALL = {
     "g s6b2": ["-DASTRA_K1_STAGED=1", "-DASTRA_K1_STAGES=6", "-DASTRA_K1_SMB=2"],
     "g s3b4": ["-DASTRA_K1_STAGED=1", "-DASTRA_K1_STAGES=3", "-DASTRA_K1_SMB=4"],
     "g s4c32b5": ["-DASTRA_K1_STAGED=1", "-DASTRA_K1_STAGES=4", "-DASTRA_K1_CV=32", "-DASTRA_K1_SMB=5"],
+    # next (written after the session's device time was spent, compiled, never run; `variants-next.diff`): kernel 1's
+    # 8-column tiles by bulk copy (TMA) into a 3-tile ring, a producer warp and eight consumer warps
+    "tma": ["-DASTRA_K1_TMA=1"],
 }
 ROUND1 = "auto,m1,s4b2,s2b4,s8b1,p1,p1r4,s2b4 p1,touch"  # as round 1 ran (VARIANTS=...)
 ROUND2 = "auto,st,st g3,st r16g1,st r4g4,st m2,touch"  # with variants-r1r2.diff applied
 ROUND3 = "auto,g,g s8c32,g s6b2,g s3b4,g s4c32b5,touch"
+NEXT = "auto,tma,touch"  # with variants-next.diff applied
 VARIANTS = {n: ALL[n] for n in os.environ.get("VARIANTS", ROUND3).split(",")}
 Q3, OL, MX, Q235 = s30.Q3, s30.OL, s30.MX, s30.Q235
 SHAPES = [(1, *Q3, "rand"), (2, *Q3, "rand"), (3, *Q3, "rand"), (4, *Q3, "rand"), (2, *Q3, "same"), (4, *Q3, "same"),
