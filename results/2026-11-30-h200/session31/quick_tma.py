@@ -1,7 +1,8 @@
-"""The TMA kernel 1 of variants-next.diff against the shipped kernel and the no-math floor, without SGLang (the last
-~100 s of the session's device time, refused: too little left to start a machine; never run): chained µs a call (CUDA graph of 16 calls, each routed to its own random
-experts, median of 15 replays), Qwen3-30B-A3B's experts, bf16, and whether the TMA kernel's output equals the shipped
-kernel's bit for bit. Run from the repository root after `git apply` of variants-next.diff:
+"""The TMA kernel 1 of variants-next.diff against the shipped kernel and the no-math floor, without SGLang (written for
+the last ~100 s of the session's device time, which were refused: too little left to start a machine; never run):
+chained µs a call (CUDA graph of 16 calls, each routed to its own random experts, median of 15 replays),
+Qwen3-30B-A3B's experts, bf16, and whether the TMA kernel's output equals the shipped kernel's bit for bit. Run from
+the repository root after `git apply` of variants-next.diff:
 
     python3 results/2026-11-30-h200/session31/quick_tma.py
 """
