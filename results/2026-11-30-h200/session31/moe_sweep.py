@@ -6,8 +6,9 @@ launch, no math; the floor), timed against SGLang's installed fused_experts_impl
 29's build and graph timer and session 30's routing (`rand`: each token's top-k drawn alone; `same`: every token on
 the first token's experts). Every variant's output is compared bit for bit with the shipped kernel's (`auto`).
 None of these variants shipped: kernels/moe_experts/kernel.cu no longer has their macros; apply `variants-r1r2.diff`
-(rounds 1 and 2), `variants-r3.diff` (round 3) or `variants-next.diff` (`VARIANTS=auto,tma,touch`: not yet run) here to the
-kernel of 360cb43 to run them (`auto` and `touch` run as they are). Run on the GPU node from the repository root with the e2e site on PYTHONPATH:
+(rounds 1 and 2), `variants-r3.diff` (round 3) or `variants-next.diff` (`VARIANTS=auto,tma,touch`: not yet run)
+here to the kernel of 360cb43 to run them (`auto` and `touch` run as they are). Run on the GPU node from the
+repository root with the e2e site on PYTHONPATH:
 
     python3 results/2026-11-30-h200/session31/moe_sweep.py OUT_DIR         # the sweep: OUT_DIR/moe_sweep.md
     NCU=1 VARIANTS=auto,s2b4 python3 .../moe_sweep.py OUT_DIR              # a few eager calls each, for ncu
