@@ -69,7 +69,8 @@ def validation_shapes(spec, selector: str):
             for tag, n in (("decode", 6), ("prefill", 2)):
                 rows = spec.shapes(tag) if tag in tags else []
                 picked += rows[:: max(1, -(-len(rows) // n))]
-        picked += [s for s in spec.corpus if "validate" in s.tags]   # rows a spec names for validate (linear's longest)
+        # rows a spec names for validate (linear's longest, moe_experts' 2-token rows)
+        picked += [s for s in spec.corpus if "validate" in s.tags]
         return list(dedupe_shapes([s for s in picked + list(spec.edge_shapes) if "largest" not in s.tags]))
     return spec.shapes(selector)
 
