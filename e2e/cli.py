@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import click
 
@@ -463,6 +463,7 @@ class _ServedAB:
         from .stats import ab_schedule, calibrated_schedule
 
         runs: list = []
+        loads: List[float] = []
         for w in self.wls:
             prompts = make_prompts(w, self.vocab_size)
             _say(w.describe())
@@ -477,6 +478,8 @@ class _ServedAB:
                 _say(f"  {w.name} round {rnd:>2} {arm}: {run.t_finish - run.t_begin:6.2f}s, "
                      f"{tok / max(run.t_finish - run.t_begin, 1e-9):8.1f} tok/s"
                      + (f", {len(bad)} failed: {bad[0].error}" if bad else ""))
+                loads.append(os.getloadavg()[0])
+                meta[HOST_LOAD] = host_load_text(loads, os.cpu_count() or 1)
                 _dump(out_dir, meta, self.workloads, runs)
             if w.name == self.server_profile_wl:
                 _profile_round({k: servers[k] for k in ("A", "B")}, w, prompts, out_dir, self.profile_steps, self.tp)
@@ -572,6 +575,20 @@ def _profile_round(servers: dict, w, prompts, out_dir: Path, steps: int, tp: int
     (out_dir / "server-profile.md").write_text(md + "\n")
     (out_dir / "server-profile.json").write_text(json.dumps(
         {arm: (p.to_dict() if p else None) for arm, p in profiles.items()}, indent=1))
+
+
+HOST_LOAD = "host load (1-min average, after each round)"
+
+
+def host_load_text(samples: Sequence[float], cpus: int) -> str:
+    """The host's load over a served run's rounds. A batch-1 server is host-bound, so other work on the host moves
+    its A/B: the 20-layer Qwen3-30B-A3B read +7.45% (not resolved) beside a step A/B on the other GPU and +39.16% alone
+    (results/2026-11-30-h200/session30/, session31/). Above half the CPUs the report says so."""
+    if not samples:
+        return "not sampled"
+    lo, hi = min(samples), max(samples)
+    text = f"{lo:.1f} to {hi:.1f} on {cpus} CPUs"
+    return text + (" (busy: another job shared the host; a batch-1 A/B is host-sensitive)" if hi > cpus / 2 else "")
 
 
 def _counter_text(tot: dict) -> str:

@@ -297,12 +297,23 @@ def test_e2e_cli_against_stand_in_servers(tmp_path):
     # says so (tests/test_e2e_attention.py probes real package directories)
     assert "--attention-backend triton" in md and "| attention backend | triton (auto:" in md
     assert "astra-sglang patch --serve --ops none" in md
+    assert "| host load (1-min average, after each round) | " in md and f"on {os.cpu_count()} CPUs" in md
     assert not stale.exists()  # its counters are not summed into this run's
     # re-analysis from results.json alone
     res2 = CliRunner().invoke(e2e_cmd, ["--analyze", str(out / "results.json"), "--out", str(tmp_path / "re"),
                                         "--bootstrap", "200"])
     assert res2.exit_code == 0, res2.output
     assert (tmp_path / "re" / "report.md").read_text().count("###") == 2
+
+
+def test_host_load_text_flags_a_busy_host():
+    """A batch-1 served A/B is host-bound: the report keeps the host's load over the rounds and says when it passed
+    half the CPUs (session 30's batch-1 MoE A/B ran beside a step A/B: +7.45% n.s.; alone, +39.16%)."""
+    from astra_sglang.e2e.cli import host_load_text
+
+    assert host_load_text([], 32) == "not sampled"
+    assert host_load_text([2.0, 5.5, 3.1], 32) == "2.0 to 5.5 on 32 CPUs"
+    assert "busy" in host_load_text([4.0, 17.0], 32) and "busy" not in host_load_text([16.0], 32)
 
 
 # ----------------------------------------------------------------------------- served decode-step profile
