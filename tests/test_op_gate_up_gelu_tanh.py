@@ -36,10 +36,11 @@ A, GUS_AD = AD.ADAPTER, op_part("gate_up_silu", "adapter")  # the shared helpers
 TARGETS = ("sglang.srt.models.gemma2:Gemma2MLP.forward", "sglang.srt.models.gemma3_causal:Gemma3MLP.forward")
 
 
-def _gelu_tanh_mul_rounded(gate_up):
-    """What SGLang's gelu_tanh_and_mul stores: fp32 gelu_tanh(g) * u rounded to the dtype."""
+def _gelu_tanh_mul_rounded(gate_up, approximate="tanh"):
+    """What SGLang's gelu_tanh_and_mul stores: fp32 gelu_tanh(g) * u rounded to the dtype (approximate "none": what
+    its gelu_and_mul stores, for gate_up_gelu's tests)."""
     g, u = gate_up.float().chunk(2, dim=-1)
-    return (torch.nn.functional.gelu(g, approximate="tanh") * u).to(gate_up.dtype)
+    return (torch.nn.functional.gelu(g, approximate=approximate) * u).to(gate_up.dtype)
 
 
 def _sglang_act(x, weight):
@@ -129,12 +130,19 @@ def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, ca
 
 def _stub_activation(monkeypatch):
     """A stand-in sglang.srt.layers.activation: GeluAndMul (approximate, dispatch fixed at construction, as 0.5.17's),
-    SiluAndMul, and gelu_tanh_and_mul(input, out) computing SGLang's rounded activation."""
-    calls = []
+    SiluAndMul, and gelu_tanh_and_mul / gelu_and_mul(input, out) computing SGLang's rounded activations (`calls`:
+    the input shapes, `kernels`: which of the two ran; gate_up_gelu's tests use it too)."""
+    calls, kernels = [], []
 
     def gelu_tanh_and_mul(input, out=None):
         calls.append(tuple(input.shape))
+        kernels.append("gelu_tanh_and_mul")
         return out.copy_(_gelu_tanh_mul_rounded(input))
+
+    def gelu_and_mul(input, out=None):
+        calls.append(tuple(input.shape))
+        kernels.append("gelu_and_mul")
+        return out.copy_(_gelu_tanh_mul_rounded(input, "none"))
 
     mod = types.ModuleType("sglang.srt.layers.activation")
 
@@ -143,9 +151,9 @@ def _stub_activation(monkeypatch):
             self.approximate, self.is_torch_compile = approximate, False
             self._forward_method = self.forward_cuda
 
-        def forward_cuda(self, x):
+        def forward_cuda(self, x):  # _forward_impl's dispatch
             out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype)
-            return gelu_tanh_and_mul(x, out)
+            return (gelu_tanh_and_mul if self.approximate == "tanh" else gelu_and_mul)(x, out)
 
         def forward_native(self, x):
             raise AssertionError("not the CUDA path")
@@ -153,15 +161,18 @@ def _stub_activation(monkeypatch):
     class SiluAndMul(GeluAndMul):
         pass
 
-    mod.GeluAndMul, mod.SiluAndMul, mod.gelu_tanh_and_mul, mod.calls = GeluAndMul, SiluAndMul, gelu_tanh_and_mul, calls
+    mod.GeluAndMul, mod.SiluAndMul, mod.calls, mod.kernels = GeluAndMul, SiluAndMul, calls, kernels
+    mod.gelu_tanh_and_mul, mod.gelu_and_mul = gelu_tanh_and_mul, gelu_and_mul
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     return mod
 
 
 def _stub_models(monkeypatch):
-    """Stand-in sglang.srt.models.gemma2 / .gemma3_causal / .llama with the MLP classes the adapter tells apart."""
+    """Stand-in sglang.srt.models.gemma2 / .gemma3_causal / .gemma / .llama with the MLP classes the adapters tell
+    apart (gemma: Gemma-1's GemmaMLP, gate_up_gelu's)."""
     mods = {}
-    for name, cls in (("gemma2", "Gemma2MLP"), ("gemma3_causal", "Gemma3MLP"), ("llama", "LlamaMLP")):
+    for name, cls in (("gemma2", "Gemma2MLP"), ("gemma3_causal", "Gemma3MLP"), ("gemma", "GemmaMLP"),
+                      ("llama", "LlamaMLP")):
         m = types.ModuleType(f"sglang.srt.models.{name}")
 
         def forward(self, x):
@@ -198,13 +209,13 @@ def gemma_mlp(sglang_unquant_standin, monkeypatch):
     monkeypatch.setitem(sys.modules, lin.__name__, lin)
     monkeypatch.delitem(sys.modules, "sglang.kernels.fused_op", raising=False)
 
-    def make(hidden=64, inter=128, dtype=torch.bfloat16, kind="gemma2", gate_up_cls=None):
+    def make(hidden=64, inter=128, dtype=torch.bfloat16, kind="gemma2", gate_up_cls=None, approximate="tanh"):
         gate_up = (gate_up_cls or lin.MergedColumnParallelLinear)()
         gate_up.weight = (torch.randn(2 * inter, hidden) / hidden ** 0.5).to(dtype)
         gate_up.bias, gate_up.gather_output, gate_up.calls = None, False, 0
         gate_up.quant_method, gate_up.tp_size = sglang_unquant_standin.UnquantizedLinearMethod(), 1
         mlp = mlps[kind]()
-        mlp.gate_up_proj, mlp.act_fn = gate_up, act_mod.GeluAndMul()
+        mlp.gate_up_proj, mlp.act_fn = gate_up, act_mod.GeluAndMul(approximate)
         mlp.down_proj = _Down((torch.randn(hidden, inter) / inter ** 0.5).to(dtype))
         return mlp
 
@@ -351,9 +362,11 @@ def test_discovery_finds_both_gemma_forwards_and_the_binder_takes_their_signatur
 
 
 # ------------------------------------------------------------------------------------------ the patched forward
-def test_the_patched_forward_runs_the_kernel_then_down_proj_and_leaves_prefill_to_sglang(tmp_path):
-    """Through the real patch machinery (stand-in SGLang modules, a CPU stand-in backend, a fresh interpreter): a
-    prefill call runs Gemma2MLP's own forward; a 1-token call runs the op's kernel, then down_proj once."""
+def run_patched_gemma_mlp(op, tmp_path, module="sglang.srt.models.gemma2", cls="Gemma2MLP", approximate="tanh"):
+    """Through the real patch machinery (stand-in SGLang modules, a CPU stand-in backend, a fresh interpreter): `op`
+    patched into `module`.`cls` (a Gemma MLP whose act_fn is GeluAndMul(approximate)); a prefill call runs the MLP's
+    own forward; a 1-token call runs the op's kernel, then down_proj once. The counters and the 1-token error against
+    the original forward come back (gate_up_gelu's test runs it on GemmaMLP)."""
     script = f'''
 import sys, types
 import torch
@@ -368,18 +381,24 @@ seen = {{"act": 0, "down": 0, "gate_up": 0}}
 Unq = type("UnquantizedLinearMethod", (), {{"apply": lambda self, layer, x, bias=None: torch.nn.functional.linear(
     x, layer.weight, bias)}})
 module("sglang.srt.layers.quantization.unquant", UnquantizedLinearMethod=Unq)
-def gelu_tanh_and_mul(x, out=None):
-    seen["act"] += 1
-    k = x.shape[-1] // 2
-    return out.copy_((torch.nn.functional.gelu(x[:, :k].float(), approximate="tanh") * x[:, k:].float()).to(x.dtype))
+def act_and_mul(approximate):
+    def kernel(x, out=None):
+        seen["act"] += 1
+        k = x.shape[-1] // 2
+        g = torch.nn.functional.gelu(x[:, :k].float(), approximate=approximate)
+        return out.copy_((g * x[:, k:].float()).to(x.dtype))
+    return kernel
+gelu_tanh_and_mul, gelu_and_mul = act_and_mul("tanh"), act_and_mul("none")
 class GeluAndMul:
     def __init__(self, approximate="tanh"):
         self.approximate, self.is_torch_compile, self._forward_method = approximate, False, self.forward_cuda
     def forward_cuda(self, x):
-        return gelu_tanh_and_mul(x, torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype))
+        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype)
+        return (gelu_tanh_and_mul if self.approximate == "tanh" else gelu_and_mul)(x, out)
     def __call__(self, x):
         return self._forward_method(x)
-module("sglang.srt.layers.activation", GeluAndMul=GeluAndMul, gelu_tanh_and_mul=gelu_tanh_and_mul)
+module("sglang.srt.layers.activation", GeluAndMul=GeluAndMul, gelu_tanh_and_mul=gelu_tanh_and_mul,
+       gelu_and_mul=gelu_and_mul)
 class Lin:
     def __init__(self, w, what):
         self.weight, self.bias, self.quant_method, self.gather_output, self.what = w, None, Unq(), False, what
@@ -388,20 +407,21 @@ class Lin:
         return self.quant_method.apply(self, x), None
 Merged = type("MergedColumnParallelLinear", (Lin,), {{}})
 module("sglang.srt.layers.linear", MergedColumnParallelLinear=Merged)
-class Gemma2MLP:  # the 0.5.17 / 0.5.23 body
+class MLP:  # the 0.5.17 / 0.5.23 body of Gemma2MLP, Gemma3MLP and GemmaMLP
     def __init__(self, h, i):
         self.gate_up_proj = Merged((torch.randn(2 * i, h) / h ** 0.5).to(torch.bfloat16), "gate_up")
-        self.act_fn = GeluAndMul()
+        self.act_fn = GeluAndMul({approximate!r})
         self.down_proj = Lin((torch.randn(h, i) / i ** 0.5).to(torch.bfloat16), "down")
     def forward(self, x):
         gate_up, _ = self.gate_up_proj(x)
         x = self.act_fn(gate_up)
         x, _ = self.down_proj(x)
         return x
-module("sglang.srt.models.gemma2", Gemma2MLP=Gemma2MLP)
+MLP.__name__ = MLP.__qualname__ = {cls!r}
+module({module!r}, **{{{cls!r}: MLP}})
 from astra_sglang.registry import get_op, op_part
 op_part("gate_up_silu", "adapter").DEVICES = ("cuda", "cpu")
-spec = get_op("{OP}")
+spec = get_op("{op}")
 class Cpu:  # a stand-in backend: the fp64 reference, rounded
     name, devices, dtypes, launched = "cpu", frozenset({{"cpu"}}), ("bf16", "fp16"), 0
     def launch(self, views, dims, dt, scalars):
@@ -410,66 +430,85 @@ class Cpu:  # a stand-in backend: the fp64 reference, rounded
 from astra_sglang.patch import apply_astra_kernels
 from astra_sglang.patch.counters import totals
 cdir = {str(tmp_path)!r}
-apply_astra_kernels(["{OP}"], backends={{"{OP}": Cpu()}}, counter_dir=cdir, propagate=False, plan=False,
+apply_astra_kernels(["{op}"], backends={{"{op}": Cpu()}}, counter_dir=cdir, propagate=False, plan=False,
                     self_check="off")
-mlp = Gemma2MLP(64, 128)
+mlp = MLP(64, 128)
 y = mlp.forward(torch.randn(16, 64, dtype=torch.bfloat16))
 assert y.shape == (16, 64) and Cpu.launched == 0 and seen == {{"act": 1, "down": 1, "gate_up": 1}}, seen
 x1 = torch.randn(1, 64, dtype=torch.bfloat16)
 y1 = mlp.forward(x1)
 assert Cpu.launched == 1 and seen == {{"act": 1, "down": 2, "gate_up": 1}}, seen
-err = (y1.float() - Gemma2MLP.forward.__astra_original__(mlp, x1).float()).abs().max()
-print(json.dumps({{"err": float(err), "scale": float(y1.float().abs().max()), **totals(cdir)["{OP}"]}}))
+err = (y1.float() - MLP.forward.__astra_original__(mlp, x1).float()).abs().max()
+print(json.dumps({{"err": float(err), "scale": float(y1.float().abs().max()), **totals(cdir)["{op}"]}}))
 '''
     r = subprocess.run([sys.executable, "-c", "import json\n" + script], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.splitlines()[-1])
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_the_patched_forward_runs_the_kernel_then_down_proj_and_leaves_prefill_to_sglang(tmp_path):
+    out = run_patched_gemma_mlp(OP, tmp_path)
     assert (out["calls"], out["fallbacks"]) == (1, 1) and out["err"] <= 0.02 * out["scale"], out
 
 
 # ------------------------------------------------------------------------------------------ the shipped kernel
-@pytest.mark.nvcc
-def test_shipped_kernel_is_gate_up_silu_s_but_the_epilogue_and_builds(tmp_path, monkeypatch):
+def assert_shipped_kernel_builds(op, tmp_path, monkeypatch):
+    """op's shipped kernel passes the static checks, includes nothing of the repository, and its nvcc build exports
+    the spec's symbol (gate_up_gelu's test asks the same)."""
     from astra_sglang.patch.apply import build_kernel
     from astra_sglang.registry import shipped_kernel
     from astra_sglang.static_checks import errors, scan_file
 
+    text = shipped_kernel(op).read_text()
+    assert not errors(scan_file(shipped_kernel(op), [])) and "#include \"" not in text
+    assert get_op(op).c_signature().split("(")[0] in text
+    if not shutil.which("nm"):
+        pytest.skip("needs binutils nm")
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(build_kernel(op, arch="sm_90"))], capture_output=True,
+                        text=True)
+    assert get_op(op).symbol in nm.stdout
+
+
+def nvcc_shipped(op, *args, defines=()):
+    """nvcc on op's shipped kernel with its sm_90a flags (the build check and bench use), plus `defines`."""
+    from astra_sglang.build import Arch, kernel_flags
+    from astra_sglang.registry import shipped_kernel
+
+    cmd = [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", *kernel_flags(get_op(op), Arch(9, 0)), *defines,
+           *args, str(shipped_kernel(op))]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def assert_no_spills(op, tmp_path, defines=()):
+    """ptxas -v on op's shipped kernel: every instance (2 dtypes x (4 token groups + the scalar path)) without a
+    spill."""
+    log = nvcc_shipped(op, "-Xptxas", "-v", "-c", "-o", str(tmp_path / "k.o"), defines=defines).stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == 10 and all(s == ("0", "0") for s in spills), log
+
+
+@pytest.mark.nvcc
+def test_shipped_kernel_is_gate_up_silu_s_but_the_epilogue_and_builds(tmp_path, monkeypatch):
+    from astra_sglang.registry import shipped_kernel
+
     text = shipped_kernel(OP).read_text()
-    assert not errors(scan_file(shipped_kernel(OP), []))
-    assert "namespace astra_gugt {" in text and "astra_gus" not in text and "#include \"" not in text
-    assert SPEC.c_signature().split("(")[0] in text
+    assert "namespace astra_gugt {" in text and "astra_gus" not in text
     # gate_up_silu's kernel but for the epilogue: SGLang's kGELUTanh expression
     assert "const float cdf = 0.5f * (1.0f + tanhf(kBeta * (g + kAlpha * g * g * g)));" in text
     assert "return from_f<T>(g * cdf * u);" in text and "__expf" not in text
     gus = shipped_kernel("gate_up_silu").read_text()
     body = text[text.index("__device__ __forceinline__ void unpack8"):text.index("extern \"C\"")]
     assert body.replace("gugt", "gus").replace("GUGT", "GUS").replace("gelu_tanh_mul", "silu_mul") in gus
-    if not shutil.which("nm"):
-        pytest.skip("needs binutils nm")
-    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
-    nm = subprocess.run(["nm", "-D", "--defined-only", str(build_kernel(OP, arch="sm_90"))], capture_output=True,
-                        text=True)
-    assert SPEC.symbol in nm.stdout
-
-
-def _nvcc(pairs, *args):
-    """nvcc on the shipped kernel with the op's sm_90a flags (the build check and bench use) and kPairs = pairs."""
-    from astra_sglang.build import Arch, kernel_flags
-    from astra_sglang.registry import shipped_kernel
-
-    cmd = [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", *kernel_flags(SPEC, Arch(9, 0)),
-           f"-DASTRA_GUGT_PAIRS={pairs}", *args, str(shipped_kernel(OP))]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r
+    assert_shipped_kernel_builds(OP, tmp_path, monkeypatch)
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("pairs", [2, 4])
 def test_no_register_spills_at_sm_90a_and_the_tanh_is_production_s(pairs, tmp_path):
     # --use_fast_math turns tanhf into the hardware tanh.approx.f32, as in SGLang's JIT build: one per kernel
-    ptx = _nvcc(pairs, "-ptx", "-o", "-").stdout
+    ptx = nvcc_shipped(OP, "-ptx", "-o", "-", defines=(f"-DASTRA_GUGT_PAIRS={pairs}",)).stdout
     assert ptx.count("tanh.approx.f32") == 10 and "ex2.approx" not in ptx
-    log = _nvcc(pairs, "-Xptxas", "-v", "-c", "-o", str(tmp_path / "k.o")).stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(spills) == 10 and all(s == ("0", "0") for s in spills), log  # 2 dtypes x (4 groups + scalar)
+    assert_no_spills(OP, tmp_path, defines=(f"-DASTRA_GUGT_PAIRS={pairs}",))

@@ -823,6 +823,7 @@ def test_the_fused_mlp_and_gemma_norm_ops_have_dims_from_a_config():
     g2, llama, moe = _config("gemma2-9b"), _config("llama3-8b"), _config("qwen3-30b-a3b")
     assert at.lookup_dims("gemma_post_attention_norms", "", g2, 2) == (2, 3584)
     assert at.lookup_dims("gate_up_gelu_tanh", "", g2, 1) == (1, 3584, 14336)
+    assert at.lookup_dims("gate_up_gelu", "", _config("gemma-7b"), 1) == (1, 3072, 24576)  # Gemma-1's erf GELU MLP
     assert at.lookup_dims("gate_up_silu", "", llama, 1, tp=2) == (1, 4096, 7168)
     assert at.lookup_dims("gate_up_silu", "", moe, 1) is None
 
