@@ -394,7 +394,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
     wave_list = ss.waves(procs, procs_at_once or procs)
     if module == WORKER_MODULE:   # a stand-in worker (tests) loads no weights
         # before any load: a wave that cannot fit dies out of memory only after minutes of loading
-        sm.check_fits(cfg, len(arms) * max(len(w) for w in wave_list), tp, sm.gpu_memory_bytes())
+        sm.check_fits(cfg, len(arms) * max(len(w) for w in wave_list), tp, sm.gpu_memory_bytes(),
+                      mem_fraction=mem_fraction)
     arm_env_text = "; ".join(f"{a}: " + " ".join(f"{k}={v}" for k, v in env_of_arm(arm_env, a).items())
                              for a in arms if env_of_arm(arm_env, a))
     meta = {"date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "model": str(model_path),

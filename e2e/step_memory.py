@@ -94,20 +94,32 @@ def gpu_memory_bytes() -> Optional[int]:
 
 
 def check_fits(cfg: dict, procs_per_wave: int, tp: int, gpu_bytes: Optional[int],
-               per_process_overhead: int = 3 * GIB) -> None:
+               per_process_overhead: int = 3 * GIB, mem_fraction: float = USABLE) -> None:
     """Raise AstraError when procs_per_wave processes, each with its 1/tp of the weights plus
-    per_process_overhead (CUDA context, graphs, the capped KV pool), exceed the usable GPU memory."""
+    per_process_overhead (CUDA context, graphs, the capped KV pool), exceed what SGLang lets them have side by side.
+
+    SGLang's rule (0.5.17 KVCacheConfigurator._profile_available_bytes): a process notes the memory free when it
+    starts (pre), loads its weights, then keeps pre * (1 - mem_fraction) free as slack and fails ("Loaded weights
+    leave no GPU memory for the KV cache", or an empty KV pool) where less is left. A wave's processes start together,
+    so each notes about the whole GPU and the last to size its pool finds every process's weights loaded: the wave
+    fits only within mem_fraction of the GPU (and within USABLE of it, the physical bound). The 30B-A3B-shaped
+    `--procs 2` step at --mem-fraction-static 0.5 left its last process of four without a KV cache (2026-11-30)."""
     if gpu_bytes is None:
         return
     weights = weight_bytes(cfg) / tp
     each = weights + per_process_overhead
-    usable = USABLE * gpu_bytes
+    share = min(USABLE, mem_fraction)
+    usable = share * gpu_bytes
     if procs_per_wave * each <= usable:
         return
     per_gpu = f"{weights / GIB:.1f} GiB of weights" + (f" per GPU at --tp {tp}" if tp > 1 else "")
+    bound = (f"{usable / GIB:.1f} usable" if share == USABLE else
+             f"{usable / GIB:.1f} under --mem-fraction-static {mem_fraction:g}, which SGLang applies to the memory "
+             f"free when each process starts")
     raise AstraError(
         f"{procs_per_wave} processes loaded side by side need ~{procs_per_wave * each / GIB:.1f} GiB "
         f"({per_gpu} + {per_process_overhead / GIB:.1f} GiB overhead each) but the GPU has "
-        f"{gpu_bytes / GIB:.1f} GiB ({usable / GIB:.1f} usable): at most {int(usable // each)} fit at once; "
-        f"load fewer with --procs-at-once 1 (one process per arm at a time), split the weights with --tp, "
-        f"or use a GPU with more memory")
+        f"{gpu_bytes / GIB:.1f} GiB ({bound}): at most {int(usable // each)} fit at once; "
+        f"load fewer with --procs-at-once 1 (one process per arm at a time)"
+        + (", raise --mem-fraction-static" if share < USABLE else "")
+        + ", split the weights with --tp, or use a GPU with more memory")

@@ -61,6 +61,27 @@ def test_check_fits():
     sm.check_fits(qwen, 100, 1, None)                # no nvidia-smi: no check
 
 
+def test_the_wave_must_fit_within_the_mem_fraction():
+    """SGLang keeps (1 - mem_fraction) of the memory free at each process's start as slack: four 20-layer MoE
+    processes at 0.5 on an H200 left the last without a KV cache (2026-11-30), though their weights fit the GPU."""
+    cut = _cfg("qwen3-30b-a3b-20l")
+    sm.check_fits(cut, 4, 1, 141 * GIB)                          # the GPU's size alone: it would pass
+    with pytest.raises(AstraError) as e:
+        sm.check_fits(cut, 4, 1, 141 * GIB, mem_fraction=0.5)
+    msg = str(e.value)
+    assert "\n" not in msg and "--mem-fraction-static 0.5" in msg and "--procs-at-once 1" in msg
+    assert "raise --mem-fraction-static" in msg and "at most 2 fit at once" in msg
+    sm.check_fits(cut, 2, 1, 141 * GIB, mem_fraction=0.5)       # --procs-at-once 1: what ran
+    # the step runs of the records, one process an arm at 0.5 on an H200, still pass
+    for name in ("llama3-8b", "qwen3-8b", "qwen2.5-7b", "gemma2-9b", "gemma3-12b", "gemma3-27b-20l",
+                 "deepseek-v3-2l", "gemma-7b"):
+        sm.check_fits(_cfg(name), 2, 1, 141 * GIB, mem_fraction=0.5)
+    # a fraction above USABLE changes nothing: the GPU's size bounds the wave
+    with pytest.raises(AstraError) as e:
+        sm.check_fits(_cfg("qwen3-30b-a3b"), 2, 1, 80 * GIB, mem_fraction=0.99)
+    assert "usable)" in str(e.value) and "raise --mem-fraction-static" not in str(e.value)
+
+
 def test_gpu_memory_bytes_without_nvidia_smi(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert sm.gpu_memory_bytes() is None
@@ -100,6 +121,22 @@ def test_run_step_refuses_before_any_worker_starts(monkeypatch, tmp_path):
     monkeypatch.setattr(sm, "gpu_memory_bytes", lambda: 141 * GIB)
     with pytest.raises(_Started):
         _run(tmp_path, 2, procs_at_once=1)
+    assert started == ["A-p1"]
+
+
+def test_run_step_checks_the_wave_at_its_mem_fraction(monkeypatch, tmp_path):
+    started = _no_workers(monkeypatch)
+    monkeypatch.setattr(sm, "gpu_memory_bytes", lambda: 141 * GIB)
+
+    def run(**kw):
+        return step_mod.run_step("qwen3-30b-a3b-20l", "all", [1], 16, 8, 1, tmp_path / "out", procs=2,
+                                 profile=False, **kw)
+
+    with pytest.raises(AstraError, match="--mem-fraction-static 0.5"):
+        run(mem_fraction=0.5)
+    assert started == []
+    with pytest.raises(_Started):
+        run(mem_fraction=0.5, procs_at_once=1)
     assert started == ["A-p1"]
 
 
