@@ -5,7 +5,8 @@ eager step's shapes, shows it as its own row, counts it in the fused rows of the
 buffer (their bench counts it from 2 tokens on), and the in-graph prediction of an A/B that switches q_out on counts
 the copies it removes. On the real traces of results/2026-11-30-h200/session27 (Qwen2.5-7B, Qwen3-8B) and session28
 (Qwen3-30B-A3B) the in-graph prediction read -1.65% / -1.52%, -1.83% and -2.61% / -0.86% for measured -1.63% / -1.55%,
--1.85% and -2.48% / -0.96% (before it: -0.23% / -0.01%, +0.06% and +0.06% / +0.11%)."""
+-1.85% and -2.48% / -0.96% (before it: -0.23% / -0.01%, +0.06% and +0.06% / +0.11%); the last test re-reads
+the Qwen2.5-7B and Qwen3-30B-A3B runs from their kept tarballs."""
 from __future__ import annotations
 
 import json
@@ -141,3 +142,41 @@ def test_an_unpatched_base_s_copies_count_once_in_the_fused_row():
     p = predicted_from_profile({"captures": [a, b]}, "A", ["B"], {"A": "none", "B": "all"})[("B", 2)]
     assert p["in_context_saved_us"] == pytest.approx((1.0 + 1.0 + 2.0 - 1.5) * LAYERS)
     assert p["kernel_step_delta_us"] == pytest.approx((1.0 + 1.0 + 2.0 - 1.5) * LAYERS)
+
+
+# the kept runs of the records: (tarball, run dir, layers, {batch: measured step delta}) with arm A q in place, B q_out
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "2026-11-30-h200"
+KEPT = [
+    (RESULTS / "session28" / "m" / "step-qwen3-moe-qout.tar.gz", "step-qwen3-moe-qout", 20, {2: -0.0248, 16: -0.0096}),
+    (RESULTS / "session27" / "b" / "step-qwen25-qout.tar.gz", "step-qwen25-qout", 28, {2: -0.0163, 16: -0.0155}),
+]
+
+
+@pytest.mark.parametrize("tarball,run,layers,measured", KEPT, ids=["qwen3-30b-a3b-20l", "qwen2.5-7b"])
+def test_on_a_real_trace_the_q_copy_rule_finds_one_copy_a_layer_and_predicts_the_measured_step(
+        tarball, run, layers, measured, tmp_path):
+    """The rule on SGLang 0.5.17's own traces (H200, fa3; the kept step runs of sessions 27 and 28, re-analysed as
+    `e2e --step --analyze` does): arm A's decode graphs from 2 tokens on hold one q copy a layer and B's none, and
+    the in-graph prediction lands within 0.3 points of the step Δ measured in the same run."""
+    import tarfile
+
+    from astra_sglang.e2e.profile import analyze_dir
+    from astra_sglang.e2e.step import analyze_only
+
+    with tarfile.open(tarball) as t:
+        t.extractall(tmp_path, filter="data")
+    analysis = analyze_dir(tmp_path / run / "profile", SpeedupTable([]))
+    decode = [c for c in analysis["captures"] if c["stage"] == "decode" and c["batch_size"] >= 2]
+    assert {c["arm"] for c in decode} == {"A", "B"}
+    for c in decode:
+        copy = rows(c).get(Q_COPY)
+        if c["arm"] == "A":
+            assert copy and copy["calls_per_step"] == layers, (c["batch_size"], copy)
+        else:
+            assert copy is None
+    analyze_only(tmp_path / run / "results.json", tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    got = {c["batch_size"]: (c["gpu_ms"]["delta"], c["predicted"]["in_context_delta"]) for c in summary["comparisons"]}
+    for bs, want in measured.items():
+        delta, predicted = got[bs]
+        assert delta == pytest.approx(want, abs=5e-4) and predicted == pytest.approx(delta, abs=3e-3), (bs, got[bs])
