@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from astra_sglang.registry import get_op, op_part  # noqa: E402
 from cli_run import run_cli  # noqa: E402
 from sglang_source import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
-from test_op_gate_up_gelu_tanh import (_gelu_tanh_mul_rounded, _stub_activation, _stub_models,  # noqa: E402,F401
+from test_op_gate_up_gelu_tanh import (_gelu_mul_rounded, _stub_activation, _stub_models,  # noqa: E402,F401
                                        assert_no_spills, assert_shipped_kernel_builds, gemma_mlp,
                                        run_patched_gemma_mlp)
 
@@ -34,7 +34,7 @@ TARGET = "sglang.srt.models.gemma:GemmaMLP.forward"
 
 def _sglang_act(x, weight):
     """SGLang's two steps: gate_up_proj's F.linear (its output in the dtype), then gelu_and_mul."""
-    return _gelu_tanh_mul_rounded(torch.nn.functional.linear(x, weight), "none")
+    return _gelu_mul_rounded(torch.nn.functional.linear(x, weight), "none")
 
 
 # ------------------------------------------------------------------------------------------ the contract
@@ -76,7 +76,7 @@ def test_reference_is_the_exact_erf_gelu_with_sglang_s_roundings(dtype, dist):
     ref = SPEC.reference(inp, dims, {})["out"]
     assert ref.dtype == torch.float64 and torch.isfinite(ref).all()
     gu = (inp["x"].double() @ inp["weight"].double().t()).to(inp["x"].dtype)
-    want = _gelu_tanh_mul_rounded(gu, "none").double()
+    want = _gelu_mul_rounded(gu, "none").double()
     assert (ref - want).abs().max() <= 0.02 * want.abs().max()
     td = inp["x"].dtype
     gu64 = inp["x"].double() @ inp["weight"].double().t()

@@ -36,16 +36,16 @@ A, GUS_AD = AD.ADAPTER, op_part("gate_up_silu", "adapter")  # the shared helpers
 TARGETS = ("sglang.srt.models.gemma2:Gemma2MLP.forward", "sglang.srt.models.gemma3_causal:Gemma3MLP.forward")
 
 
-def _gelu_tanh_mul_rounded(gate_up, approximate="tanh"):
-    """What SGLang's gelu_tanh_and_mul stores: fp32 gelu_tanh(g) * u rounded to the dtype (approximate "none": what
-    its gelu_and_mul stores, for gate_up_gelu's tests)."""
+def _gelu_mul_rounded(gate_up, approximate="tanh"):
+    """What SGLang's gelu_tanh_and_mul stores: fp32 gelu_tanh(g) * u rounded to the dtype (approximate "none": what its
+    gelu_and_mul stores, gate_up_gelu's)."""
     g, u = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.gelu(g, approximate=approximate) * u).to(gate_up.dtype)
 
 
 def _sglang_act(x, weight):
     """SGLang's two steps: gate_up_proj's F.linear (its output in the dtype), then gelu_tanh_and_mul."""
-    return _gelu_tanh_mul_rounded(torch.nn.functional.linear(x, weight))
+    return _gelu_mul_rounded(torch.nn.functional.linear(x, weight))
 
 
 # ------------------------------------------------------------------------------------------ the contract
@@ -95,7 +95,7 @@ def test_reference_rounds_g_u_and_the_activation_like_sglang(dtype, dist):
     ref = SPEC.reference(inp, dims, {})["out"]
     assert ref.dtype == torch.float64 and torch.isfinite(ref).all()
     gu = (inp["x"].double() @ inp["weight"].double().t()).to(inp["x"].dtype)
-    want = _gelu_tanh_mul_rounded(gu).double()
+    want = _gelu_mul_rounded(gu).double()
     assert (ref - want).abs().max() <= 0.02 * want.abs().max()
     # the reference's own steps, exactly: g and u rounded, the exact fp64 tanh GELU, the product rounded
     td = inp["x"].dtype
@@ -137,12 +137,12 @@ def _stub_activation(monkeypatch):
     def gelu_tanh_and_mul(input, out=None):
         calls.append(tuple(input.shape))
         kernels.append("gelu_tanh_and_mul")
-        return out.copy_(_gelu_tanh_mul_rounded(input))
+        return out.copy_(_gelu_mul_rounded(input))
 
     def gelu_and_mul(input, out=None):
         calls.append(tuple(input.shape))
         kernels.append("gelu_and_mul")
-        return out.copy_(_gelu_tanh_mul_rounded(input, "none"))
+        return out.copy_(_gelu_mul_rounded(input, "none"))
 
     mod = types.ModuleType("sglang.srt.layers.activation")
 
