@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
+import sys
 
 LAYERS, REPLAYS = 16, 15
 
@@ -58,12 +59,19 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--topk", type=int, default=8)
     a = ap.parse_args(argv)
+    try:
+        tokens = [int(s) for s in a.tokens.split(",")]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        print(f"error: --tokens {a.tokens!r}: comma-separated positive integers", file=sys.stderr)
+        return 2
 
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA GPU: this measures kernels on one")
-        return 1
+        print("error: no CUDA GPU: this measures kernels on one", file=sys.stderr)
+        return 2
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     gate = kernel("moe_gate", "astra_moe_gate", [vp] * 3 + [i64] * 3 + [ctypes.c_int, vp])
     router = kernel("moe_router", "astra_moe_router", [vp] * 3 + [i64] * 3 + [ctypes.c_int, ctypes.c_int, vp])
@@ -77,7 +85,7 @@ def main(argv=None) -> int:
     print("| tokens | gate, router, experts | gate, experts (ids ready) | router on the chain | gate | router | experts "
           "| same output |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    for t in (int(s) for s in a.tokens.split(",")):
+    for t in tokens:
         s = torch.cuda.current_stream().cuda_stream
         x = [torch.randn((t, h), device="cuda", generator=gen).to(bf16) for _ in range(LAYERS)]
         logits = [torch.empty((t, e), device="cuda", dtype=bf16) for _ in range(LAYERS)]
