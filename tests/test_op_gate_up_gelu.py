@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +24,7 @@ from sglang_source import _class, _method, _sglang_root  # noqa: E402  (the real
 from test_op_gate_up_gelu_tanh import (_gelu_mul_rounded, _stub_activation, _stub_models,  # noqa: E402,F401
                                        assert_no_spills, assert_shipped_kernel_builds, gemma_mlp,
                                        run_patched_gemma_mlp)
+from test_op_gate_up_silu import assert_extract_installed  # noqa: E402
 
 OP = "gate_up_gelu"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -95,15 +95,7 @@ def test_harness_runs_every_edge_shape_on_cpu():
 @pytest.mark.wheels
 @pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
 def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, capsys, request):
-    src = (Path(request.getfixturevalue("sglang_0_5_17_source")) if which == "0.5.17"
-           else Path(request.getfixturevalue("wheel_sources")["sglang"]))
-    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"), "--sglang-src", str(src)],
-                           capsys)
-    assert code == 0, err
-    m = json.loads((tmp_path / "ws" / OP / "manifest.json").read_text())
-    assert m["kind"] == "installed" and m["callable"] == TARGET
-    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
-    assert m["sources"]["sglang_py"]["version"] == which and "--use_fast_math" in m["flags"]
+    assert_extract_installed(OP, TARGET, which, tmp_path, capsys, request)
 
 
 def test_installed_impl_runs_sglang_s_two_steps(monkeypatch):

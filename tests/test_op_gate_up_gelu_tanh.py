@@ -18,17 +18,15 @@ import shutil
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from astra_sglang.registry import get_op, op_part  # noqa: E402
-from cli_run import run_cli  # noqa: E402
 from sglang_source import _class, _method, _sglang_root  # noqa: E402  (the real sources' classes and methods)
-from test_op_gate_up_silu import (_Down, _GateUp, _lora_like, _sp_on, assert_listed_complete,  # noqa: E402
-                                  assert_on_by_default_and_binds)
+from test_op_gate_up_silu import (_Down, _GateUp, _lora_like, _sp_on, assert_extract_installed,  # noqa: E402
+                                  assert_listed_complete, assert_on_by_default_and_binds)
 
 OP = "gate_up_gelu_tanh"
 SPEC, AD = get_op(OP), op_part(OP, "adapter")
@@ -117,15 +115,7 @@ def test_harness_runs_every_edge_shape_on_cpu():
 @pytest.mark.wheels
 @pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
 def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, capsys, request):
-    src = (Path(request.getfixturevalue("sglang_0_5_17_source")) if which == "0.5.17"
-           else Path(request.getfixturevalue("wheel_sources")["sglang"]))
-    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"), "--sglang-src", str(src)],
-                           capsys)
-    assert code == 0, err
-    m = json.loads((tmp_path / "ws" / OP / "manifest.json").read_text())
-    assert m["kind"] == "installed" and m["callable"] == TARGETS[0]
-    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
-    assert m["sources"]["sglang_py"]["version"] == which and "--use_fast_math" in m["flags"]
+    assert_extract_installed(OP, TARGETS[0], which, tmp_path, capsys, request)
 
 
 def _stub_activation(monkeypatch):

@@ -163,12 +163,18 @@ def _src(which, request):
 @pytest.mark.wheels
 @pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
 def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, capsys, request):
-    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+    assert_extract_installed(OP, TARGETS[0], which, tmp_path, capsys, request)
+
+
+def assert_extract_installed(op, callable_, which, tmp_path, capsys, request):
+    """`extract op` against SGLang `which`'s wheel: every source fact of the installed variant holds, the manifest
+    names `callable_` and production's fast-math flags (gate_up_gelu_tanh's and gate_up_gelu's tests ask the same)."""
+    code, _, err = run_cli(["extract", op, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(_src(which, request))], capsys)
     assert code == 0, err
-    m = json.loads((tmp_path / "ws" / OP / "manifest.json").read_text())
-    assert m["kind"] == "installed" and m["callable"] == TARGETS[0]
-    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
+    m = json.loads((tmp_path / "ws" / op / "manifest.json").read_text())
+    assert m["kind"] == "installed" and m["callable"] == callable_
+    assert len(m["source_facts"]) == len(get_op(op).variant("installed").source_facts)
     assert m["sources"]["sglang_py"]["version"] == which
     assert "--use_fast_math" in m["flags"]  # the activation's math as SGLang's JIT build does it on sm_90
 
