@@ -141,7 +141,7 @@ def test_expand_declines_before_any_work(gemma_mlp, why, make_kw):
     assert mlp.gate_up_proj.calls == 0 and mlp.down_proj.calls == [] and gemma_mlp.act.calls == []
 
 
-def test_off_by_default_until_a_gpu_runs_it_and_binds_gemma_mlp_s_forward():
+def test_on_by_default_and_binds_gemma_mlp_s_forward():
     from astra_sglang.patch import patchable_ops
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
     from astra_sglang.patch.config import default_ops, parse_ops
@@ -149,15 +149,15 @@ def test_off_by_default_until_a_gpu_runs_it_and_binds_gemma_mlp_s_forward():
     def forward(self, x):  # GemmaMLP.forward's signature
         raise AssertionError("not called")
 
-    assert AD.DEFAULT_OFF.startswith("not yet run on a GPU")
+    assert AD.DEFAULT_OFF == ""   # on since its Gemma-7B step A/B (2026-12-01)
     known = patchable_ops()
     assert op_part("gelu_and_mul", "adapter") and OP in known
-    assert OP not in parse_ops("all", known, default_ops(known)) and OP in parse_ops(f"all,{OP}", known,
+    assert OP in parse_ops("all", known, default_ops(known)) and OP not in parse_ops(f"all,-{OP}", known,
                                                                                     default_ops(known))
     assert adapter_mismatch(SPEC, A) is None and A.returned == () and Binder(forward, A, SPEC).ok
 
 
-def test_astra_sglang_ops_lists_it_with_why_it_is_off(capsys):
+def test_astra_sglang_ops_lists_it_on(capsys):
     code, out, _ = run_cli(["ops", "--json"], capsys)
     assert code == 0
     row = {r["op"]: r for r in json.loads(out)}[OP]

@@ -85,8 +85,10 @@ def main(argv=None) -> int:
     print("| tokens | gate, router, experts | gate, experts (ids ready) | router on the chain | gate | router | experts "
           "| same output |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    def s():   # the stream at launch time: inside a capture that is the graph's stream, not the default one
+        return torch.cuda.current_stream().cuda_stream
+
     for t in tokens:
-        s = torch.cuda.current_stream().cuda_stream
         x = [torch.randn((t, h), device="cuda", generator=gen).to(bf16) for _ in range(LAYERS)]
         logits = [torch.empty((t, e), device="cuda", dtype=bf16) for _ in range(LAYERS)]
         wts = [torch.empty((t, k), device="cuda", dtype=torch.float32) for _ in range(LAYERS)]
@@ -95,14 +97,14 @@ def main(argv=None) -> int:
         out = [torch.empty((t, h), device="cuda", dtype=bf16) for _ in range(LAYERS)]
 
         def g(i):
-            assert gate(x[i].data_ptr(), gw.data_ptr(), logits[i].data_ptr(), t, h, e, dt, s) == 0
+            assert gate(x[i].data_ptr(), gw.data_ptr(), logits[i].data_ptr(), t, h, e, dt, s()) == 0
 
         def r(i):
-            assert router(logits[i].data_ptr(), wts[i].data_ptr(), ids[i].data_ptr(), t, e, k, 1, dt, s) == 0
+            assert router(logits[i].data_ptr(), wts[i].data_ptr(), ids[i].data_ptr(), t, e, k, 1, dt, s()) == 0
 
         def m(i):
             assert experts(x[i].data_ptr(), w13.data_ptr(), w2.data_ptr(), wts[i].data_ptr(), ids[i].data_ptr(),
-                           act.data_ptr(), out[i].data_ptr(), t, h, inter, e, k, 1.0, dt, s) == 0
+                           act.data_ptr(), out[i].data_ptr(), t, h, inter, e, k, 1.0, dt, s()) == 0
 
         full = graph_us(lambda i: (g(i), r(i), m(i)))
         first = torch.stack(out).clone()
