@@ -59,7 +59,11 @@ for op in $ops; do
     $AS extract $op --variant "$(basename "$(dirname "$ws")")" --arch sm_90 --out "${ws%/*}" --no-build \
       > "$R/extract-$op.log" 2>&1 || tail -3 "$R/extract-$op.log"
   fi
-  [ -f "$ws/manifest.json" ] || { echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1; }
+  if [ -d "$ws" ] && [ ! -f "$ws/manifest.json" ]; then   # extract will not overwrite it
+    echo "error: $ws has no manifest.json (a half-made workspace): remove it, then run again with EXTRACT=1"; status=1
+  elif [ ! -f "$ws/manifest.json" ]; then
+    echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1
+  fi
 done
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
 # DTYPES is the model's dtype: the op's own serving dtypes where it declares them (DeepSeek-V3's router: fp32), else

@@ -7,8 +7,10 @@
 #   bash run.sh B   the MoE router's share of the chain (kernels/dev/moe_router_chain.py), then the Gemma-7B decode-step A/B: arm A every default op, B the same and gate_up_gelu; batch 1, 2
 #   bash run.sh C   the router chain again (B's captured nothing: its launches went to the default stream), the fp16
 #                   decode corpus of gate_up_gelu, a served Gemma-7B A/B: unpatched against `--ops all,gate_up_gelu`
+#   bash run.sh E   linear on Gemma-7B's 24576-wide down_proj: check, the rows in context, and the step A/B with
+#                   ASTRA_LINEAR_MAX_IN_FEATURES=24576 in arm B (every default op in both arms)
 set -uo pipefail
-PART=${1:?A, B or C}
+PART=${1:?A, B, C or E}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 HERE=results/2026-12-01-h200/session33
 S31=results/2026-11-30-h200/session31
@@ -63,6 +65,27 @@ C)
   tar -C /tmp -czf $O/served-gemma7b.tar.gz --exclude="*/counters-*" srv-gemma7b 2>/dev/null
   grep -E "^\| (attention backend|output throughput|TPOT mean)|identical|gate_up_gelu" /tmp/srv-gemma7b/report.md 2>/dev/null \
     | head -10 | cut -c1-250; tail -3 $O/served.log | cut -c1-250 ;;
-*) echo "error: run.sh takes A, B or C" >&2; exit 2 ;;
+E)
+  # linear on Gemma-7B's 24576-wide down_proj (1-2 tokens), which its adapter leaves to cuBLAS (MAX_IN_FEATURES 21504:
+  # longer rows were never measured): check and the two rows in context, then the step with the bound moved in arm B
+  bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+  export PYTHONPATH=/tmp/e2e-site
+  source kernels/astra_env.sh
+  WS=/tmp/ws33e; SH=1x24576x3072,2x24576x3072
+  [ -f $WS/installed/linear/manifest.json ] || $AS extract linear --variant installed --arch sm_90 --out $WS/installed \
+    --no-build > $O/extract.log 2>&1
+  (cd /tmp && timeout 200 python3 -m astra_sglang.cli check linear --workspace $WS/installed/linear \
+     --candidate $OLDPWD/kernels/linear/kernel.cu --shapes $SH --json $O/check-linear.json) > $O/check-linear.log 2>&1
+  echo "check rc=$? at $(el)s: $(grep -E '^(PASS|FAIL)' $O/check-linear.log | cut -c1-200)"
+  (cd /tmp && timeout 200 python3 -m astra_sglang.cli bench linear --workspace $WS/installed/linear \
+     --candidate $OLDPWD/kernels/linear/kernel.cu --shapes $SH --dtype bf16 --json $O/bench-linear.json) \
+     > $O/bench-linear.log 2>&1
+  echo "bench rc=$? at $(el)s"; grep -E "^(1|2)x24576|geomean" $O/bench-linear.log | cut -c1-200
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1,2 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh 'lin24k-gemma7b:gemma-7b:400:--base-ops=all --ops=all --arm-env B:ASTRA_LINEAR_MAX_IN_FEATURES=24576' \
+    > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $O/step.log | tail -4 | cut -c1-250; tail -2 $O/step.log | cut -c1-250 ;;
+*) echo "error: run.sh takes A, B, C or E" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
