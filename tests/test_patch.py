@@ -974,12 +974,12 @@ def test_validate_default_shapes_exist_for_every_op(op):
 
 def test_validate_takes_the_rows_linears_widest_bound_rests_on():
     """The decode sample missed linear's down_proj rows past 14336 inputs (the evidence for MAX_IN_FEATURES 21504,
-    2026-11-30): every bound the adapter takes up to its widest now runs in SGLang's layer."""
+    2026-11-30, and 24576, 2026-12-01): every bound the adapter takes up to its widest now runs in SGLang's layer."""
     from astra_sglang.patch.validate import validation_shapes
     from kernels.linear.adapter import MAX_IN_FEATURES
 
     dims = {s.dims for s in validation_shapes(get_op("linear"), "validate")}
-    for k, n in ((15360, 3840), (18944, 3584), (21504, 5376)):
+    for k, n in ((15360, 3840), (18944, 3584), (21504, 5376), (24576, 3072)):
         assert {(1, k, n), (2, k, n), (4, k, n)} <= dims
     assert max(k for _, k, _ in dims) == MAX_IN_FEATURES
 

@@ -660,7 +660,8 @@ def test_decode_projections_are_linear_where_the_eager_step_shows_only_such_shap
     assert _is_projection_gemm([[2, 14336], [14336, h]], cfg)       # Llama's down_proj: the 2-row CTAs
     assert not _is_projection_gemm([[4, 14336], [14336, h]], cfg)   # at 4 tokens: longer than MMA_MAX_IN_FEATURES
     assert _is_projection_gemm([[1, 18944], [18944, h]], cfg)       # a Qwen2.5-7B-long down_proj: 2-row CTAs too
-    assert not _is_projection_gemm([[1, 24576], [24576, h]], cfg)   # longer than MAX_IN_FEATURES
+    assert _is_projection_gemm([[1, 24576], [24576, h]], cfg)       # Gemma-7B-long: 2-row CTAs (2026-12-01)
+    assert not _is_projection_gemm([[1, 28672], [28672, h]], cfg)   # longer than MAX_IN_FEATURES
     assert not _is_projection_gemm([[1, h], [h, 6144], [6144]], cfg)  # a bias
     assert not _is_projection_gemm("garbage", cfg)
 
@@ -691,14 +692,14 @@ def test_an_arm_env_that_widens_linear_s_rule_widens_the_attribution_for_every_a
     # an arm that narrows it: the other arms (and this process) still take more, so the widest stands
     assert linear_bounds({"arm_env": {"A": {"ASTRA_LINEAR_MAX_IN_FEATURES": "12288"}}}) == (
         adapter.MAX_IN_FEATURES, adapter.MMA_MAX_IN_FEATURES)
-    long_row = [[1, 24576], [24576, h]]
+    long_row = [[1, 28672], [28672, h]]
     assert not _is_projection_gemm(long_row, cfg)
     assert _is_projection_gemm(long_row, cfg, linear_bounds({"arm_env": {"B": wide}}))
     k = KernelEvent("nvjet_down", ts=0.0, dur=1.0)
     k.shapes, k.torch_op = long_row, "aten::mm"
     assert projection_gemm_kernels([k], cfg) == set()
     assert projection_gemm_kernels([k], cfg, bounds=(30000, 12288)) == {"nvjet_down"}
-    assert "24576 > 21504" in adapter.declined(1, 24576, h) and adapter.declined(1, 24576, h, (30000, 12288)) is None
+    assert "28672 > 24576" in adapter.declined(1, 28672, h) and adapter.declined(1, 28672, h, (30000, 12288)) is None
     with pytest.raises(AstraError, match="ASTRA_LINEAR_MAX_IN_FEATURES='wide'"):
         linear_bounds({"arm_env": {"B": {"ASTRA_LINEAR_MAX_IN_FEATURES": "wide"}}})
 

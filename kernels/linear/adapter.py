@@ -8,7 +8,7 @@ plain cuBLAS F.linear of a decode-sized input:
 - x a CUDA tensor of the weight's dtype (fp16 / bf16), at most MAX_TOKENS rows (checked first: prefill calls leave
   at once), in_features a multiple of 8 (the kernel's vector path) and at most MAX_IN_FEATURES; from 3 tokens only
   out_features <= MMA_MAX_OUT_FEATURES, in_features <= MMA_MAX_IN_FEATURES unless out_features <=
-  MMA_LONG_MAX_OUT_FEATURES, and only on Hopper (`declined` says the shape rule);
+  MMA_LONG_MAX_OUT_FEATURES (then up to MMA_LONG_MAX_IN_FEATURES), and only on Hopper (`declined` says the shape rule);
 - no bias (the kernel has no epilogue for one);
 - apply's other branches not taken: no Intel AMX packing, no aiter, no bf16 GEMM backend of SGLang's own (cutedsl,
   and 0.5.23's opt-in Hopper gemv).
@@ -49,18 +49,20 @@ MMA_MAX_OUT_FEATURES = 4096
 # models' decode step (H200, 2026-11-28). The longer down_proj rows (results/2026-11-30-h200/session24): in context
 # 1.08-1.32x (15360 -> 3840 Gemma-3-12B, 18944 -> 3584 Qwen2.5-7B, 21504 -> 5376 Gemma-3-27B; 1-4 tokens); decode step
 # on SGLang's default attention, every other default op in both arms: Gemma-3-12B -5.95% / -4.65% at batch 1 / 2,
-# Qwen2.5-7B -5.18% / -2.73% / -1.59% at batch 1 / 2 / 4. Longer rows are not measured. ASTRA_LINEAR_MAX_IN_FEATURES
-# (dev) moves the bound for a step A/B (`e2e --step --arm-env A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps
-# down_proj in arm A).
-MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 21504)
-# 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MAX_IN_FEATURES where out_features <=
-# MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path taking the 14336-wide down_proj (H200,
+# Qwen2.5-7B -5.18% / -2.73% / -1.59% at batch 1 / 2 / 4. Gemma-7B's 24576 -> 3072 (results/2026-12-01-h200/session33):
+# in context 1.066x / 1.076x at 1 / 2 tokens, its decode step -2.97% / -2.34% at batch 1 / 2. Longer rows are not
+# measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B (`e2e --step --arm-env
+# A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
+MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 24576)
+# 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MMA_LONG_MAX_IN_FEATURES (nor past MAX_IN_FEATURES)
+# where out_features <= MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path taking the 14336-wide down_proj (H200,
 # 2026-11-28, results/2026-11-28-h200x2/session14): Gemma-2-9B (-> 3584) -2.53%, Llama-3-8B (-> 4096) +0.37% (slower);
 # in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x; 3-4 x 18944 -> 3584 (Qwen2.5-7B) 1.21-1.24x.
 # ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev) moves the first bound for a batch-4 step A/B (then every width up to
 # MMA_MAX_OUT_FEATURES).
 MMA_MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)
 MMA_LONG_MAX_OUT_FEATURES = 3584
+MMA_LONG_MAX_IN_FEATURES = 21504  # the longest row measured at 3-4 tokens (Gemma-3-27B's, 2026-11-30)
 DEVICES = ("cuda",)  # where the kernel runs (unit tests widen it to exercise the routing on the CPU)
 
 
@@ -130,6 +132,9 @@ def declined(tokens: int, in_features: int, out_features: int,
         return f"in_features {in_features} is not a multiple of 8"
     if in_features > max_in:
         return f"in_features {in_features} > {max_in}: not measured on such long rows"
+    if tokens > FMA_MAX_TOKENS and in_features > max(mma_max_in, min(max_in, MMA_LONG_MAX_IN_FEATURES)):
+        return (f"{tokens} tokens x {in_features} inputs (> {MMA_LONG_MAX_IN_FEATURES}): the tensor-core path is not "
+                f"measured on such long rows")
     if tokens > FMA_MAX_TOKENS and in_features > mma_max_in and out_features > MMA_LONG_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {in_features} inputs (> {mma_max_in}) x {out_features} outputs "
                 f"(> {MMA_LONG_MAX_OUT_FEATURES}): the tensor-core path only ties cuBLAS on such long rows")

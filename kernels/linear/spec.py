@@ -27,11 +27,12 @@ PROJECTION_MODELS: Tuple[Tuple[str, Tuple[Tuple[str, int, int], ...]], ...] = (
     ("qwen3-8b", (("qkv", 4096, 6144), ("gate_up", 4096, 24576), ("down", 12288, 4096))),
     ("qwen3-30b-a3b", (("qkv", 2048, 5120), ("o", 4096, 2048))),
     ("gemma-2-9b", (("qkv", 3584, 8192), ("o", 4096, 3584), ("gate_up", 3584, 28672), ("down", 14336, 3584))),
-    # their down_proj rows (15360, 18944, 21504 inputs) are the evidence for the adapter's MAX_IN_FEATURES of 21504
-    # (1.08-1.32x in context, 2026-11-30)
+    # their down_proj rows (15360, 18944, 21504 inputs): 1.08-1.32x in context (2026-11-30), the adapter's bound then
     ("gemma-3-12b", (("qkv", 3840, 8192), ("o", 4096, 3840), ("gate_up", 3840, 30720), ("down", 15360, 3840))),
     ("qwen2.5-7b", (("o", 3584, 3584), ("gate_up", 3584, 37888), ("down", 18944, 3584))),   # qkv has a bias
     ("gemma-3-27b", (("o", 4096, 5376), ("down", 21504, 5376))),
+    # Gemma-7B's 24576-wide down_proj: the evidence for MAX_IN_FEATURES 24576 at 1-2 tokens (2026-12-01)
+    ("gemma-7b", (("down", 24576, 3072),)),
     ("llama-3-70b-tp2", (("qkv", 8192, 5120), ("o", 4096, 8192), ("gate_up", 8192, 28672), ("down", 14336, 8192))),
     ("llama-3-70b-tp8", (("qkv", 8192, 1280), ("o", 1024, 8192), ("gate_up", 8192, 7168), ("down", 3584, 8192))),
 )

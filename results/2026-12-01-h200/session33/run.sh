@@ -78,7 +78,7 @@ E)
      --candidate $OLDPWD/kernels/linear/kernel.cu --shapes $SH --json $O/check-linear.json) > $O/check-linear.log 2>&1
   echo "check rc=$? at $(el)s: $(grep -E '^(PASS|FAIL)' $O/check-linear.log | cut -c1-200)"
   (cd /tmp && timeout 200 python3 -m astra_sglang.cli bench linear --workspace $WS/installed/linear \
-     --candidate $OLDPWD/kernels/linear/kernel.cu --shapes $SH --dtype bf16 --json $O/bench-linear.json) \
+     --candidate $OLDPWD/kernels/linear/kernel.cu --shapes $SH --dtype bf16 --out $O/bench-linear.json) \
      > $O/bench-linear.log 2>&1
   echo "bench rc=$? at $(el)s"; grep -E "^(1|2)x24576|geomean" $O/bench-linear.log | cut -c1-200
   RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1,2 --input-len 256 --output-len 32 \
