@@ -51,6 +51,7 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
         assert SIGNATURE.split(" ", 2)[2] in src, name
     assert spec.replaces == ("sglang.srt.models.llama:LlamaAttention.forward",
                              "sglang.srt.models.gemma2:Gemma2Attention.forward",
+                             "sglang.srt.models.gemma:GemmaAttention.forward",
                              "sglang.srt.models.qwen2:Qwen2Attention.forward",
                              "sglang.srt.models.qwen2_moe:Qwen2MoeAttention.forward",
                              "sglang.srt.models.mixtral:MixtralAttention.forward")
@@ -66,7 +67,7 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
 def test_corpus_is_the_replaced_attentions_models_and_every_shape_fits_the_store():
     spec = get_op(OP)
     assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b", "gemma-2-2b", "gemma-2-9b",
-                                                                "gemma-2-27b", "qwen2.5-7b"}
+                                                                "gemma-2-27b", "gemma-2b", "qwen2.5-7b"}
     assert any("mixtral-8x7b tp2" in s.source for s in spec.corpus)  # Llama-3-8B's TP-2 rows, the same heads
     assert (1, 28, 4, 128, 4608, 4608, 4608, 3584) in {s.dims for s in spec.corpus}  # qwen2.5-7b, one decode token
     assert (1, 16, 8, 256, 8192, 8192, 8192, 4096) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256
@@ -170,7 +171,8 @@ def test_each_replaced_attention_forward_is_llama_s_sequence_over_the_attributes
     assert "get_rope(" in text and "RadixAttention(" in text
     cfg = (root / "srt/configs/model_config.py").read_text()
     swa = cfg[cfg.index("def is_hybrid_swa_model"):]
-    arch = {"Gemma2Attention": "Gemma2ForCausalLM", "Qwen2Attention": "Qwen2ForCausalLM",
+    arch = {"Gemma2Attention": "Gemma2ForCausalLM", "GemmaAttention": "GemmaForCausalLM",
+            "Qwen2Attention": "Qwen2ForCausalLM",
             "Qwen2MoeAttention": "Qwen2MoeForCausalLM", "MixtralAttention": "MixtralForCausalLM"}[cls]
     assert arch not in swa[:swa.index("\ndef ", 10)]
 

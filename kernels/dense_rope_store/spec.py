@@ -11,9 +11,9 @@ view of qkv costs SGLang 0.5.17's fa3 backend a q.contiguous() copy a layer from
 contiguous [tokens, q heads * head_dim] q_out instead (RESULTS.md). The kernel also takes q_out = q, q_out_stride =
 q_stride (in place: the adapter's ASTRA_DRS_Q_OUT=0). Production (the launcher) copies q's rows into q_out, then runs
 SGLang's rope in place there. The patch replaces the forward of
-`LlamaAttention` (Llama, Mistral), `Gemma2Attention`, `Qwen2Attention` (Qwen2 / Qwen2.5), `Qwen2MoeAttention` and
-`MixtralAttention`: one body in all five (qkv GEMM, split, rope, attention, o_proj; Gemma-2's sliding window lives in
-the attention and its KV pool is a plain one), replaced by the qkv GEMM, this op's kernel, the attention with
+`LlamaAttention` (Llama, Mistral), `Gemma2Attention`, `GemmaAttention` (Gemma-1), `Qwen2Attention` (Qwen2 /
+Qwen2.5), `Qwen2MoeAttention` and `MixtralAttention`: one body in all six (qkv GEMM, split, rope, attention, o_proj;
+Gemma-2's sliding window lives in the attention and its KV pool is a plain one), replaced by the qkv GEMM, this op's kernel, the attention with
 save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
 """
 from __future__ import annotations
@@ -30,13 +30,17 @@ HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 
 # Models whose attention is one of REPLACES (rope, then the attention's KV store), and the TP degrees. Gemma-2's rows
 # (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26; Qwen2.5's and Mixtral's on
-# 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own).
+# 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own); Gemma-1's 2b (one kv
+# head of 256) on 2026-12-01, CPU only. Gemma-7B's KV rows (16 heads of 256: 8192 bytes) are past the widths the
+# extracted store launcher instantiates (kv_store.ROW_BYTES), so the bench cannot time SGLang there and it has no
+# corpus row; the patch takes it as any other shape (the kernel tiles any head count).
 DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("llama-3-8b", (1, 2)),
     ("llama-3-70b", (4, 8)),
     ("gemma-2-2b", (1,)),
     ("gemma-2-9b", (1,)),
     ("gemma-2-27b", (1, 2)),
+    ("gemma-2b", (1,)),
     ("qwen2.5-7b", (1,)),
     ("mixtral-8x7b", (2,)),
 )
@@ -46,6 +50,7 @@ DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
 REPLACES: Tuple[str, ...] = (
     "sglang.srt.models.llama:LlamaAttention.forward",
     "sglang.srt.models.gemma2:Gemma2Attention.forward",
+    "sglang.srt.models.gemma:GemmaAttention.forward",
     "sglang.srt.models.qwen2:Qwen2Attention.forward",
     "sglang.srt.models.qwen2_moe:Qwen2MoeAttention.forward",
     "sglang.srt.models.mixtral:MixtralAttention.forward",
