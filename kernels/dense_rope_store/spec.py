@@ -13,8 +13,8 @@ q_stride (in place: the adapter's ASTRA_DRS_Q_OUT=0). Production (the launcher) 
 SGLang's rope in place there. The patch replaces the forward of
 `LlamaAttention` (Llama, Mistral), `Gemma2Attention`, `GemmaAttention` (Gemma-1), `Qwen2Attention` (Qwen2 /
 Qwen2.5), `Qwen2MoeAttention` and `MixtralAttention`: one body in all six (qkv GEMM, split, rope, attention, o_proj;
-Gemma-2's sliding window lives in the attention and its KV pool is a plain one), replaced by the qkv GEMM, this op's kernel, the attention with
-save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
+Gemma-2's sliding window lives in the attention and its KV pool is a plain one), replaced by the qkv GEMM, this op's
+kernel, the attention with save_kv_cache=False (as SGLang's Qwen3-MoE path calls it), o_proj.
 """
 from __future__ import annotations
 

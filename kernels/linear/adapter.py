@@ -54,10 +54,11 @@ MMA_MAX_OUT_FEATURES = 4096
 # measured. ASTRA_LINEAR_MAX_IN_FEATURES (dev) moves the bound for a step A/B (`e2e --step --arm-env
 # A:ASTRA_LINEAR_MAX_IN_FEATURES=12288`: cuBLAS keeps down_proj in arm A).
 MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MAX_IN_FEATURES", 24576)
-# 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MMA_LONG_MAX_IN_FEATURES (nor past MAX_IN_FEATURES)
-# where out_features <= MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path taking the 14336-wide down_proj (H200,
-# 2026-11-28, results/2026-11-28-h200x2/session14): Gemma-2-9B (-> 3584) -2.53%, Llama-3-8B (-> 4096) +0.37% (slower);
-# in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x; 3-4 x 18944 -> 3584 (Qwen2.5-7B) 1.21-1.24x.
+# 3-4 tokens (the tensor-core path): up to 12288 inputs, and up to MMA_LONG_MAX_IN_FEATURES (nor past
+# MAX_IN_FEATURES) where out_features <= MMA_LONG_MAX_OUT_FEATURES. Batch-4 decode step with the tensor-core path
+# taking the 14336-wide down_proj (H200, 2026-11-28, results/2026-11-28-h200x2/session14): Gemma-2-9B (-> 3584)
+# -2.53%, Llama-3-8B (-> 4096) +0.37% (slower); in context 4 x 14336 -> 3584 1.03-1.06x, -> 4096 1.005-1.02x;
+# 3-4 x 18944 -> 3584 (Qwen2.5-7B) 1.21-1.24x.
 # ASTRA_LINEAR_MMA_MAX_IN_FEATURES (dev) moves the first bound for a batch-4 step A/B (then every width up to
 # MMA_MAX_OUT_FEATURES).
 MMA_MAX_IN_FEATURES = _env_bound("ASTRA_LINEAR_MMA_MAX_IN_FEATURES", 12288)
@@ -132,9 +133,10 @@ def declined(tokens: int, in_features: int, out_features: int,
         return f"in_features {in_features} is not a multiple of 8"
     if in_features > max_in:
         return f"in_features {in_features} > {max_in}: not measured on such long rows"
-    if tokens > FMA_MAX_TOKENS and in_features > max(mma_max_in, min(max_in, MMA_LONG_MAX_IN_FEATURES)):
-        return (f"{tokens} tokens x {in_features} inputs (> {MMA_LONG_MAX_IN_FEATURES}): the tensor-core path is not "
-                f"measured on such long rows")
+    long_in = max(mma_max_in, min(max_in, MMA_LONG_MAX_IN_FEATURES))
+    if tokens > FMA_MAX_TOKENS and in_features > long_in:
+        return (f"{tokens} tokens x {in_features} inputs (> {long_in}): the tensor-core path is not measured on such "
+                f"long rows")
     if tokens > FMA_MAX_TOKENS and in_features > mma_max_in and out_features > MMA_LONG_MAX_OUT_FEATURES:
         return (f"{tokens} tokens x {in_features} inputs (> {mma_max_in}) x {out_features} outputs "
                 f"(> {MMA_LONG_MAX_OUT_FEATURES}): the tensor-core path only ties cuBLAS on such long rows")
