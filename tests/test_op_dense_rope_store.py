@@ -67,7 +67,7 @@ def test_spec_is_rope_store_s_computation_with_its_own_production():
 def test_corpus_is_the_replaced_attentions_models_and_every_shape_fits_the_store():
     spec = get_op(OP)
     assert {s.source.split(" tp")[0] for s in spec.corpus} == {"llama-3-8b", "llama-3-70b", "gemma-2-2b", "gemma-2-9b",
-                                                                "gemma-2-27b", "gemma-2b", "qwen2.5-7b"}
+                                                                "gemma-2-27b", "gemma-2b", "gemma-7b", "qwen2.5-7b"}
     assert any("mixtral-8x7b tp2" in s.source for s in spec.corpus)  # Llama-3-8B's TP-2 rows, the same heads
     assert (1, 28, 4, 128, 4608, 4608, 4608, 3584) in {s.dims for s in spec.corpus}  # qwen2.5-7b, one decode token
     assert (1, 16, 8, 256, 8192, 8192, 8192, 4096) in {s.dims for s in spec.corpus}  # gemma-2-9b: head_dim 256

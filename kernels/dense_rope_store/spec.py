@@ -30,10 +30,9 @@ HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 
 # Models whose attention is one of REPLACES (rope, then the attention's KV store), and the TP degrees. Gemma-2's rows
 # (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26; Qwen2.5's and Mixtral's on
-# 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own); Gemma-1's 2b (one kv
-# head of 256) on 2026-12-01, CPU only. Gemma-7B's KV rows (16 heads of 256: 8192 bytes) are past the widths the
-# extracted store launcher instantiates (kv_store.ROW_BYTES), so the bench cannot time SGLang there and it has no
-# corpus row; the patch takes it as any other shape (the kernel tiles any head count).
+# 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own); Gemma-1's on
+# 2026-12-01, CPU only (the 2b's one kv head of 256; the 7b's 16, whose 8192-byte KV rows the store launchers
+# instantiate since then, as SGLang's JIT store does any width).
 DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("llama-3-8b", (1, 2)),
     ("llama-3-70b", (4, 8)),
@@ -41,6 +40,7 @@ DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("gemma-2-9b", (1,)),
     ("gemma-2-27b", (1, 2)),
     ("gemma-2b", (1,)),
+    ("gemma-7b", (1,)),
     ("qwen2.5-7b", (1,)),
     ("mixtral-8x7b", (2,)),
 )

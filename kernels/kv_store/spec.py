@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from astra_sglang.families import qkv
 from astra_sglang.spec import DTYPE_BYTES, Shape, Tolerance
 
-ROW_BYTES = (256, 512, 1024, 2048, 4096)  # K (= V) row widths the launchers instantiate
+ROW_BYTES = (256, 512, 1024, 2048, 4096, 8192)  # K (= V) row widths the launchers instantiate
 RESERVED_SKIP = 0  # SGLang's store_cache default: slot 0 is the CUDA-graph padding slot
 cache_slots = qkv.cache_slots  # a module global: CPU tests shrink it
 
