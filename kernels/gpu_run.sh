@@ -54,16 +54,16 @@ ws_of() { local v=VARIANT_$1; v=${!v:-${VARIANT[$1]}}; echo "$WS/$v/$1"; }
 status=0
 for op in $ops; do
   ws=$(ws_of $op)
+  if [ -d "$ws" ] && [ ! -f "$ws/manifest.json" ]; then   # extract will not overwrite it
+    echo "error: $ws has no manifest.json (a half-made workspace): remove it, then run again with EXTRACT=1"; status=1
+    continue
+  fi
   if [ ! -f "$ws/manifest.json" ] && [ -n "${EXTRACT:-}" ]; then   # from the SGLang installed on this machine
     t "extract $op (${ws%/*})"
     $AS extract $op --variant "$(basename "$(dirname "$ws")")" --arch sm_90 --out "${ws%/*}" --no-build \
       > "$R/extract-$op.log" 2>&1 || tail -3 "$R/extract-$op.log"
   fi
-  if [ -d "$ws" ] && [ ! -f "$ws/manifest.json" ]; then   # extract will not overwrite it
-    echo "error: $ws has no manifest.json (a half-made workspace): remove it, then run again with EXTRACT=1"; status=1
-  elif [ ! -f "$ws/manifest.json" ]; then
-    echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1
-  fi
+  [ -f "$ws/manifest.json" ] || { echo "no workspace $ws (astra-sglang extract $op --arch sm_90 --out ${WS}/<variant>, or EXTRACT=1)"; status=1; }
 done
 summary() { echo "$1" | tee -a "$R/summary.txt"; }
 # DTYPES is the model's dtype: the op's own serving dtypes where it declares them (DeepSeek-V3's router: fp32), else

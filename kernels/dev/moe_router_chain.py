@@ -19,13 +19,18 @@ import sys
 LAYERS, REPLAYS = 16, 15
 
 
+def load(path, symbol: str, argtypes):
+    """`symbol` of the shared library at `path` as a ctypes function returning a cudaError_t."""
+    f = getattr(ctypes.CDLL(str(path)), symbol)
+    f.restype, f.argtypes = ctypes.c_int, argtypes
+    return f
+
+
 def kernel(op: str, symbol: str, argtypes):
     """The shipped kernel of `op`, built with the flags a patched server uses, as a ctypes function."""
     from astra_sglang.patch.apply import build_kernel
 
-    f = getattr(ctypes.CDLL(str(build_kernel(op))), symbol)
-    f.restype, f.argtypes = ctypes.c_int, argtypes
-    return f
+    return load(build_kernel(op), symbol, argtypes)
 
 
 def graph_us(body) -> float:
@@ -85,6 +90,7 @@ def main(argv=None) -> int:
     print("| tokens | gate, router, experts | gate, experts (ids ready) | router on the chain | gate | router | experts "
           "| same output |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
+
     def s():   # the stream at launch time: inside a capture that is the graph's stream, not the default one
         return torch.cuda.current_stream().cuda_stream
 

@@ -2,23 +2,22 @@
 both kernels recompute moe_router's softmax top-k from the gate's logits) against the shipped chain, without SGLang.
 Run from the repository root after `patch -p1 < route_fold.diff`:
 
-    python3 results/2026-12-01-h200/session33/fold/quick_fold.py
+    PYTHONPATH=$PWD python3 results/2026-12-01-h200/session33/fold/quick_fold.py
 
 µs a layer: a CUDA graph of 16 layers (each its own hidden state, so its own routing; the same expert weights),
 median of 15 replays, Qwen3-30B-A3B's experts (2048 x 768, 128 experts, top 8), bf16. `chain`: moe_gate -> moe_router
 -> moe_experts (what a patched server runs); `fold`: moe_gate -> moe_experts with the router folded in. `diff`: the
 largest |fold - chain| of the outputs (0: bit-identical; the fold's softmax runs under --use_fast_math)."""
 import ctypes
-import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from astra_sglang.patch.apply import build_kernel
+# kernels/dev/moe_router_chain.py's loader and graph timer (16 layers a graph, median of 15 replays)
+from kernels.dev.moe_router_chain import LAYERS, graph_us, kernel, load
 
-LAYERS, REPLAYS = 16, 15
 SRC = "kernels/moe_experts/kernel.cu"
 
 
@@ -29,40 +28,14 @@ def build_experts(fold: int):
     return so
 
 
-def fn(path, symbol, argtypes):
-    f = getattr(ctypes.CDLL(str(path)), symbol)
-    f.restype, f.argtypes = ctypes.c_int, argtypes
-    return f
-
-
-def graph_us(body) -> float:
-    body(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(LAYERS):
-            body(i)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(REPLAYS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000.0 / LAYERS)
-    return statistics.median(ts)
-
-
 def main() -> int:
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     with ThreadPoolExecutor(2) as pool:
         sos = list(pool.map(build_experts, (0, 1)))
     ex_args = [vp] * 7 + [i64] * 5 + [ctypes.c_double, ctypes.c_int, vp]
-    auto, fold = (fn(so, "astra_moe_experts", ex_args) for so in sos)
-    gate = fn(build_kernel("moe_gate"), "astra_moe_gate", [vp] * 3 + [i64] * 3 + [ctypes.c_int, vp])
-    router = fn(build_kernel("moe_router"), "astra_moe_router", [vp] * 3 + [i64] * 3 + [ctypes.c_int, ctypes.c_int, vp])
+    auto, fold = (load(so, "astra_moe_experts", ex_args) for so in sos)
+    gate = kernel("moe_gate", "astra_moe_gate", [vp] * 3 + [i64] * 3 + [ctypes.c_int, vp])
+    router = kernel("moe_router", "astra_moe_router", [vp] * 3 + [i64] * 3 + [ctypes.c_int, ctypes.c_int, vp])
     bf16, dt = torch.bfloat16, 2
     h, inter, e, k = 2048, 768, 128, 8
     gen = torch.Generator(device="cuda").manual_seed(0)
