@@ -1,0 +1,41 @@
+#!/bin/bash
+# 2026-12-01 (thirty-fourth session), one H200 (nvidia-h200), from the repository root, after staging the FA3
+# wheelhouse (.whl/wh33fa3: `bash e2e/device_install.sh stage .whl/wh33fa3/carry/partNN`, e2e/README.md). Parts:
+#   bash run.sh A   dense_rope_store on Gemma-1 (its first GPU run there): check and decode corpus in context (bf16),
+#                   validate dense_rope_store and linear (its 24576-wide rows); the Gemma-7B decode-step A/B: arm A
+#                   every default op but dense_rope_store, B every default op; batch 1, 2
+#   bash run.sh B   served Gemma-7B, batch 1: unpatched (A, A2) against every default op (B)
+set -uo pipefail
+PART=${1:?A or B}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+O=${OUT:-/tmp/s34}/$PART; mkdir -p $O
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ASTRA_CACHE_DIR=/tmp/e2e-cache/astra TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
+bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+export PYTHONPATH=/tmp/e2e-site
+case $PART in
+A)
+  OPS=dense_rope_store EXTRACT=1 DTYPES=bf16 RES=$O/drs bash kernels/gpu_run.sh check,decode > $O/drs.log 2>&1
+  echo "dense_rope_store corpus rc=$? at $(el)s"; cut -c1-250 $O/drs/summary.txt 2>/dev/null
+  grep -E "^gemma-(2b|7b)|^ *1x.*(2048|4096|8192)" $O/drs.log | head -6 | cut -c1-200
+  for op in dense_rope_store linear; do
+    (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops $op --dtypes bf16 \
+       --json $O/validate-$op.json) > $O/validate-$op.log 2>&1
+    echo "validate $op rc=$? at $(el)s: $(tail -1 $O/validate-$op.log | cut -c1-200)"
+  done
+  grep -iE "gemma|24576" $O/validate-*.log | head -8 | cut -c1-200
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1,2 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh 'drs-gemma7b:gemma-7b:400:--base-ops=all,-dense_rope_store --ops=all' > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $O/step.log | tail -4 | cut -c1-250; tail -2 $O/step.log | cut -c1-250 ;;
+B)
+  (cd /tmp && timeout $(( ${LIMIT:-570} - 20 - $(el) )) python3 -m astra_sglang.cli e2e \
+    --model-path $OLDPWD/e2e/configs/gemma-7b --out /tmp/srv-gemma7b --ops all --calibrate \
+    --workload bs1:8:128:128:1 --rounds ${ROUNDS:-3} --max-total-tokens 16384 --port 30100 > $O/served.log 2>&1)
+  echo "served rc=$? at $(el)s"
+  tar -C /tmp -czf $O/served-gemma7b.tar.gz --exclude="*/counters-*" srv-gemma7b 2>/dev/null
+  grep -E "^\| (attention backend|output throughput|TPOT mean)|identical|dense_rope_store|linear" /tmp/srv-gemma7b/report.md \
+    2>/dev/null | head -12 | cut -c1-250; tail -3 $O/served.log | cut -c1-250 ;;
+*) echo "error: run.sh takes A or B" >&2; exit 2 ;;
+esac
+echo "part $PART done at $(el)s"
