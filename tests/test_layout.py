@@ -101,6 +101,14 @@ def test_a_new_op_is_one_folder(tmp_path):
     assert not [f for f in shipped if f.suffix in MEASURED or f.name in ("RESULTS.md", "BASELINE_GPU.md")], shipped
 
 
+def test_every_op_folder_is_a_package():
+    """setup.py installs the folders that hold an __init__.py; an op folder without one still imports from a checkout
+    (a namespace package) but is missing from an installed astra-sglang: a GPU machine's site then said "unknown op"
+    (2026-12-01, moe_topk_experts' first device run)."""
+    ops = [d for d in (ROOT / "kernels").iterdir() if (d / "spec.py").is_file()]
+    assert ops and not [d.name for d in ops if not (d / "__init__.py").is_file()]
+
+
 def _tracked():
     p = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:

@@ -83,6 +83,12 @@ def _runtime_problem() -> Optional[str]:
     return None
 
 
+def filters_experts(cfg) -> bool:
+    """Whether fused_experts runs its filtered kernels for this runner config (as SGLang decides it)."""
+    return getattr(cfg, "num_experts", None) is None \
+        or getattr(cfg, "num_experts", None) != getattr(cfg, "num_local_experts", None)
+
+
 def expand(a: Dict[str, Any]):
     """fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config, ...) -> canonical arguments, or why
     SGLang keeps the call. Every reason to decline comes before any work."""
@@ -133,8 +139,7 @@ def expand(a: Dict[str, Any]):
             "out": torch.empty_like(x),
             "routed_scaling_factor": 1.0 if s is None else float(s),
             # SGLang's own choice, for `sequence` (its filtered kernels skip ids of experts another rank holds)
-            "filter_expert": getattr(cfg, "num_experts", None) is None
-            or getattr(cfg, "num_experts", None) != getattr(cfg, "num_local_experts", None)}
+            "filter_expert": filters_experts(cfg)}
 
 
 def _normalize(c):

@@ -5,8 +5,12 @@
 #                   validate dense_rope_store and linear (its 24576-wide rows); the Gemma-7B decode-step A/B: arm A
 #                   every default op but dense_rope_store, B every default op; batch 1, 2
 #   bash run.sh B   served Gemma-7B, batch 1: unpatched (A, A2) against every default op (B)
+#   bash run.sh C   moe_topk_experts (the router folded into the experts, new; first GPU run): check and decode corpus in
+#                   context (bf16), validate (bf16, fp16); the Qwen3-30B-A3B (20 layers) decode-step A/B: arm A every
+#                   default op, B the same and moe_topk_experts; batch 1, 2 (SKIP_CORPUS=1: validate and the step only)
+#   bash run.sh D   served Qwen3-30B-A3B (20 layers), batch 1: unpatched (A, A2) against `--ops all,moe_topk_experts`
 set -uo pipefail
-PART=${1:?A or B}
+PART=${1:?A, B, C or D}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s34}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,6 +40,26 @@ B)
   tar -C /tmp -czf $O/served-gemma7b.tar.gz --exclude="*/counters-*" srv-gemma7b 2>/dev/null
   grep -E "^\| (attention backend|output throughput|TPOT mean)|identical|dense_rope_store|linear" /tmp/srv-gemma7b/report.md \
     2>/dev/null | head -12 | cut -c1-250; tail -3 $O/served.log | cut -c1-250 ;;
-*) echo "error: run.sh takes A or B" >&2; exit 2 ;;
+C)
+  [ -n "${SKIP_CORPUS:-}" ] || OPS=moe_topk_experts EXTRACT=1 DTYPES=bf16 RES=$O/mtx bash kernels/gpu_run.sh check,decode > $O/mtx.log 2>&1
+  echo "moe_topk_experts corpus rc=$? at $(el)s"; grep -E "^(check|decode) " $O/mtx.log | cut -c1-400
+  (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops moe_topk_experts --dtypes bf16,fp16 \
+     --json $O/validate-mtx.json) > $O/validate-mtx.log 2>&1
+  echo "validate moe_topk_experts rc=$? at $(el)s: $(tail -1 $O/validate-mtx.log | cut -c1-200)"
+  grep -E "moe_topk_experts +(bf16|fp16)" $O/validate-mtx.log | head -8 | cut -c1-200
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1,2 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh 'mtx-qwen3moe:qwen3-30b-a3b-20l:420:--base-ops=all --ops=all,moe_topk_experts' \
+    > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $O/step.log | tail -4 | cut -c1-250; tail -2 $O/step.log | cut -c1-250 ;;
+D)
+  (cd /tmp && timeout $(( ${LIMIT:-570} - 20 - $(el) )) python3 -m astra_sglang.cli e2e \
+    --model-path $OLDPWD/e2e/configs/qwen3-30b-a3b-20l --out /tmp/srv-mtx --ops all,moe_topk_experts --calibrate \
+    --workload bs1:8:128:128:1 --rounds ${ROUNDS:-3} --max-total-tokens 16384 --port 30100 > $O/served.log 2>&1)
+  echo "served rc=$? at $(el)s"
+  tar -C /tmp -czf $O/served-qwen3moe.tar.gz --exclude="*/counters-*" srv-mtx 2>/dev/null
+  grep -E "^\| (output throughput|TPOT mean)|identical" /tmp/srv-mtx/report.md 2>/dev/null | head -8 | cut -c1-250
+  grep -o "moe_topk_experts: calls=[^;]*" /tmp/srv-mtx/report.md | head -1; tail -2 $O/served.log | cut -c1-250 ;;
+*) echo "error: run.sh takes A, B, C or D" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"

@@ -1,0 +1,355 @@
+"""moe_topk_experts (kernels/moe_topk_experts/): the FUSED softmax top-k router + routed experts of a Qwen3-MoE layer
+at one decode token, from the gate's logits (moe_experts' two launches routing the logits themselves), replacing
+Qwen3MoeSparseMoeBlock.forward_normal after its gate. On CPU: the spec (ABI, corpus, the reference as moe_router's
+route then moe_experts' reference, the tie rule deciding a whole expert), make_inputs and the harness on the edge
+shapes; the installed variant's facts in sglang 0.5.17 and 0.5.23; the adapter's routing over stand-in SGLang modules
+(a one-token call taken, the gate run once and only after every check, every decline a reason); the shipped
+kernel's sm_90a build (no spills) and static checks; `astra-sglang ops`.
+
+No kernel runs here (no GPU in CI)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from astra_sglang.registry import get_op, op_part  # noqa: E402
+from cli_run import run_cli  # noqa: E402
+from sglang_source import _sglang_root  # noqa: E402
+
+OP = "moe_topk_experts"
+SPEC = get_op(OP)
+AD = op_part(OP, "adapter")
+A = AD.ADAPTER
+EXPERTS = get_op("moe_experts")
+TARGET = "sglang.srt.models.qwen3_moe:Qwen3MoeSparseMoeBlock.forward_normal"
+
+
+# ------------------------------------------------------------------------------------------ the contract
+def test_spec_abi_corpus_and_what_it_replaces():
+    assert SPEC.symbol == "astra_moe_topk_experts" and SPEC.replaces == (TARGET,)
+    assert SPEC.dim_names == EXPERTS.dim_names and SPEC.fuses == ("moe_router", "moe_experts")
+    assert SPEC.c_signature() == (
+        'extern "C" cudaError_t astra_moe_topk_experts(const void* x, const void* router_logits, const void* w13, '
+        "const void* w2, void* act, void* out, int64_t num_tokens, int64_t hidden, int64_t inter, "
+        "int64_t num_experts, int64_t topk, double routed_scaling_factor, int dtype, cudaStream_t stream)")
+    assert [v.name for v in SPEC.variants] == ["installed"] and SPEC.variant("installed").callable == TARGET
+    # Qwen3-30B-A3B at 1 token (taken, and validated) and 2 (SGLang's by design)
+    assert {(s.dims, s.tags) for s in SPEC.corpus} == {((1, 2048, 768, 128, 8), ("decode", "validate")),
+                                                       ((2, 2048, 768, 128, 8), ("decode",))}
+    for s in list(SPEC.corpus) + list(SPEC.edge_shapes):  # the kernels' limits hold on every shape
+        t, h, i, e, k = s.dims
+        assert e <= AD.MAX_EXPERTS and k <= min(AD.MAX_TOPK, e) and h % 8 == 0 and i % 8 == 0, s
+
+
+# ------------------------------------------------------------------------------------------ the reference
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dist", ["normal", "ties"])
+def test_reference_is_the_router_s_route_then_the_experts_reference(dtype, dist):
+    dims = (3, 64, 32, 16, 4)
+    inp = SPEC.make_inputs(dims, dtype, torch.Generator().manual_seed(0), dist, device="cpu")
+    assert inp["router_logits"].shape == (3, 16) and inp["router_logits"].dtype == inp["x"].dtype
+    assert "topk_ids" not in inp and "topk_weights" not in inp
+    from astra_sglang.kernels.moe_router.spec import route
+
+    w, ids = route(inp["router_logits"].double(), 4, True)
+    routed = {**inp, "topk_weights": w, "topk_ids": ids.to(torch.int32)}
+    assert torch.equal(SPEC.reference(inp, dims, {})["out"], EXPERTS.reference(routed, dims, {})["out"])
+    assert set(SPEC.reference(inp, dims, {})) == {"out"}  # act is scratch: never compared
+
+
+def test_a_tie_at_the_k_th_place_goes_to_the_lowest_id_and_moves_a_whole_expert():
+    """Experts 1 and 3 share the second-highest logit for top-2: SGLang's router takes expert 1 (the lowest id). Had
+    the tie gone to 3, the output would differ by a whole expert's contribution, far past the tolerance."""
+    dims = (1, 64, 32, 4, 2)
+    inp = SPEC.make_inputs(dims, "bf16", torch.Generator().manual_seed(1), device="cpu")
+    inp["router_logits"] = torch.tensor([[2.0, 1.0, 0.0, 1.0]], dtype=torch.bfloat16)
+    out = SPEC.reference(inp, dims, {})["out"]
+    swapped = {**inp, "router_logits": torch.tensor([[2.0, 0.0, 0.0, 1.0]], dtype=torch.bfloat16)}  # 3 second
+    lowest = {**inp, "router_logits": torch.tensor([[2.0, 1.0, 0.0, 0.0]], dtype=torch.bfloat16)}  # 1 second
+    assert torch.equal(out, SPEC.reference(lowest, dims, {})["out"])
+    other = SPEC.reference(swapped, dims, {})["out"]
+    assert float((other - out).norm() / out.norm()) > 100 * SPEC.tolerance.floor["bf16"]
+
+
+def test_bytes_read_the_logits_instead_of_the_routing():
+    d = (1, 2048, 768, 128, 8)
+    assert SPEC.bytes_moved(d, "bf16") == EXPERTS.bytes_moved(d, "bf16") - 8 * 8 + 128 * 2
+
+
+def test_harness_runs_every_edge_shape_on_cpu():
+    from reference_harness import run_edge_cases_on_cpu
+
+    run_edge_cases_on_cpu(dataclasses.replace(SPEC, corpus=SPEC.edge_shapes[:1]))
+
+
+# ------------------------------------------------------------------------------------------ installed variant
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_extract_installed_checks_the_facts_in_both_versions(which, tmp_path, capsys, request):
+    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(_sglang_root(which, request).parent)], capsys)
+    assert code == 0, err
+    m = json.loads((tmp_path / "ws" / OP / "manifest.json").read_text())
+    assert m["kind"] == "installed" and m["callable"] == TARGET and m["symbol"] == SPEC.symbol
+    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
+    assert m["sources"]["sglang_py"]["version"] == which
+
+
+# ------------------------------------------------------------------------------------------ the adapter's routing
+class _Backend:
+    def __init__(self, name):
+        self.name = name
+
+    def is_auto(self):
+        return self.name == "auto"
+
+    def is_triton(self):
+        return self.name == "triton"
+
+
+def _classes():
+    """Stand-in SGLang classes, one per module the adapter recognises layers by."""
+    class Block(torch.nn.Module):
+        pass
+
+    class TopK(torch.nn.Module):
+        pass
+
+    class FusedMoE(torch.nn.Module):
+        pass
+
+    return {"Qwen3MoeSparseMoeBlock": Block, "TopK": TopK, "FusedMoE": FusedMoE,
+            "UnquantizedFusedMoEMethod": type("UnquantizedFusedMoEMethod", (), {}),
+            "StandardDispatcher": type("StandardDispatcher", (), {})}
+
+
+@pytest.fixture
+def sglang(monkeypatch):
+    """Stand-in SGLang modules (CPU tensors allowed): the block's, TopK's, FusedMoE's, the unquantized method's, the
+    standard dispatcher's, and the MoE package's runner backend; each a namespace a test may change."""
+    monkeypatch.setattr(AD, "DEVICES", ("cuda", "cpu"))
+    cls = _classes()
+    recorder = type("_ExpertDistributionRecorderNoop", (), {})()
+    mods = {
+        AD._MOE: dict(Qwen3MoeSparseMoeBlock=cls["Qwen3MoeSparseMoeBlock"]),
+        AD._TOPK: dict(TopK=cls["TopK"], build_precomputed_topk_output=lambda *a: None,
+                       precomputed_topk_postprocess_is_noop=lambda *a: True, get_global_experts_capturer=lambda: None,
+                       get_global_expert_distribution_recorder=lambda: recorder),
+        AD._FUSED: dict(FusedMoE=cls["FusedMoE"], is_in_tc_piecewise_cuda_graph=lambda: False),
+        AD._UNQUANT: dict(UnquantizedFusedMoEMethod=cls["UnquantizedFusedMoEMethod"]),
+        AD._STANDARD: dict(StandardDispatcher=cls["StandardDispatcher"],
+                           should_use_flashinfer_cutlass_moe_fp4_allgather=lambda: False),
+        "sglang.srt.layers.moe": dict(get_moe_runner_backend=lambda: _Backend("auto")),
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe": {},
+    }
+    out = {}
+    for name, attrs in mods.items():
+        m = types.ModuleType(name)
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        monkeypatch.setitem(sys.modules, name, m)
+        out[name] = m
+    out["classes"] = cls
+    return out
+
+
+def _block(sglang, t=1, h=64, i=32, e=8, k=3, dtype=torch.bfloat16, topk_cfg=None, runner_cfg=None, **attrs):
+    """A stand-in Qwen3-MoE block at TP 1 and the call forward_normal gets: its gate counts its calls."""
+    cls, g = sglang["classes"], torch.Generator().manual_seed(0)
+    block = cls["Qwen3MoeSparseMoeBlock"]()
+    block.tp_size = block.ep_size = 1
+    topk = cls["TopK"]()
+    topk.topk_config = types.SimpleNamespace(**{**dict(
+        top_k=k, use_grouped_topk=False, renormalize=True, num_fused_shared_experts=0, custom_routing_function=None,
+        correction_bias=None, torch_native=False, apply_routed_scaling_factor_on_output=False, output_format=None,
+        scoring_func="softmax", allow_routed_experts_capture=True), **(topk_cfg or {})})
+    experts = cls["FusedMoE"]()
+    experts.moe_tp_size = experts.moe_ep_size = 1
+    experts.w13_weight = torch.nn.Parameter(torch.randn(e, 2 * i, h, generator=g).to(dtype), requires_grad=False)
+    experts.w2_weight = torch.nn.Parameter(torch.randn(e, h, i, generator=g).to(dtype), requires_grad=False)
+    experts.quant_method = cls["UnquantizedFusedMoEMethod"]()
+    experts.quant_method.runner = types.SimpleNamespace(runner_backend=_Backend("triton"))
+    experts.dispatcher = cls["StandardDispatcher"]()
+    experts.moe_runner_config = types.SimpleNamespace(**{**dict(
+        activation="silu", is_gated=True, apply_router_weight_on_input=False, no_combine=False, gemm1_alpha=None,
+        gemm1_clamp_limit=None, swiglu_limit=None, routed_scaling_factor=None, num_experts=None,
+        num_local_experts=None), **(runner_cfg or {})})
+    calls = []
+    logits = torch.randn(t, e, generator=g).to(dtype)
+
+    def gate(x):
+        calls.append(x)
+        return logits, None
+
+    block.topk, block.experts, block.gate = topk, experts, gate
+    for n, v in attrs.items():
+        setattr(block, n, v)
+    return {"self": block, "hidden_states": torch.randn(t, h, generator=g).to(dtype)}, calls, logits
+
+
+def test_expand_takes_a_one_token_call_and_runs_the_block_s_gate_once(sglang):
+    a, calls, logits = _block(sglang)
+    c = A.expand(a)
+    assert not isinstance(c, str), c
+    ex = a["self"].experts
+    assert c["x"] is a["hidden_states"] and c["router_logits"] is logits and len(calls) == 1
+    assert c["w13"] is ex.w13_weight and c["w2"] is ex.w2_weight and c["routed_scaling_factor"] == 1.0
+    assert c["act"].shape == (1, 3, 32) and c["out"].shape == (1, 64) and c["out"] is not c["x"]
+    assert c["filter_expert"] is True and A.returns(c) is c["out"]
+    views, dims = AD._normalize(c)
+    assert dims == (1, 64, 32, 8, 3) and set(views) == {"x", "router_logits", "w13", "w2", "act", "out"}
+    assert "out is x" in AD._normalize({**c, "out": c["x"]})
+
+
+DECLINES = [
+    ("2 tokens > 1", dict(t=2), None),
+    ("not SGLang's Qwen3MoeSparseMoeBlock", {}, ("self", "__class__", torch.nn.Module)),
+    ("TP / EP > 1", dict(tp_size=2), None),
+    ("renormalize off", dict(topk_cfg={"renormalize": False}), None),
+    ("grouped", dict(topk_cfg={"use_grouped_topk": True}), None),
+    ("scoring_func 'sigmoid'", dict(topk_cfg={"scoring_func": "sigmoid"}), None),
+    ("output format is forced", dict(topk_cfg={"output_format": "bypassed"}), None),
+    ("'gelu'", dict(runner_cfg={"activation": "gelu"}), None),
+    ("swiglu_limit", dict(runner_cfg={"swiglu_limit": 7.0}), None),
+    ("top 17 of 32 experts", dict(e=32, k=17), None),
+    ("top 8 of 256 experts", dict(e=256, k=8), None),
+    ("past the down kernel's 64 chunks", dict(i=2048 + 8, k=8, e=16), None),
+    ("not multiples of 8", dict(h=60), None),
+]
+
+
+@pytest.mark.parametrize("why,kw,change", DECLINES, ids=[d[0] for d in DECLINES])
+def test_expand_declines_with_a_reason_before_running_the_gate(sglang, why, kw, change):
+    a, calls, _ = _block(sglang, **kw)
+    if change:
+        setattr(a[change[0]], change[1], change[2])
+    r = A.expand(a)
+    assert isinstance(r, str) and why in r, r
+    assert calls == []
+
+
+@pytest.mark.parametrize("why,module,name,value", [
+    ("runner backend", "sglang.srt.layers.moe", "get_moe_runner_backend", lambda: _Backend("flashinfer_trtllm")),
+    ("routed-experts capture", AD._TOPK, "get_global_experts_capturer", lambda: object()),
+    ("expert-distribution recorder", AD._TOPK, "get_global_expert_distribution_recorder", lambda: object()),
+    ("post-processes the ids", AD._TOPK, "precomputed_topk_postprocess_is_noop", lambda *a: False),
+    ("piecewise CUDA graph", AD._FUSED, "is_in_tc_piecewise_cuda_graph", lambda: True),
+    ("all-gathers", AD._STANDARD, "should_use_flashinfer_cutlass_moe_fp4_allgather", lambda: True),
+])
+def test_expand_declines_under_sglang_s_other_paths(sglang, why, module, name, value):
+    a, calls, _ = _block(sglang)
+    setattr(sglang[module], name, value)
+    r = A.expand(a)
+    assert isinstance(r, str) and why in r, r
+    assert calls == []
+
+
+def test_expand_declines_another_experts_layer_or_runner_and_hooks(sglang):
+    for change, why in (
+            (lambda ex: setattr(ex, "quant_method", object()), "not the unquantized MoE"),
+            (lambda ex: setattr(ex.quant_method, "runner", types.SimpleNamespace(runner_backend=_Backend("deep_gemm"))),
+             "Triton runner"),
+            (lambda ex: setattr(ex.quant_method, "_aiter_runner", object()), "Triton runner"),
+            (lambda ex: setattr(ex, "dispatcher", object()), "not the standard one"),
+            (lambda ex: setattr(ex, "moe_ep_size", 2), "sharded"),
+            (lambda ex: setattr(ex, "w13_weight_bias", torch.zeros(1)), "w13_weight_bias"),
+            (lambda ex: ex.register_forward_hook(lambda *a: None), "hooks")):
+        a, calls, _ = _block(sglang)
+        change(a["self"].experts)
+        r = A.expand(a)
+        assert isinstance(r, str) and why in r, (why, r)
+        assert calls == []
+
+
+def test_declined_keeps_and_the_precheck():
+    assert AD.MAX_TOKENS == A.max_tokens == 1
+    assert A.kept_by_sglang((1, 2048, 768, 128, 8)) is None
+    assert "2 tokens" in A.kept_by_sglang((2, 2048, 768, 128, 8))
+    assert "tokens" in A.precheck((None, torch.randn(2, 64)), {})
+    assert "tokens" in A.precheck((None,), {"hidden_states": torch.randn(2, 64)})
+    assert A.precheck((None, torch.randn(1, 64)), {}) is None
+
+
+def test_the_installed_sequence_routes_then_runs_moe_experts_sequence(monkeypatch):
+    """sequence: SGLang's fused_topk on the logits (renormalized, the op's top-k), then moe_experts' sequence with its
+    weights and ids (fused_experts_impl in place on out)."""
+    seen = {}
+    topk_mod = types.ModuleType(AD._TOPK)
+
+    def fused_topk(hidden_states, gating_output, topk, renormalize):
+        seen["topk"] = (gating_output, topk, renormalize)
+        return torch.ones(1, topk), torch.zeros(1, topk, dtype=torch.int32)
+
+    topk_mod.fused_topk = fused_topk
+    monkeypatch.setitem(sys.modules, AD._TOPK, topk_mod)
+    monkeypatch.setattr(AD.experts_adapter, "sequence", lambda c: seen.setdefault("experts", c))
+    c = {"x": torch.randn(1, 64), "router_logits": torch.randn(1, 8), "act": torch.empty(1, 3, 32)}
+    AD.sequence(c)
+    assert seen["topk"][0] is c["router_logits"] and seen["topk"][1:] == (3, True)
+    assert seen["experts"]["topk_ids"].shape == (1, 3) and seen["experts"]["x"] is c["x"]
+
+
+# ------------------------------------------------------------------------------------------ the shipped kernel
+@pytest.mark.nvcc
+def test_shipped_kernel_builds_and_passes_the_static_checks(tmp_path, monkeypatch):
+    if not shutil.which("nm"):
+        pytest.skip("needs binutils nm")
+    from astra_sglang.patch.apply import build_kernel
+    from astra_sglang.registry import shipped_kernel
+    from astra_sglang.static_checks import errors, scan_file
+
+    src = shipped_kernel(OP)
+    assert not errors(scan_file(src, []))
+    text = src.read_text()
+    assert "namespace astra_mtx {" in text and "#include \"" not in text and "ROUTE_FOLD" not in text
+    # kernel 1 ranks its slot's expert from the logits after its PDL wait; kernel 2 routes before its own
+    k1 = text[text.index("gate_up_act_kernel("):]
+    assert k1.index("pdl_wait();") < k1.index("route_rank<T>(logits")
+    k2 = text[text.index("down_chunks_kernel("):]
+    assert k2.index("route_window<T>(logits") < k2.index("pdl_wait();")
+    monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
+    lib = build_kernel(OP, arch="sm_90")
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert SPEC.symbol in syms
+
+
+@pytest.mark.nvcc
+def test_no_register_spills_at_sm_90a(tmp_path):
+    from astra_sglang.build import Arch, kernel_flags
+    from astra_sglang.registry import shipped_kernel
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    cmd = [nvcc, *kernel_flags(SPEC, Arch(9, 0)), "-Xptxas", "-v", "-c", str(shipped_kernel(OP)),
+           "-o", str(tmp_path / "k.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    assert len(spills) >= 4 and all(s == ("0", "0") for s in spills), r.stderr
+
+
+# ------------------------------------------------------------------------------------------ the CLI and the layer
+def test_astra_sglang_ops_lists_it_on_by_default(capsys):
+    from astra_sglang.patch import patchable_ops
+    from astra_sglang.patch.config import default_ops, parse_ops
+
+    code, out, _ = run_cli(["ops", "--json"], capsys)
+    assert code == 0
+    row = {r["op"]: r for r in json.loads(out)}[OP]
+    assert row["kernel"] and row["validate"] and row["missing"] == [] and row["extract"] == ["installed"]
+    assert row["patch"] == [TARGET] and not row["default_off"] and AD.DEFAULT_OFF == ""
+    known = patchable_ops()
+    assert OP in parse_ops("all", known, default_ops(known)) and OP not in parse_ops("all,-" + OP, known,
+                                                                                    default_ops(known))
+
+
+def test_layer_imports_without_sglang():
+    assert callable(op_part(OP, "layer").run_layer)
