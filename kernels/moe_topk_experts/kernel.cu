@@ -111,10 +111,29 @@ __device__ __forceinline__ unsigned ordered_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+constexpr int kRowVals = 4;  // a row's values a lane (expert j * 32 + lane in slot j)
+
+// warp-collective: one round of the router's argmax over a row held kRowVals values a lane: the expert of the largest
+// value, the lowest id among equal ones (a lane's first slot, then the lowest lane)
+__device__ __forceinline__ int argmax_round(const float (&v)[kRowVals]) {
+  const int lane = threadIdx.x & 31;
+  float bv = v[0];
+  int bi = lane;
+#pragma unroll
+  for (int j = 1; j < kRowVals; ++j)
+    if (v[j] > bv) {
+      bv = v[j];
+      bi = j * 32 + lane;
+    }
+  const unsigned key = ordered_key(bv);
+  const unsigned top = __reduce_max_sync(kFull, key);
+  return kIdBase - static_cast<int>(__reduce_max_sync(kFull, key == top ? static_cast<unsigned>(kIdBase - bi) : 0u));
+}
+
 // warp-collective: lane r < topk gets the r-th expert of `row` and its renormalized weight
 template <typename T>
 __device__ __forceinline__ void route_row(const T* row, int experts, int topk, int& my_id, float& my_w) {
-  constexpr int V = 4;
+  constexpr int V = kRowVals;
   const int lane = threadIdx.x & 31;
   float s[V], v[V], p[V];
 #pragma unroll
@@ -136,17 +155,7 @@ __device__ __forceinline__ void route_row(const T* row, int experts, int topk, i
   my_w = 0.f;
   my_id = 0;
   for (int r = 0; r < topk; ++r) {
-    float bv = v[0];
-    int bi = lane;
-#pragma unroll
-    for (int j = 1; j < V; ++j)
-      if (v[j] > bv) {
-        bv = v[j];
-        bi = j * 32 + lane;
-      }
-    const unsigned key = ordered_key(bv);
-    const unsigned top = __reduce_max_sync(kFull, key);
-    bi = kIdBase - static_cast<int>(__reduce_max_sync(kFull, key == top ? static_cast<unsigned>(kIdBase - bi) : 0u));
+    const int bi = argmax_round(v);
     float w = 0.f;
 #pragma unroll
     for (int j = 0; j < V; ++j)
@@ -169,7 +178,7 @@ __device__ __forceinline__ void route_row(const T* row, int experts, int topk, i
 // warp-collective, ids only (kernel 1's critical path: no softmax): the expert of rank r in `row`, in rounds 0..r
 template <typename T>
 __device__ __forceinline__ int route_rank(const T* row, int experts, int r) {
-  constexpr int V = 4;
+  constexpr int V = kRowVals;
   const int lane = threadIdx.x & 31;
   float v[V];
 #pragma unroll
@@ -180,17 +189,7 @@ __device__ __forceinline__ int route_rank(const T* row, int experts, int r) {
   }
   int bi = 0;
   for (int q = 0; q <= r; ++q) {
-    float bv = v[0];
-    bi = lane;
-#pragma unroll
-    for (int j = 1; j < V; ++j)
-      if (v[j] > bv) {
-        bv = v[j];
-        bi = j * 32 + lane;
-      }
-    const unsigned key = ordered_key(bv);
-    const unsigned top = __reduce_max_sync(kFull, key);
-    bi = kIdBase - static_cast<int>(__reduce_max_sync(kFull, key == top ? static_cast<unsigned>(kIdBase - bi) : 0u));
+    bi = argmax_round(v);
 #pragma unroll
     for (int j = 0; j < V; ++j)
       if (j * 32 + lane == bi) v[j] = -INFINITY;
@@ -208,8 +207,7 @@ __device__ __forceinline__ void route_window(const T* logits, int experts, int t
   for (int tw = 0; tw < ntok; ++tw) {
     int i1;
     float w1;
-    route_row<T>(logits + static_cast<int64_t>(tok0 + tw) * experts, experts, topk, i1,
-                 w1);
+    route_row<T>(logits + static_cast<int64_t>(tok0 + tw) * experts, experts, topk, i1, w1);
     const int si = __shfl_sync(kFull, i1, lane % topk);
     const float sw = __shfl_sync(kFull, w1, lane % topk);
     if (lane / topk == tw) {
