@@ -9,8 +9,9 @@
 #                   context (bf16), validate (bf16, fp16); the Qwen3-30B-A3B (20 layers) decode-step A/B: arm A every
 #                   default op, B the same and moe_topk_experts; batch 1, 2 (SKIP_CORPUS=1: validate and the step only)
 #   bash run.sh D   served Qwen3-30B-A3B (20 layers), batch 1: unpatched (A, A2) against `--ops all,moe_topk_experts`
+#   bash run.sh E   moe_topk_experts' check and decode rows after the argmax refactor; linear's 24576 rows in fp16
 set -uo pipefail
-PART=${1:?A, B, C or D}
+PART=${1:?A, B, C, D or E}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s34}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -60,6 +61,18 @@ D)
   tar -C /tmp -czf $O/served-qwen3moe.tar.gz --exclude="*/counters-*" srv-mtx 2>/dev/null
   grep -E "^\| (output throughput|TPOT mean)|identical" /tmp/srv-mtx/report.md 2>/dev/null | head -8 | cut -c1-250
   grep -o "moe_topk_experts: calls=[^;]*" /tmp/srv-mtx/report.md | head -1; tail -2 $O/served.log | cut -c1-250 ;;
-*) echo "error: run.sh takes A, B, C or D" >&2; exit 2 ;;
+E)
+  # after ae113bc (moe_topk_experts' two routings share one argmax round; PTX equal up to instruction order): its check
+  # and decode rows again; then linear's 24576-wide rows in fp16 (session 33 benched bf16 only)
+  OPS=moe_topk_experts EXTRACT=1 DTYPES=bf16 RES=$O/mtx bash kernels/gpu_run.sh check,decode > $O/mtx.log 2>&1
+  echo "moe_topk_experts corpus rc=$? at $(el)s"; grep -E "^(check|decode) " $O/mtx.log | cut -c1-300
+  source kernels/astra_env.sh
+  WS=/tmp/ws34e
+  $AS extract linear --variant installed --arch sm_90 --out $WS/installed --no-build > $O/extract-linear.log 2>&1
+  (cd /tmp && timeout 200 python3 -m astra_sglang.cli bench linear --workspace $WS/installed/linear \
+     --candidate $OLDPWD/kernels/linear/kernel.cu --shapes 1x24576x3072,2x24576x3072 --dtype fp16 \
+     --out $O/bench-linear-fp16.json) > $O/bench-linear-fp16.log 2>&1
+  echo "linear fp16 bench rc=$? at $(el)s"; grep -E "^(1|2)x24576|geomean" $O/bench-linear-fp16.log | cut -c1-200 ;;
+*) echo "error: run.sh takes A, B, C, D or E" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
