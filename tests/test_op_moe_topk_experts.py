@@ -279,6 +279,23 @@ def test_declined_keeps_and_the_precheck():
     assert A.precheck((None, torch.randn(1, 64)), {}) is None
 
 
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_the_binder_takes_a_call_through_the_real_signature(sglang, which, request):
+    """forward_normal(self, hidden_states) as each version defines it binds to the adapter; a prefill call leaves at
+    the precheck, before binding."""
+    from astra_sglang.patch.adapters import Binder
+    from sglang_signatures import real_function
+
+    fn = real_function(_sglang_root(which, request).parent, "sglang.srt.models.qwen3_moe", "forward_normal")
+    b = Binder(fn, A, SPEC)
+    assert b.ok, b.problem
+    a, calls, logits = _block(sglang)
+    canon, _ = b.bind((a["self"], a["hidden_states"]), {})
+    assert isinstance(canon, dict) and canon["router_logits"] is logits and len(calls) == 1
+    assert "tokens" in A.precheck((a["self"], torch.randn(4, 64)), {})
+
+
 def test_the_installed_sequence_routes_then_runs_moe_experts_sequence(monkeypatch):
     """sequence: SGLang's fused_topk on the logits (renormalized, the op's top-k), then moe_experts' sequence with its
     weights and ids (fused_experts_impl in place on out)."""

@@ -285,6 +285,7 @@ def test_an_expanding_adapter_needs_the_kernel_sequence():
     ("qknorm_rope_store", "sglang.srt.models.qwen3_moe", "Qwen3MoeAttention.apply_qk_norm_rope"),
     ("qknorm_rope_store", "sglang.srt.models.qwen3", "Qwen3Attention.forward"),
     ("qknorm_rope", "sglang.srt.models.qwen3", "Qwen3Attention.forward_prepare_native"),
+    ("moe_topk_experts", "sglang.srt.models.qwen3_moe", "Qwen3MoeSparseMoeBlock.forward_normal"),
 ])
 def test_discovery_finds_the_layer_method_in_real_sglang(version, op, module, method, request):
     """The dry run and the server plan must see the method a fused op replaces (a class-level definition)."""
