@@ -31,8 +31,8 @@ HEAD_DIMS = _rope_store_spec.HEAD_DIMS
 # Models whose attention is one of REPLACES (rope, then the attention's KV store), and the TP degrees. Gemma-2's rows
 # (head_dim 256 on the 2b and 9b) came after the Llama-only records of 2026-11-26; Qwen2.5's and Mixtral's on
 # 2026-11-29 (Mixtral-8x7B at TP 2 has Llama-3-8B's TP-2 heads, so it adds no row of its own); Gemma-1's on
-# 2026-12-01, CPU only (the 2b's one kv head of 256; the 7b's 16, whose 8192-byte KV rows the store launchers
-# instantiate since then, as SGLang's JIT store does any width).
+# 2026-12-01 (the 2b's one kv head of 256; the 7b's 16, whose 8192-byte KV rows the store launchers instantiate since
+# then, as SGLang's JIT store does any width; first run on an H200 the same day, results/2026-12-01-h200/session34/).
 DENSE_MODELS: Tuple[Tuple[str, Tuple[int, ...]], ...] = (
     ("llama-3-8b", (1, 2)),
     ("llama-3-70b", (4, 8)),
