@@ -42,9 +42,14 @@ def test_spec_abi_corpus_and_what_it_replaces():
         "const void* w2, void* act, void* out, int64_t num_tokens, int64_t hidden, int64_t inter, "
         "int64_t num_experts, int64_t topk, double routed_scaling_factor, int dtype, cudaStream_t stream)")
     assert [v.name for v in SPEC.variants] == ["installed"] and SPEC.variant("installed").callable == TARGET
-    # Qwen3-30B-A3B at 1 token (taken, and validated) and 2 (SGLang's by design)
-    assert {(s.dims, s.tags) for s in SPEC.corpus} == {((1, 2048, 768, 128, 8), ("decode", "validate")),
-                                                       ((2, 2048, 768, 128, 8), ("decode",))}
+    # Qwen3-30B-A3B (TP 1, 2, 4) and Qwen3-235B-A22B (TP 4, 8): a rank's shard of each expert at 1 token (taken, and
+    # validated) and 2 (SGLang's by design)
+    shards = {(2048, 768), (2048, 384), (2048, 192), (4096, 384), (4096, 192)}
+    assert {(s.dims, s.tags) for s in SPEC.corpus} == {
+        *(((1, h, i, 128, 8), ("decode", "validate")) for h, i in shards),
+        *(((2, h, i, 128, 8), ("decode",)) for h, i in shards)}
+    assert {s.source for s in SPEC.corpus} == {"qwen3-30b-a3b tp1", "qwen3-30b-a3b tp2", "qwen3-30b-a3b tp4",
+                                               "qwen3-235b-a22b tp4", "qwen3-235b-a22b tp8"}
     for s in list(SPEC.corpus) + list(SPEC.edge_shapes):  # the kernels' limits hold on every shape
         t, h, i, e, k = s.dims
         assert e <= AD.MAX_EXPERTS and k <= min(AD.MAX_TOPK, e) and h % 8 == 0 and i % 8 == 0, s
@@ -204,7 +209,7 @@ def test_expand_takes_a_one_token_call_and_runs_the_block_s_gate_once(sglang):
     assert c["x"] is a["hidden_states"] and c["router_logits"] is logits and len(calls) == 1
     assert c["w13"] is ex.w13_weight and c["w2"] is ex.w2_weight and c["routed_scaling_factor"] == 1.0
     assert c["act"].shape == (1, 3, 32) and c["out"].shape == (1, 64) and c["out"] is not c["x"]
-    assert c["filter_expert"] is True and A.returns(c) is c["out"]
+    assert c["filter_expert"] is True and c["all_reduce"] is None and A.returns(c) is c["out"]
     views, dims = AD._normalize(c)
     assert dims == (1, 64, 32, 8, 3) and set(views) == {"x", "router_logits", "w13", "w2", "act", "out"}
     assert "out is x" in AD._normalize({**c, "out": c["x"]})
@@ -213,7 +218,8 @@ def test_expand_takes_a_one_token_call_and_runs_the_block_s_gate_once(sglang):
 DECLINES = [
     ("2 tokens > 1", dict(t=2), None),
     ("not SGLang's Qwen3MoeSparseMoeBlock", {}, ("self", "__class__", torch.nn.Module)),
-    ("TP / EP > 1", dict(tp_size=2), None),
+    ("EP > 1", dict(ep_size=2), None),
+    ("the experts' MoE TP 1 is not the block's 2", dict(tp_size=2), None),
     ("renormalize off", dict(topk_cfg={"renormalize": False}), None),
     ("grouped", dict(topk_cfg={"use_grouped_topk": True}), None),
     ("scoring_func 'sigmoid'", dict(topk_cfg={"scoring_func": "sigmoid"}), None),
@@ -268,6 +274,77 @@ def test_expand_declines_another_experts_layer_or_runner_and_hooks(sglang):
         r = A.expand(a)
         assert isinstance(r, str) and why in r, (why, r)
         assert calls == []
+
+
+def _tp2(sglang, **module_names):
+    """A TP-2 block (its experts sharded by MoE TP 2) with the block's module holding `module_names`."""
+    a, calls, _ = _block(sglang, tp_size=2)
+    a["self"].experts.moe_tp_size = 2
+    for n, v in module_names.items():
+        setattr(sglang[AD._MOE], n, v)
+    return a, calls
+
+
+def test_tp2_under_0_5_17_runs_the_block_s_all_reduce_tail_on_the_op_s_output(sglang):
+    """0.5.17's forward_normal ends with moe_tensor_model_parallel_all_reduce unless
+    should_skip_post_experts_all_reduce(is_tp_path=True): `returns` runs it once, on the op's (partial) output."""
+    reduced, asked = [], []
+
+    def all_reduce(t):
+        reduced.append(t)
+        return t * 2
+
+    def skip(is_tp_path):
+        asked.append(is_tp_path)
+        return False
+
+    a, calls = _tp2(sglang, moe_tensor_model_parallel_all_reduce=all_reduce, should_skip_post_experts_all_reduce=skip)
+    c = A.expand(a)
+    assert not isinstance(c, str), c
+    assert c["all_reduce"] is all_reduce and asked == [True] and len(calls) == 1
+    c["out"].fill_(1.5)
+    r = A.returns(c)
+    assert reduced == [c["out"]] and torch.equal(r, torch.full_like(c["out"], 3.0))
+
+
+def test_tp2_reduce_skipped_or_in_0_5_23_s_layer_boundary_returns_the_partial_sum(sglang):
+    a, _ = _tp2(sglang, moe_tensor_model_parallel_all_reduce=lambda t: 1 / 0,
+                should_skip_post_experts_all_reduce=lambda is_tp_path: True)  # a later component fuses the sum
+    c = A.expand(a)
+    assert c["all_reduce"] is None and A.returns(c) is c["out"]
+    for n in ("moe_tensor_model_parallel_all_reduce", "should_skip_post_experts_all_reduce"):
+        delattr(sglang[AD._MOE], n)
+    c = A.expand(a)  # 0.5.23: the block's module imports neither; its layer boundary sums the block's output
+    assert c["all_reduce"] is None and A.returns(c) is c["out"]
+    sglang[AD._MOE].moe_tensor_model_parallel_all_reduce = lambda t: t
+    r = A.expand(a)
+    assert isinstance(r, str) and "half of 0.5.17's all-reduce tail" in r
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_the_block_sums_across_ranks_where_the_adapter_expects(which, request):
+    """What `_all_reduce_tail` reads the version from, held to each version's source: forward_normal calls
+    moe_tensor_model_parallel_all_reduce (after should_skip_post_experts_all_reduce) exactly where the module imports
+    both (0.5.17); where it imports neither (0.5.23) the block returns the partial sum and the decoder layer's
+    ffn_boundary.finish follows self.mlp."""
+    import ast
+
+    src = (_sglang_root(which, request) / "srt/models/qwen3_moe.py").read_text()
+    tree = ast.parse(src)
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    block = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen3MoeSparseMoeBlock")
+    fwd = next(n for n in block.body if isinstance(n, ast.FunctionDef) and n.name == "forward_normal")
+    called = {n.func.id for n in ast.walk(fwd) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    names = {"moe_tensor_model_parallel_all_reduce", "should_skip_post_experts_all_reduce"}
+    if which == "0.5.17":
+        assert names <= imported and names <= called
+    else:
+        assert not names & imported and not names & called
+        layer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen3MoeDecoderLayer")
+        body = ast.get_source_segment(src, next(n for n in layer.body
+                                                if isinstance(n, ast.FunctionDef) and n.name == "forward"))
+        assert body.index("self.ffn_boundary.finish(") > body.index("self.mlp(")
 
 
 def test_declined_keeps_and_the_precheck():

@@ -1,25 +1,30 @@
 """The patch adapter of a fused op: SGLang's Qwen3MoeSparseMoeBlock.forward_normal (srt/models/qwen3_moe.py, 0.5.17
-and 0.5.23), gate -> topk -> experts (then 0.5.17's all-reduces, which TP 1 skips). The method is replaced: a call it
+and 0.5.23), gate -> topk -> experts (then 0.5.17's all-reduces at TP / EP > 1). The method is replaced: a call it
 takes runs the block's own self.gate (SGLang's router GEMM, or astra's moe_gate under it), then this op's two kernels
 on its logits in place of self.topk (SGLang's Triton router) and self.experts (FusedMoE -> fused_experts). patch/
 adapters.py holds the machinery and says what each field means.
 
 `expand` declines (the method runs as before) before any work, the gate included, unless:
 - hidden_states is a 2-D CUDA tensor of exactly one token (checked first: every prefill call leaves at once);
-- the block is TP 1 and EP 1 (at TP > 1 the layer's all-reduce, 0.5.17's in the block and 0.5.23's inside FusedMoE,
-  stays SGLang's; not taken yet);
+- the block is EP 1 (expert parallel would need SGLang's global -> local id map) and its experts sharded by the
+  block's MoE TP (each rank's call is the same computation on its shard of every expert's columns);
 - self.topk is SGLang's TopK computing the plain softmax top-k with renormalize (moe_route_align's route rules: not
   grouped, biased, custom, torch-native or sigmoid; no EPLB remap, padded-row mask or shared-expert append), its
   output format STANDARD (the runner backend auto or triton), the routed-experts capture and the expert-distribution
   recorder off (select_experts would feed them the ids, which this op never writes);
-- self.experts is SGLang's FusedMoE itself at TP 1 / EP 1 with the unquantized method on the Triton runner (no aiter
-  runner), the standard dispatcher without its FP4 all-gather, no DWDP prefetch, not inside a piecewise CUDA graph,
-  and moe_experts' rules on its runner config, SGLang's runtime switches and the weights (dtype, shapes, no biases);
+- self.experts is SGLang's FusedMoE itself at the block's TP and EP 1 with the unquantized method on the Triton
+  runner (no aiter runner), the standard dispatcher without its FP4 all-gather, no DWDP prefetch, not inside a
+  piecewise CUDA graph, and moe_experts' rules on its runner config, SGLang's runtime switches and the weights (dtype,
+  shapes, no biases);
 - neither module has hooks (a dumper's hook would miss the call this op skips);
 - E <= 128, K <= min(16, E) and K x ceil(I / 256) <= 64 (the kernels route a row in one warp and take moe_experts'
   chunked down kernel).
 
-The result comes back in a new tensor, [tokens, hidden] as forward_normal returns it."""
+The result comes back in a new tensor, [tokens, hidden] as forward_normal returns it. At TP > 1 a rank's kernels
+compute its partial sum, and the sum across ranks stays SGLang's, where each version puts it: 0.5.17's forward_normal
+ends with moe_tensor_model_parallel_all_reduce (unless should_skip_post_experts_all_reduce says a later component
+fuses it), which `returns` runs on the op's output as the method would; 0.5.23's block returns the partial sum and its
+layer boundary reduces it (the block's module then imports neither name: a CPU test holds both versions to this)."""
 from __future__ import annotations
 
 import sys
@@ -64,6 +69,27 @@ def _runner_backend():
         return None
 
 
+def _all_reduce_tail(tp: int):
+    """The sum across TP ranks forward_normal itself runs after the experts (0.5.17's tail), None where it runs none
+    (TP 1, a later component fusing it, 0.5.23's block), or why the adapter cannot tell."""
+    if tp == 1:
+        return None
+    mod = sys.modules.get(_MOE)
+    reduce = getattr(mod, "moe_tensor_model_parallel_all_reduce", None)
+    skip = getattr(mod, "should_skip_post_experts_all_reduce", None)
+    if reduce is None and skip is None:  # 0.5.23: the layer boundary sums the block's output
+        return None
+    if reduce is None or skip is None:
+        return "the block's module has half of 0.5.17's all-reduce tail: not a version this adapter knows"
+    return None if skip(is_tp_path=True) else reduce
+
+
+def _returns(c):
+    """forward_normal's result: the op's output, summed across TP ranks where the method's tail would sum it."""
+    reduce = c.get("all_reduce")
+    return c["out"] if reduce is None else reduce(c["out"])
+
+
 def _topk_problem(topk) -> Optional[str]:
     """None where self.topk(x, logits) is select_experts' plain renormalized softmax top-k into a STANDARD output
     with nothing fed the ids on the way, else why not."""
@@ -88,13 +114,16 @@ def _topk_problem(topk) -> Optional[str]:
     return None
 
 
-def _experts_problem(experts) -> Optional[str]:
-    """None where self.experts(x, topk_output) is FusedMoE's local fused_experts at TP 1 / EP 1, else why not."""
+def _experts_problem(experts, tp: int) -> Optional[str]:
+    """None where self.experts(x, topk_output) is FusedMoE's local fused_experts on this rank's TP shard (EP 1),
+    else why not."""
     fm = sys.modules.get(_FUSED)
     if fm is None or type(experts) is not getattr(fm, "FusedMoE", None):
         return f"experts is {type(experts).__name__}, not SGLang's FusedMoE"
-    if getattr(experts, "moe_tp_size", 1) != 1 or getattr(experts, "moe_ep_size", 1) != 1:
-        return "the experts are sharded (MoE TP / EP > 1)"
+    if getattr(experts, "moe_ep_size", 1) != 1:
+        return "the experts are sharded by expert (MoE EP > 1)"
+    if getattr(experts, "moe_tp_size", 1) != tp:
+        return f"the experts' MoE TP {getattr(experts, 'moe_tp_size', 1)} is not the block's {tp}"
     if getattr(experts, "_use_ascend_fuseep", False) or getattr(experts, "_dwdp_bound", False):
         return "an Ascend fused EP or DWDP-prefetched layer"
     in_piecewise = getattr(fm, "is_in_tc_piecewise_cuda_graph", None)
@@ -134,12 +163,16 @@ def expand(a: Dict[str, Any]):
     cls = loaded_class(_MOE, "Qwen3MoeSparseMoeBlock")
     if cls is None or not isinstance(block, cls):
         return f"{type(block).__name__} is not SGLang's Qwen3MoeSparseMoeBlock"
-    if getattr(block, "tp_size", 1) != 1 or getattr(block, "ep_size", 1) != 1:
-        return "TP / EP > 1: the layer's all-reduce stays SGLang's"
+    if getattr(block, "ep_size", 1) != 1:
+        return "EP > 1: the experts' ids would need SGLang's global -> local map"
+    tp = getattr(block, "tp_size", 1)
     topk, experts, gate = getattr(block, "topk", None), getattr(block, "experts", None), getattr(block, "gate", None)
-    why = _topk_problem(topk) or _experts_problem(experts)
+    why = _topk_problem(topk) or _experts_problem(experts, tp)
     if why:
         return why
+    tail = _all_reduce_tail(tp)
+    if isinstance(tail, str):
+        return tail
     if not callable(gate):
         return "the block has no gate to call"
     if module_call_hooked(topk) or module_call_hooked(experts):
@@ -166,7 +199,8 @@ def expand(a: Dict[str, Any]):
             "out": torch.empty_like(x),
             "routed_scaling_factor": 1.0 if s is None else float(s),
             # SGLang's own choice, for `sequence` (moe_experts' rule)
-            "filter_expert": experts_adapter.filters_experts(experts.moe_runner_config)}
+            "filter_expert": experts_adapter.filters_experts(experts.moe_runner_config),
+            "all_reduce": tail}
 
 
 def _normalize(c):
@@ -211,7 +245,7 @@ ADAPTER = OpAdapter(
     same_dtype=("x", "router_logits", "w13", "w2", "act", "out"),
     rowwise=("x", "router_logits", "act", "out"),
     normalize=_normalize,
-    returns=lambda c: c["out"],
+    returns=_returns,
     expand=expand,
     sequence=sequence,
     # a prefill-sized call leaves off the raw arguments, before binding: forward_normal(self, hidden_states)

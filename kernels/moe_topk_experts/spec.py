@@ -4,11 +4,11 @@ softmax top-k router (moe_router's contract) and the routed experts (moe_experts
     topk_weights, topk_ids = fused_topk(router_logits, K, renormalize=True)      # ties to the lowest expert id
     out = fused_experts(x, w13, w2, (topk_weights, topk_ids))                    # moe_experts' spec says how it rounds
 
-The ids and weights never leave the kernels (nothing in the layer reads them after the experts at TP 1): the op's
+The ids and weights never leave the kernels (nothing in the layer reads them after the experts): the op's
 only output is `out`, compared as moe_experts compares it. A tie the rule decides differently, or one id off, moves a
 whole expert's contribution, far past the tolerance; `ties` (most of a row tied) makes the rule decide.
 
-What SGLang runs (0.5.17 and 0.5.23, CUDA, an unquantized bf16 / fp16 Qwen3-MoE at TP 1 with the standard dispatcher
+What SGLang runs (0.5.17 and 0.5.23, CUDA, an unquantized bf16 / fp16 Qwen3-MoE at EP 1 with the standard dispatcher
 and the Triton runner, the default on Hopper): Qwen3MoeSparseMoeBlock.forward_normal calls self.gate (the router
 GEMM), then self.topk (TopK.forward_cuda -> select_experts -> fused_topk: moe_router's production, the Triton
 router), then self.experts (FusedMoE.forward -> ... -> fused_experts: moe_experts' production). Production of this op
@@ -27,10 +27,10 @@ from astra_sglang.kernels.moe_experts import spec as experts_spec
 from astra_sglang.kernels.moe_router import spec as router_spec
 from astra_sglang.spec import DTYPE_BYTES, AbiArg, OpSpec, Shape, Variant, dedupe_shapes
 
-# (model, H, I, E, K) of the models whose MoE block the patch replaces (Qwen3MoeSparseMoeBlock, TP 1: the adapter
-# leaves TP and EP > 1 to SGLang), from moe_experts' table
-MODELS = tuple((m, h, i, e, k) for m, h, i, e, k, tps in experts_spec.MOE_MODELS
-               if m.startswith("qwen3-") and 1 in tps)
+# (model and TP, H, I / TP, E, K) of the models whose MoE block the patch replaces (Qwen3MoeSparseMoeBlock; at TP > 1
+# a rank computes its shard of every expert's columns, EP stays SGLang's), from moe_experts' table
+MODELS = tuple((f"{m} tp{tp}", h, i // tp, e, k) for m, h, i, e, k, tps in experts_spec.MOE_MODELS
+               if m.startswith("qwen3-") for tp in tps)
 DECODE = (1, 2)  # 2 tokens: a row the adapter leaves to SGLang (kernel 1 routes every token of its window there)
 
 
