@@ -2,11 +2,13 @@
 # 2026-12-01 (thirty-fifth session), two H200s (nvidia-h200-x2), from the repository root, after staging the FA3
 # wheelhouse (.whl/wh33fa3: `bash e2e/device_install.sh stage .whl/wh33fa3/carry/partNN`, e2e/README.md). Parts:
 #   bash run.sh F   moe_topk_experts at TP > 1 (877ef3e): check and decode corpus in context (bf16; the corpus now holds
-#                   each rank's shard at TP 2, 4, 8), validate (bf16); the Qwen3-30B-A3B (20 layers) decode-step A/B
-#                   at --tp 2: arm A every default op but moe_topk_experts, B every default op; batch 1, 2
+#                   each rank's shard at TP 2, 4, 8), validate (bf16); then the step of part S (its first try ran out
+#                   of time while the TP-2 workers started: part S runs it alone)
+#   bash run.sh S   the Qwen3-30B-A3B (20 layers) decode-step A/B at --tp 2: arm A every default op but
+#                   moe_topk_experts, B every default op; batch 1, 2
 #   bash run.sh G   served Qwen3-30B-A3B (48 layers) at --tp 2, batch 1: unpatched (A, A2) against every default op (B)
 set -uo pipefail
-PART=${1:?F or G}
+PART=${1:?F, S or G}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s35}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,10 +23,11 @@ F)
   (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops moe_topk_experts --dtypes bf16 \
      --json $O/validate-mtx.json) > $O/validate-mtx.log 2>&1
   echo "validate moe_topk_experts rc=$? at $(el)s: $(tail -1 $O/validate-mtx.log | cut -c1-200)"
-  xz -f $O/validate-mtx.json 2>/dev/null
+  xz -f $O/validate-mtx.json 2>/dev/null ;&
+S)
   RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--tp 2 --procs 1 --batch-size 1,2 --input-len 256 \
 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
-    bash e2e/step_session.sh 'mtx-tp2:qwen3-30b-a3b-20l:420:--base-ops=all,-moe_topk_experts --ops=all' > $O/step.log 2>&1
+    bash e2e/step_session.sh 'mtx-tp2:qwen3-30b-a3b-20l:${STEP_S:-420}:--base-ops=all,-moe_topk_experts --ops=all' > $O/step.log 2>&1
   echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $O/step.log | tail -4 | cut -c1-250; tail -2 $O/step.log | cut -c1-250 ;;
 G)
   (cd /tmp && timeout $(( ${LIMIT:-570} - 20 - $(el) )) python3 -m astra_sglang.cli e2e --tp 2 \
@@ -35,6 +38,6 @@ G)
   grep -E "^\| (attention backend|output throughput|TPOT mean)|identical" /tmp/srv-tp2/report.md 2>/dev/null | head -8 \
     | cut -c1-250
   grep -oE "(moe_topk_experts|moe_gate|linear): calls=[^;]*" /tmp/srv-tp2/report.md | head -3; tail -2 $O/served.log | cut -c1-250 ;;
-*) echo "error: run.sh takes F or G" >&2; exit 2 ;;
+*) echo "error: run.sh takes F, S or G" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
