@@ -27,7 +27,7 @@ F)
 S)
   RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--tp 2 --procs 1 --batch-size 1,2 --input-len 256 \
 --output-len 32 --rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
-    bash e2e/step_session.sh 'mtx-tp2:qwen3-30b-a3b-20l:${STEP_S:-420}:--base-ops=all,-moe_topk_experts --ops=all' > $O/step.log 2>&1
+    bash e2e/step_session.sh "mtx-tp2:qwen3-30b-a3b-20l:${STEP_S:-420}:--base-ops=all,-moe_topk_experts --ops=all" > $O/step.log 2>&1
   echo "step rc=$? at $(el)s"; grep -A4 "summary (Δ" $O/step.log | tail -4 | cut -c1-250; tail -2 $O/step.log | cut -c1-250 ;;
 G)
   (cd /tmp && timeout $(( ${LIMIT:-570} - 20 - $(el) )) python3 -m astra_sglang.cli e2e --tp 2 \
