@@ -15,6 +15,7 @@ import torch
 
 from astra_sglang.registry import get_op, op_part
 from sglang_signatures import real_function  # noqa: E402
+from sglang_source import _sglang_root  # noqa: E402
 
 SPEC = get_op("moe_route_align")
 ROUTER = get_op("moe_router")
@@ -188,6 +189,8 @@ def test_wrapper_serves_nothing_but_the_exact_ids_it_routed(fake_sglang, sglang_
     ("aiter", lambda t, c: setattr(t, "_use_aiter", True)),
     ("raw logits", lambda t, c: setattr(t, "get_moe_runner_backend",
                                         lambda: types.SimpleNamespace(is_flashinfer_trtllm_routed=lambda: True))),
+    # 0.5.23: select_experts reads the backend the layer's TopK was bound to, not the global one
+    ("raw logits", lambda t, c: c.update(runner_backend=types.SimpleNamespace(is_flashinfer_trtllm_routed=lambda: True))),
     ("faster in context", lambda t, c: c.update(_tokens=9)),      # the two ops serve larger batches
     ("GPU", lambda t, c: c.update(_device="cpu")),
 ])
@@ -206,6 +209,37 @@ def test_router_declines_where_select_experts_would_not_run_the_softmax_router(f
     topk.noop = True
     canon, reason = bsel.bind((), dict(hidden_states=x, router_logits=x, topk_config=_cfg(), num_token_non_padded=nt))
     assert canon is None
+
+
+def test_the_backend_is_read_where_each_version_s_select_experts_reads_it(fake_sglang):
+    """0.5.17: the topk module's get_moe_runner_backend(); 0.5.23: TopKConfig.runner_backend (its topk module has no
+    get_moe_runner_backend, and an unbound TopK's None is not the raw-logits router, whatever the global says)."""
+    topk, _, ad = fake_sglang
+    routed = types.SimpleNamespace(is_flashinfer_trtllm_routed=lambda: True)
+    topk.get_moe_runner_backend = lambda: routed
+    assert ad._select_experts_backend(topk, _cfg()) is routed
+    assert ad._select_experts_backend(topk, _cfg(runner_backend=None)) is None
+    del topk.get_moe_runner_backend
+    assert ad._select_experts_backend(topk, _cfg()) is None
+    topk.get_moe_runner_backend = lambda: 1 / 0  # no runtime config published: SGLang's default
+    assert ad._select_experts_backend(topk, _cfg()) is None
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_each_version_s_select_experts_reads_the_backend_there(which, request):
+    """What _select_experts_backend relies on, in each version's topk.py: 0.5.17 calls the imported global in
+    select_experts, 0.5.23 reads topk_config.runner_backend (a TopKConfig field) and imports no global."""
+    src = (_sglang_root(which, request) / "srt/layers/moe/topk.py").read_text()
+    sel = src[src.index("\ndef select_experts("):]
+    if which == "0.5.17":
+        assert "from sglang.srt.layers.moe import get_moe_runner_backend" in src
+        assert "get_moe_runner_backend().is_flashinfer_trtllm_routed()" in sel
+        assert "runner_backend: Optional" not in src
+    else:
+        assert "get_moe_runner_backend" not in src
+        assert "topk_config.runner_backend.is_flashinfer_trtllm_routed()" in sel
+        assert "runner_backend: Optional[MoeRunnerBackendLike] = None" in src
 
 
 def test_a_served_call_runs_no_kernel_and_counts_as_served(fake_sglang, sglang_0_5_17_source, tmp_path):

@@ -59,12 +59,23 @@ def _route_problem(mod, cfg, num_token_non_padded, dispatch_info) -> Optional[st
         return "this SGLang has no build_precomputed_topk_output"
     if not mod.precomputed_topk_postprocess_is_noop(cfg, num_token_non_padded, dispatch_info):
         return "select_experts post-processes the ids (shared experts, EPLB, padded rows or simulated routing)"
-    try:
-        if mod.get_moe_runner_backend().is_flashinfer_trtllm_routed():
-            return "the flashinfer_trtllm_routed backend routes on raw logits"
-    except Exception:  # noqa: BLE001 - an unpublished runtime config: SGLang's default backend
-        pass
+    backend = _select_experts_backend(mod, cfg)
+    if backend is not None and backend.is_flashinfer_trtllm_routed():
+        return "the flashinfer_trtllm_routed backend routes on raw logits"
     return _sglang_route()
+
+
+def _select_experts_backend(mod, cfg):
+    """The MoE runner backend select_experts reads: 0.5.23's TopKConfig.runner_backend (bound per layer, None when
+    unbound), else 0.5.17's global get_moe_runner_backend() (imported into the topk module), None where it is not
+    published (SGLang's default backend)."""
+    if hasattr(cfg, "runner_backend"):
+        return cfg.runner_backend
+    get = getattr(mod, "get_moe_runner_backend", None)
+    try:
+        return get() if get is not None else None
+    except Exception:  # noqa: BLE001 - an unpublished runtime config: SGLang's default backend
+        return None
 
 
 def _expand_route(a: Dict[str, Any]):
