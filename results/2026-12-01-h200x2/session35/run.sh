@@ -7,8 +7,12 @@
 #   bash run.sh S   the Qwen3-30B-A3B (20 layers) decode-step A/B at --tp 2: arm A every default op but
 #                   moe_topk_experts, B every default op; batch 1, 2
 #   bash run.sh G   served Qwen3-30B-A3B (48 layers) at --tp 2, batch 1: unpatched (A, A2) against every default op (B)
+#   bash run.sh N   NOT RUN in this session (no device time left; for the next, on one H200): kernel 2's routing by
+#                   all 256 threads (-DASTRA_K2_RANK_ROUTE=1, built and spill-free on CPU): check with it, both orders
+#                   of the shipped and the variant at 1 token (tp1 and tp2 shards, in context), then the Qwen3-30B-A3B
+#                   (20 layers) step A/B of the variant against the shipped kernel; batch 1
 set -uo pipefail
-PART=${1:?F, S or G}
+PART=${1:?F, S, G or N}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s35}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,6 +42,22 @@ G)
   grep -E "^\| (attention backend|output throughput|TPOT mean)|identical" /tmp/srv-tp2/report.md 2>/dev/null | head -8 \
     | cut -c1-250
   grep -oE "(moe_topk_experts|moe_gate|linear): calls=[^;]*" /tmp/srv-tp2/report.md | head -3; tail -2 $O/served.log | cut -c1-250 ;;
-*) echo "error: run.sh takes F, S or G" >&2; exit 2 ;;
+N)
+  OPS=moe_topk_experts EXTRACT=1 DTYPES=bf16 RES=$O/shipped bash kernels/gpu_run.sh check > $O/shipped.log 2>&1
+  V=/tmp/mtx-rank.cu; { echo "#define ASTRA_K2_RANK_ROUTE 1"; cat kernels/moe_topk_experts/kernel.cu; } > $V
+  source kernels/astra_env.sh
+  (cd /tmp && timeout 300 python3 -m astra_sglang.cli check moe_topk_experts --workspace $OLDPWD/.gpu_ws/installed/moe_topk_experts \
+     --candidate $V -v --json $O/check-rank.json) > $O/check-rank.log 2>&1
+  echo "check rank rc=$? at $(el)s: $(grep -E '^(PASS|FAIL|error)' $O/check-rank.log | head -1 | cut -c1-200)"
+  RES=$O/variants BOTH_ORDERS=1 DEADLINE=200 bash kernels/dev/bench_variants.sh moe_topk_experts \
+    .gpu_ws/installed/moe_topk_experts 1x2048x768x128x8,1x2048x384x128x8 bf16 shipped= rank="-DASTRA_K2_RANK_ROUTE=1" \
+    > $O/variants.log 2>&1
+  echo "variants rc=$? at $(el)s"; tail -12 $O/variants.log | cut -c1-200
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh "rank-qwen3moe:qwen3-30b-a3b-20l:300:--base-ops=all --ops=all --candidate moe_topk_experts=$V" \
+    > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A3 "summary (Δ" $O/step.log | tail -3 | cut -c1-250 ;;
+*) echo "error: run.sh takes F, S, G or N" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
