@@ -426,6 +426,8 @@ def run_step(model_path: str, ops: str, batch_sizes: Sequence[int], input_len: i
             first = next(iter(session.ready.values()))
             meta.setdefault("GPU", first.get("gpu", ""))
             meta.setdefault("step timer", first.get("timer", ""))
+            if tp > 1:
+                meta.setdefault("TP ranks aligned before each timed replay", first.get("ranks_aligned", "?"))
             meta[f"wave {w} start-up (s)"] = f"{max(time.monotonic() - x.t0 for x in session.workers.values()):.0f}"
             for rnd, arm, i in ss.process_schedule(list(arms), idxs, rounds, warmup_rounds):
                 name = proc_name(arm, i)

@@ -36,7 +36,7 @@ import shutil
 import sys
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 REPLY = "@@astra-step "
 
@@ -67,13 +67,18 @@ class GpuTimer:
     has finished launching the graph: launch latency stays outside the interval.
 
     Hooked on the decode graph runner's backend.replay (SGLang 0.5.17 and 0.5.23), else on
-    torch.cuda.CUDAGraph.replay; a step with no replay (eager decode) is timed whole."""
+    torch.cuda.CUDAGraph.replay; a step with no replay (eager decode) is timed whole.
 
-    def __init__(self, torch, pad_us: float = 100.0):
+    `align` (tensor parallel: `rank_aligner`) is queued before the pad on every rank: the ranks' GPUs leave it
+    together, so each rank's timed replay starts after the same pad, and a rank's first collective does not wait
+    for another rank's late launch inside the timed interval."""
+
+    def __init__(self, torch, pad_us: float = 100.0, align: Optional[Callable[[], None]] = None):
         self.torch = torch
         self.cur: Optional[List[Tuple[object, object]]] = None
         self.depth = 0
         self.hook = "none"
+        self.align = align
         self.pad_cycles = int(pad_us * self.cycles_per_us()) if pad_us > 0 else 0
 
     def cycles_per_us(self) -> float:
@@ -87,6 +92,8 @@ class GpuTimer:
         return 2_000_000 / max(s.elapsed_time(e) * 1e3, 1e-3)
 
     def pad(self) -> None:
+        if self.align is not None:
+            self.align()
         if self.pad_cycles:
             self.torch.cuda._sleep(self.pad_cycles)
 
@@ -149,6 +156,38 @@ class GpuTimer:
         return sum(s.elapsed_time(e) for s, e in evs) / 1e3
 
 
+ALIGN_ENV = "ASTRA_STEP_ALIGN_RANKS"  # 0 / false / off / no: time TP ranks unaligned (as before 2026-12-01)
+
+
+def rank_aligner(torch, tp: int, group_of=None) -> Tuple[Optional[Callable[[], None]], str]:
+    """(align, what it is) for GpuTimer at TP > 1: a one-element all-reduce over SGLang's TP group (its NCCL device
+    group), queued on the current stream before each timed replay. Why: a TP-2 MoE step at batch 1 read 913 µs a step
+    of "tp communication" in one process and 199 in the other (2× H200, results/2026-12-01-h200x2/session35/ §2): the
+    ranks launch their replays at different host times and the first collective waits for the late one inside the
+    timed interval (an A/B ±13% wide). (None, why not) at TP 1, when switched off, or where the group is not found."""
+    if tp <= 1:
+        return None, "TP 1"
+    if os.environ.get(ALIGN_ENV, "").strip().lower() in ("0", "false", "off", "no"):
+        return None, f"off ({ALIGN_ENV})"
+    if group_of is None:
+        def group_of():
+            from sglang.srt.distributed.parallel_state import get_tp_group
+
+            return get_tp_group().device_group
+    try:
+        group = group_of()
+    except Exception as e:  # noqa: BLE001 - time unaligned rather than fail the run
+        return None, f"no TP group ({type(e).__name__}: {e})"
+    if group is None:
+        return None, "no TP group (SGLang's device group is None)"
+    buf = torch.zeros(1, device="cuda")
+
+    def align() -> None:
+        torch.distributed.all_reduce(buf, group=group)
+
+    return align, "an all-reduce over the TP group before each timed replay"
+
+
 def ops_to_patch(ops) -> List[str]:
     """"all" means what `patch --serve --ops all` patches: every patchable op except those whose adapter
     keeps them off by default (DEFAULT_OFF: slower in context, or not yet measured there); ["all", OP] adds OP."""
@@ -198,7 +237,8 @@ class Worker:
         self.runner, _tok = mod.load_model(server_args, port_args, rank, rank)   # gpu_id = tp_rank
         self.load_s = time.monotonic() - t0
         self.server_args = server_args
-        self.timer = GpuTimer(torch, float(spec.get("gpu_pad_us", 100.0)))
+        align, self.align_note = rank_aligner(torch, int(spec.get("tp", 1) or 1))
+        self.timer = GpuTimer(torch, float(spec.get("gpu_pad_us", 100.0)), align)
         self.timer.install(self.model_runner)
 
     # ------------------------------------------------------------------ helpers
@@ -420,7 +460,7 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(1)
     reply({"event": "ready", "load_s": w.load_s, "gpu": w.gpu_name, "timer": w.timer.hook,
-           "pad_cycles": w.timer.pad_cycles, "tp": tp,
+           "pad_cycles": w.timer.pad_cycles, "tp": tp, "ranks_aligned": w.align_note,
            "max_total_num_tokens": getattr(w.model_runner, "max_total_num_tokens", None),
            "patched": spec.get("ops", "none")})
     for line in sys.stdin:

@@ -20,6 +20,7 @@ class StandInWorker:
         args = spec.get("server_args", [])
         self.port = args[args.index("--nccl-port") + 1] if "--nccl-port" in args else None
         self.timer = types.SimpleNamespace(hook="StandIn.replay", pad_cycles=0)
+        self.align_note = f"stand-in aligner, tp {spec.get('tp', 1)}"
         self.model_runner = None
         self.gpu_name = f"StandIn GPU {rank}"
 

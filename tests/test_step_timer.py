@@ -104,6 +104,53 @@ def test_timer_without_a_graph_times_the_whole_step_and_pads_when_asked():
     assert t.cuda.stream[:3] == ["sleep", "event", "eager"]
 
 
+def test_tp_ranks_align_before_the_pad_of_every_timed_replay(monkeypatch):
+    """At TP > 1 the aligner (an all-reduce over SGLang's TP group) runs before the pad of each timed replay and of
+    a whole-step timing, never inside the timed interval; untimed replays pass through without it."""
+    from astra_sglang.e2e import step_worker as sw
+
+    t = _torch()
+    reduced = []
+    t.zeros = lambda n, device: ("buf", n, device)
+    t.distributed = types.SimpleNamespace(
+        all_reduce=lambda buf, group: (reduced.append((buf, group)), t.cuda.work("all_reduce", 0.00002)))
+    monkeypatch.delenv(sw.ALIGN_ENV, raising=False)
+    align, note = sw.rank_aligner(t, 2, group_of=lambda: "tp-group")
+    assert callable(align) and "all-reduce" in note
+    timer = GpuTimer(t, pad_us=100, align=align)
+    be = Backend(t.cuda)
+    timer.install(types.SimpleNamespace(decode_cuda_graph_runner=types.SimpleNamespace(backend=be)))
+    be.replay("k", None)
+    assert reduced == []                                               # not armed: no collective
+    t.cuda.stream.clear()
+    _, evs, _ = timer.step(lambda: be.replay("k", None), whole=False)
+    s = t.cuda.stream  # the step's own outer events (its whole-step fallback) around the replay's
+    assert s[s.index("all_reduce"):s.index("graph") + 2] == ["all_reduce", "sleep", "event", "graph", "event"]
+    assert s.count("all_reduce") == 1
+    assert reduced == [(("buf", 1, "cuda"), "tp-group")] and GpuTimer.seconds(evs) == pytest.approx(0.005)
+    t.cuda.stream.clear()
+    timer.step(lambda: t.cuda.work("eager", 0.003), whole=True)
+    assert t.cuda.stream[:3] == ["all_reduce", "sleep", "event"]
+
+
+@pytest.mark.parametrize("tp,env,group_of,why", [
+    (1, None, lambda: "g", "TP 1"),
+    (2, "0", lambda: "g", "off"),
+    (2, "off", lambda: "g", "off"),
+    (2, None, lambda: None, "device group is None"),
+    (2, None, lambda: 1 / 0, "no TP group (ZeroDivisionError"),
+])
+def test_rank_aligner_is_off_at_tp_1_when_switched_off_or_without_a_group(monkeypatch, tp, env, group_of, why):
+    from astra_sglang.e2e import step_worker as sw
+
+    if env is None:
+        monkeypatch.delenv(sw.ALIGN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(sw.ALIGN_ENV, env)
+    align, note = sw.rank_aligner(_torch(), tp, group_of=group_of)
+    assert align is None and why in note
+
+
 @pytest.mark.gpu
 def test_timer_on_a_real_cuda_graph():
     import torch

@@ -32,7 +32,7 @@ def test_step_worker_runs_every_command_on_every_rank():
     out, p = _worker({"name": "B-p1", "tp": 3, "server_args": ["--tp-size", "3"]},
                      [run, {"cmd": "profile", "batch_size": 1, "prefix": "B"}, {"cmd": "quit"}])
     assert [o["event"] for o in out] == ["ready", "done", "done", "bye"], p.stderr
-    assert out[0]["tp"] == 3
+    assert out[0]["tp"] == 3 and out[0]["ranks_aligned"] == "stand-in aligner, tp 3"
     r = out[1]
     assert r["gpu_step_s"] == [0.001] and r["gpu_step_s_by_rank"] == {"1": [0.002], "2": [0.003]}
     assert r["tokens_match_by_rank"] == {"1": True, "2": True}
