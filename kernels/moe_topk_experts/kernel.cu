@@ -514,17 +514,15 @@ template <typename T>
 cudaError_t dispatch(const void* x, const void* w13, const void* w2, const T* logits, void* act,
                      void* out, int tokens, int hidden, int inter, int experts, int topk, float scale,
                      cudaStream_t stream) {
+  static_assert(ASTRA_K2_ROWS > 0, "kernel 2 is moe_experts' chunk kernel only (no down_sum_kernel here)");
   cudaError_t err;
   const int lanes = (inter / 8 + 31) / 32;  // vectors of a w2 row per lane
-  const bool chunks = ASTRA_K2_ROWS > 0 && topk <= 16 && topk * lanes <= kTokenChunks;
+  // one warp routes a row; the chunk kernel's bounds
+  if (topk > 16 || topk * lanes > kTokenChunks || experts > 128 || topk > experts) return cudaErrorNotSupported;
   // a window: the whole tokens whose shared experts are read once (kernel 2's shared memory bounds it); 1: none
   int wtok = 1;
-  if (ASTRA_DEDUP && topk <= kMaxWindow) {
-    wtok = kMaxWindow / topk;
-    if (chunks) wtok = min(wtok, kMaxChunks / (topk * lanes));
-    wtok = max(1, min(wtok, tokens));
-  }
-  if (!chunks || experts > 128 || topk > experts) return cudaErrorNotSupported;  // one warp a row; chunks only
+  if (ASTRA_DEDUP && topk <= kMaxWindow)
+    wtok = max(1, min(min(kMaxWindow / topk, kMaxChunks / (topk * lanes)), tokens));
   const dim3 grid1((inter + kWarps1 - 1) / kWarps1, tokens * topk);
   const T* xp = static_cast<const T*>(x);
   const T* wp = static_cast<const T*>(w13);
@@ -544,7 +542,7 @@ cudaError_t dispatch(const void* x, const void* w13, const void* w2, const T* lo
     err = launch(k1, grid1, kWarps1 * 32, stream, xp, wp, logits, ap, hidden, inter, experts, topk, tokens * topk, 1);
   }
   if (err != cudaSuccess) return err;
-  constexpr int r = ASTRA_K2_ROWS > 0 ? ASTRA_K2_ROWS : 1;
+  constexpr int r = ASTRA_K2_ROWS;
   return launch(down_chunks_kernel<T, r, ASTRA_K2_GROUP>, dim3((hidden + r - 1) / r, (tokens + wtok - 1) / wtok), 256,
                 stream, static_cast<const T*>(w2), logits, static_cast<const T*>(act), static_cast<T*>(out), tokens,
                 hidden, inter, experts, topk, wtok * topk, scale);
