@@ -165,9 +165,11 @@ def rank_aligner(torch, tp: int, group_of=None) -> Tuple[Optional[Callable[[], N
     of "tp communication" in one process and 199 in the other (2× H200, results/2026-12-01-h200x2/session35/ §2): the
     ranks launch their replays at different host times and the first collective waits for the late one inside the
     timed interval (an A/B ±13% wide). (None, why not) at TP 1, when switched off, or where the group is not found."""
+    from astra_sglang.patch.adapters import env_switch
+
     if tp <= 1:
         return None, "TP 1"
-    if os.environ.get(ALIGN_ENV, "").strip().lower() in ("0", "false", "off", "no"):
+    if not env_switch(ALIGN_ENV, True):
         return None, f"off ({ALIGN_ENV})"
     if group_of is None:
         def group_of():
