@@ -410,7 +410,6 @@ def test_shipped_kernel_builds_and_passes_the_static_checks(tmp_path, monkeypatc
     assert k1.index("pdl_wait();") < k1.index("route_rank<T>(logits")
     k2 = text[text.index("down_chunks_kernel("):]
     assert k2.index("route_window<T>(logits") < k2.index("pdl_wait();")
-    assert k2.index("route_window_ranked<T>(logits") < k2.index("pdl_wait();")
     monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
     lib = build_kernel(OP, arch="sm_90")
     syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
@@ -418,14 +417,13 @@ def test_shipped_kernel_builds_and_passes_the_static_checks(tmp_path, monkeypatc
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("flags", [(), ("-DASTRA_K2_RANK_ROUTE=1",)], ids=["shipped", "rank-route"])
-def test_no_register_spills_at_sm_90a(tmp_path, flags):
-    """The shipped build, and kernel 2's all-thread routing (a dev variant session 35 left for a GPU to time)."""
+def test_no_register_spills_at_sm_90a(tmp_path):
+    """The shipped build at sm_90a: every kernel instantiation spill-free."""
     from astra_sglang.build import Arch, kernel_flags
     from astra_sglang.registry import shipped_kernel
 
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    cmd = [nvcc, *kernel_flags(SPEC, Arch(9, 0)), *flags, "-Xptxas", "-v", "-c", str(shipped_kernel(OP)),
+    cmd = [nvcc, *kernel_flags(SPEC, Arch(9, 0)), "-Xptxas", "-v", "-c", str(shipped_kernel(OP)),
            "-o", str(tmp_path / "k.o")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -19,10 +19,10 @@
 // wait for: 1.71 us a layer at 1 token with astra's moe_router (H200, results/2026-12-01-h200/session33/ §2). Here
 // kernel 1 takes the logits instead: each warp ranks its own slot's expert (rounds 0..r of the router's argmax, two
 // warp max reductions a round, no softmax: the logits' order is their softmax's), and kernel 2's first warp computes
-// the router's weights (the window's whole softmax top-k) before its PDL wait, off the critical path. Measured as a
-// dev variant of moe_experts (same record, §3): -1.0 us a layer at 1 token, bit-identical output. From 2 tokens every
-// kernel-1 warp routes every token of its window (+13.8 us at 2): the adapter takes 1 token only. The rest (windows
-// of whole tokens, launch shapes by the grid, weights streamed past L1, PDL) is moe_experts' as measured there.
+// the router's weights (the window's whole softmax top-k) before its PDL wait. Measured as a dev variant of moe_experts
+// (same record, §3): -1.0 us a layer at 1 token, bit-identical output. From 2 tokens every kernel-1 warp routes every
+// token of its window (+13.8 us at 2): the adapter takes 1 token only. The rest (windows of whole tokens, launch
+// shapes by the grid, weights streamed past L1, PDL) is moe_experts' as measured there.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -49,11 +49,6 @@ namespace {
 #endif
 #ifndef ASTRA_DEDUP
 #define ASTRA_DEDUP 1  // an expert several tokens share is read once (0: once per token)
-#endif
-#ifndef ASTRA_K2_RANK_ROUTE
-// kernel 2's routing: 0 its first warp's argmax rounds (shipped); 1 the 256 threads rank the row at once (a dev variant
-// for the +1.1-1.5 us kernel 2 costs over moe_experts' at 1 token, results/2026-12-01-h200x2/session35/; not yet timed)
-#define ASTRA_K2_RANK_ROUTE 0
 #endif
 #ifndef ASTRA_K1_MINB
 #define ASTRA_K1_MINB 1  // with ASTRA_K1_UNROLL > 0: kernel 1's CTAs an SM the compiler must fit (launch bounds)
@@ -222,51 +217,6 @@ __device__ __forceinline__ void route_window(const T* logits, int experts, int t
   }
 }
 
-// block-collective (256 threads): slot i < ntok * topk of the window's tokens gets its expert and weight in sel_id /
-// sel_w (shared), route_row's order and arithmetic: each expert's rank (the values above it, then the equal ones of a
-// lower id) counted from shared memory by two threads (even and odd columns: no bank conflict), then the weights in
-// warp 0 with route_row's max, expf, lane-r placement, butterfly sum and IEEE division (so bit-identical to it)
-template <typename T>
-__device__ __forceinline__ void route_window_ranked(const T* logits, int experts, int topk, int tok0, int ntok,
-                                                    int* sel_id, float* sel_w) {
-  __shared__ float raw[kRowVals * 32], key[kRowVals * 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int e = threadIdx.x >> 1, half = threadIdx.x & 1;
-  for (int tw = 0; tw < ntok; ++tw) {
-    if (threadIdx.x < experts) {
-      const float x = to_f(logits[static_cast<int64_t>(tok0 + tw) * experts + threadIdx.x]);
-      raw[threadIdx.x] = x;
-      key[threadIdx.x] = (x == x) ? (x == 0.f ? 0.f : x) : -1e30f;  // argmax_round's values
-    }
-    __syncthreads();
-    int above = 0;
-    if (e < experts) {
-      const float v = key[e];
-#pragma unroll 8
-      for (int j = half; j < experts; j += 2) {
-        const float u = key[j];
-        above += (u > v) | ((u == v) & (j < e));
-      }
-    }
-    above += __shfl_xor_sync(kFull, above, 1);
-    if (half == 0 && e < experts && above < topk) sel_id[tw * topk + above] = e;
-    __syncthreads();
-    if (warp == 0) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kRowVals; ++j) m = fmaxf(m, j * 32 + lane < experts ? raw[j * 32 + lane] : -INFINITY);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
-      const float w = lane < topk ? expf(raw[sel_id[tw * topk + lane]] - m) : 0.f;
-      float sum = w;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
-      if (lane < topk) sel_w[tw * topk + lane] = __fdiv_rn(w, sum > 0.f ? sum : 1.f);
-    }
-    __syncthreads();  // the weights seen, and raw / key free for the next token
-  }
-}
-
 // act from the gate_up GEMV's fp32 sums: g and u rounded as SGLang's GEMM stores them, silu(g) * u rounded again
 template <typename T>
 __device__ __forceinline__ T silu_mul_rounded(float g, float u) {
@@ -387,19 +337,10 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
   const uint4* w2v = reinterpret_cast<const uint4*>(w2);
   __shared__ int fold_id[kMaxWindow];
   __shared__ float fold_w[kMaxWindow];
-#if ASTRA_K2_RANK_ROUTE
-  route_window_ranked<T>(logits, num_experts, topk, wb / topk, nw / topk, fold_id, fold_w);
-#endif
   if (warp == 0) {  // the window's distinct routed experts, in slot order, each with its slots (the router's ids)
     int fid;
     float fw;
-#if ASTRA_K2_RANK_ROUTE
-    fid = lane < nw ? fold_id[lane] : -1;
-    fw = lane < nw ? fold_w[lane] : 0.f;
-    __syncwarp();  // every lane has read its slot before lane i writes fold_id[i] below
-#else
     route_window<T>(logits, num_experts, topk, wb / topk, nw / topk, fid, fw);
-#endif
     const int e = lane < nw ? fid : -1;
     fold_id[lane] = e;
     fold_w[lane] = fw;
