@@ -405,15 +405,74 @@ def test_shipped_kernel_builds_and_passes_the_static_checks(tmp_path, monkeypatc
     assert not errors(scan_file(src, []))
     text = src.read_text()
     assert "namespace astra_mtx {" in text and "#include \"" not in text and "ROUTE_FOLD" not in text
-    # kernel 1 ranks its slot's expert from the logits after its PDL wait; kernel 2 routes before its own
+    # kernel 1 ranks its slot's expert from the logits after its PDL wait; kernel 2 routes before its own, the ids
+    # before its first w2 load and the weights after it
     k1 = text[text.index("gate_up_act_kernel("):]
     assert k1.index("pdl_wait();") < k1.index("route_rank<T>(logits")
     k2 = text[text.index("down_chunks_kernel("):]
-    assert k2.index("route_window<T>(logits") < k2.index("pdl_wait();")
+    assert k2.index("window_ids<T>(logits") < k2.index("load_stream(") < k2.index("window_weights<T>(logits") < \
+        k2.index("pdl_wait();")
     monkeypatch.setenv("ASTRA_CACHE_DIR", str(tmp_path))
     lib = build_kernel(OP, arch="sm_90")
     syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     assert SPEC.symbol in syms
+
+
+ORDER_CHECK = r"""
+#include KERNEL
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+using namespace astra_mtx;
+// every 16-bit pattern: the rank orders as the router's fp32 comparison of to_f(x) (NaN as -1e30, -0 as +0)
+template <typename T, typename F> int check(const char* name, F to_float) {
+  std::vector<std::pair<float, unsigned>> v;
+  for (unsigned b = 0; b < 65536; ++b) {
+    const unsigned short s = static_cast<unsigned short>(b);
+    T x;
+    *reinterpret_cast<unsigned short*>(&x) = s;
+    float f = to_float(x);
+    f = std::isnan(f) ? -1e30f : (f == 0.f ? 0.f : f);
+    const unsigned r = logit_rank<T>(x);
+    if (r >= (1u << 17)) { std::printf("%s %04x: rank %u past 17 bits\n", name, b, r); return 1; }
+    v.emplace_back(f, r);
+  }
+  std::sort(v.begin(), v.end());
+  for (size_t i = 1; i < v.size(); ++i)
+    if ((v[i - 1].first < v[i].first) != (v[i - 1].second < v[i].second) || v[i - 1].second > v[i].second) {
+      std::printf("%s: %g (rank %u) before %g (rank %u)\n", name, v[i - 1].first, v[i - 1].second, v[i].first,
+                  v[i].second);
+      return 1;
+    }
+  if (v.front().first != -INFINITY || v.front().second != neg_inf_rank<T>()) {
+    std::printf("%s: -inf\n", name);
+    return 1;
+  }
+  std::printf("%s ok\n", name);
+  return 0;
+}
+int main() {
+  return check<__nv_bfloat16>("bf16", [](__nv_bfloat16 x) { return __bfloat162float(x); }) |
+         check<__half>("fp16", [](__half x) { return __half2float(x); });
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_logit_rank_orders_every_16_bit_logit_as_the_router(tmp_path):
+    """One warp max over (rank << 7 | 127 - id) is the router's argmax only if the rank orders every bf16 / fp16
+    value (NaN as -1e30, -0 as +0) as fp32 does: checked over all 65536 patterns of each, on the host."""
+    from astra_sglang.registry import shipped_kernel
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    src = tmp_path / "order.cu"
+    src.write_text(ORDER_CHECK.replace("KERNEL", f'"{shipped_kernel(OP)}"'))
+    r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-o", str(tmp_path / "order"), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = subprocess.run([str(tmp_path / "order")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split("\n")[:2] == ["bf16 ok", "fp16 ok"], out.stdout + out.stderr
 
 
 @pytest.mark.nvcc

@@ -105,116 +105,142 @@ __device__ __forceinline__ bool routed(int e, int num_experts) { return e >= 0 &
 
 // The router: both kernels compute moe_router's softmax top-k (renormalized; ties to the lowest id) from the logits
 // [T, E], with its arithmetic, so the ids and weights are the router's. E <= 128: one warp a row, 4 values a lane.
-constexpr int kIdBase = 0xFFFF;
-__device__ __forceinline__ unsigned ordered_key(float f) {
-  const unsigned b = __float_as_uint(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 constexpr int kRowVals = 4;  // a row's values a lane (expert j * 32 + lane in slot j)
 
-// warp-collective: one round of the router's argmax over a row held kRowVals values a lane: the expert of the largest
-// value, the lowest id among equal ones (a lane's first slot, then the lowest lane)
-__device__ __forceinline__ int argmax_round(const float (&v)[kRowVals]) {
+// The router's order of one logit as a 17-bit rank: the logits are the model dtype (16 bits), NaN ranks where the
+// router puts it (as -1e30: between the two dtype values around -1e30, which is none of them), -0 as +0. Shifted
+// left by 7 with 127 - id below it, one unsigned warp max then picks the largest value and, among equal ones, the
+// lowest id: the router's argmax in one reduction (moe_router ranks fp32 keys, then ids, in two).
+__host__ __device__ __forceinline__ unsigned order16(unsigned bits) {  // the 16-bit float's order as an unsigned
+  return (bits & 0x8000u) ? (~bits & 0xFFFFu) : (bits | 0x8000u);
+}
+template <typename T> __host__ __device__ __forceinline__ unsigned logit_rank(T x);
+template <>
+__host__ __device__ __forceinline__ unsigned logit_rank<__nv_bfloat16>(__nv_bfloat16 x) {
+  unsigned bits = *reinterpret_cast<const unsigned short*>(&x);
+  if (bits == 0x8000u) bits = 0u;
+  // -1e30f (bits 0xF149F2CA) truncated toward zero: the bf16 just above -1e30
+  if ((bits & 0x7FFFu) > 0x7F80u) return 2u * order16(0xF149u) - 1u;
+  return 2u * order16(bits);
+}
+template <>
+__host__ __device__ __forceinline__ unsigned logit_rank<__half>(__half x) {
+  unsigned bits = *reinterpret_cast<const unsigned short*>(&x);
+  if (bits == 0x8000u) bits = 0u;
+  if ((bits & 0x7FFFu) > 0x7C00u) return 2u * order16(0xFBFFu) - 1u;  // below every finite half, above -inf
+  return 2u * order16(bits);
+}
+// -inf's rank: padding past E, and a slot already taken (the router's -INFINITY)
+template <typename T> __host__ __device__ __forceinline__ unsigned neg_inf_rank();
+template <> __host__ __device__ __forceinline__ unsigned neg_inf_rank<__nv_bfloat16>() { return 2u * order16(0xFF80u); }
+template <> __host__ __device__ __forceinline__ unsigned neg_inf_rank<__half>() { return 2u * order16(0xFC00u); }
+
+// lane's packed keys of `row`: (rank << 7) | (127 - id)
+template <typename T>
+__device__ __forceinline__ void row_keys(const T* row, int experts, unsigned (&k)[kRowVals]) {
   const int lane = threadIdx.x & 31;
-  float bv = v[0];
-  int bi = lane;
 #pragma unroll
-  for (int j = 1; j < kRowVals; ++j)
-    if (v[j] > bv) {
-      bv = v[j];
-      bi = j * 32 + lane;
-    }
-  const unsigned key = ordered_key(bv);
-  const unsigned top = __reduce_max_sync(kFull, key);
-  return kIdBase - static_cast<int>(__reduce_max_sync(kFull, key == top ? static_cast<unsigned>(kIdBase - bi) : 0u));
+  for (int j = 0; j < kRowVals; ++j) {
+    const int e = j * 32 + lane;
+    k[j] = ((e < experts ? logit_rank<T>(row[e]) : neg_inf_rank<T>()) << 7) | static_cast<unsigned>(127 - e);
+  }
 }
 
-// warp-collective: lane r < topk gets the r-th expert of `row` and its renormalized weight
+// warp-collective: one round of the router's argmax; the winner's key drops to -inf (keeping its id), as the router's
 template <typename T>
-__device__ __forceinline__ void route_row(const T* row, int experts, int topk, int& my_id, float& my_w) {
+__device__ __forceinline__ int argmax_round(unsigned (&k)[kRowVals]) {
+  const int lane = threadIdx.x & 31;
+  const unsigned top = __reduce_max_sync(kFull, max(max(k[0], k[1]), max(k[2], k[3])));
+  const int id = 127 - static_cast<int>(top & 127u);
+#pragma unroll
+  for (int j = 0; j < kRowVals; ++j)
+    if (j * 32 + lane == id) k[j] = (neg_inf_rank<T>() << 7) | (top & 127u);
+  return id;
+}
+
+// warp-collective, ids only: the expert of rank r in `row`, in rounds 0..r
+template <typename T>
+__device__ __forceinline__ int route_rank(const T* row, int experts, int r) {
+  unsigned k[kRowVals];
+  row_keys<T>(row, experts, k);
+  int bi = 0;
+  for (int q = 0; q <= r; ++q) bi = argmax_round<T>(k);
+  return bi;
+}
+
+// warp-collective: lane r < topk gets the r-th expert of `row` (0 past topk)
+template <typename T>
+__device__ __forceinline__ int route_ids(const T* row, int experts, int topk) {
+  const int lane = threadIdx.x & 31;
+  unsigned k[kRowVals];
+  row_keys<T>(row, experts, k);
+  int my_id = 0;
+  for (int r = 0; r < topk; ++r) {
+    const int bi = argmax_round<T>(k);
+    if (lane == r) my_id = bi;
+  }
+  return my_id;
+}
+
+// warp-collective: lane r < topk gets the renormalized weight of its expert my_id (route_ids'; 0 past topk): the
+// router's fp32 softmax (max, expf), its butterfly sum over the top-k and its IEEE division
+template <typename T>
+__device__ __forceinline__ float route_weight(const T* row, int experts, int topk, int my_id) {
   constexpr int V = kRowVals;
   const int lane = threadIdx.x & 31;
-  float s[V], v[V], p[V];
+  float s[V], p[V];
+  float m = -INFINITY;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int e = j * 32 + lane;
     s[j] = e < experts ? to_f(row[e]) : -INFINITY;
-  }
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    v[j] = (s[j] == s[j]) ? s[j] : -1e30f;
-    if (v[j] == 0.f) v[j] = 0.f;
     m = fmaxf(m, s[j]);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
 #pragma unroll
   for (int j = 0; j < V; ++j) p[j] = (j * 32 + lane) < experts ? expf(s[j] - m) : 0.f;
-  my_w = 0.f;
-  my_id = 0;
-  for (int r = 0; r < topk; ++r) {
-    const int bi = argmax_round(v);
-    float w = 0.f;
+  float w = 0.f;
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (j * 32 + lane == bi) {
-        w = p[j];
-        v[j] = -INFINITY;
-      }
-    w = __shfl_sync(kFull, w, bi & 31);
-    if (lane == r) {
-      my_w = w;
-      my_id = bi;
-    }
+  for (int j = 0; j < V; ++j) {  // p of my_id, from its lane
+    const float pj = __shfl_sync(kFull, p[j], my_id & 31);
+    if (j == (my_id >> 5)) w = pj;
   }
-  float sum = lane < topk ? my_w : 0.f;
+  if (lane >= topk) w = 0.f;
+  float sum = w;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
-  my_w = __fdiv_rn(my_w, sum > 0.f ? sum : 1.f);  // IEEE division under --use_fast_math, as the router's
+  return __fdiv_rn(w, sum > 0.f ? sum : 1.f);  // IEEE division under --use_fast_math, as the router's
 }
 
-// warp-collective, ids only (kernel 1's critical path: no softmax): the expert of rank r in `row`, in rounds 0..r
+// warp-collective: lane i < ntok * topk gets slot tok0 * topk + i's expert (-1 past them)
 template <typename T>
-__device__ __forceinline__ int route_rank(const T* row, int experts, int r) {
-  constexpr int V = kRowVals;
+__device__ __forceinline__ int window_ids(const T* logits, int experts, int topk, int tok0, int ntok) {
   const int lane = threadIdx.x & 31;
-  float v[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int e = j * 32 + lane;
-    const float x = e < experts ? to_f(row[e]) : -INFINITY;
-    v[j] = (x == x) ? (x == 0.f ? 0.f : x) : -1e30f;
-  }
-  int bi = 0;
-  for (int q = 0; q <= r; ++q) {
-    bi = argmax_round(v);
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (j * 32 + lane == bi) v[j] = -INFINITY;
-  }
-  return bi;
-}
-
-// warp-collective: lane i < ntok * topk gets slot tok0 * topk + i's expert and weight (-1, 0 past them)
-template <typename T>
-__device__ __forceinline__ void route_window(const T* logits, int experts, int topk, int tok0, int ntok, int& id,
-                                             float& w) {
-  const int lane = threadIdx.x & 31;
-  id = -1;
-  w = 0.f;
+  int id = -1;
   for (int tw = 0; tw < ntok; ++tw) {
-    int i1;
-    float w1;
-    route_row<T>(logits + static_cast<int64_t>(tok0 + tw) * experts, experts, topk, i1, w1);
+    const int i1 = route_ids<T>(logits + static_cast<int64_t>(tok0 + tw) * experts, experts, topk);
     const int si = __shfl_sync(kFull, i1, lane % topk);
-    const float sw = __shfl_sync(kFull, w1, lane % topk);
-    if (lane / topk == tw) {
-      id = si;
-      w = sw;
-    }
+    if (lane / topk == tw) id = si;
   }
+  return id;
+}
+
+// warp-collective: lane i < ntok * topk gets the weight of slot tok0 * topk + i, whose expert is id (window_ids'; 0
+// past them)
+template <typename T>
+__device__ __forceinline__ float window_weights(const T* logits, int experts, int topk, int tok0, int ntok, int id) {
+  const int lane = threadIdx.x & 31;
+  float w = 0.f;
+  for (int tw = 0; tw < ntok; ++tw) {
+    const int r = tw * topk + lane;  // lane r of this token reads slot tw * topk + r's expert
+    const int i1 = __shfl_sync(kFull, id, r < 32 ? r : 0);
+    const float w1 = route_weight<T>(logits + static_cast<int64_t>(tok0 + tw) * experts, experts, topk,
+                                     lane < topk ? i1 : 0);
+    const float sw = __shfl_sync(kFull, w1, lane % topk);
+    if (lane / topk == tw) w = sw;
+  }
+  return w;
 }
 
 // act from the gate_up GEMV's fp32 sums: g and u rounded as SGLang's GEMM stores them, silu(g) * u rounded again
@@ -253,9 +279,7 @@ __global__ void __launch_bounds__(kWarps1 * 32, kMinBlocks)
   } else {  // the window's ids in one read (lane i: slot wb + i), this slot's expert among them
     wb = slot - slot % ws;
     const int l = wb + lane;
-    int id;
-    float w;
-    route_window<T>(logits, num_experts, topk, wb / topk, min(ws, nslots - wb) / topk, id, w);
+    int id = window_ids<T>(logits, num_experts, topk, wb / topk, min(ws, nslots - wb) / topk);
     if (!(lane < ws && l < nslots)) id = -1;
     e = __shfl_sync(kFull, id, slot - wb);
     if (!routed(e, num_experts)) return;
@@ -337,13 +361,11 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
   const uint4* w2v = reinterpret_cast<const uint4*>(w2);
   __shared__ int fold_id[kMaxWindow];
   __shared__ float fold_w[kMaxWindow];
-  if (warp == 0) {  // the window's distinct routed experts, in slot order, each with its slots (the router's ids)
-    int fid;
-    float fw;
-    route_window<T>(logits, num_experts, topk, wb / topk, nw / topk, fid, fw);
+  int fid = -1;  // warp 0: lane i's slot wb + i's expert (the router's ids)
+  if (warp == 0) {  // the window's distinct routed experts, in slot order, each with its slots
+    fid = window_ids<T>(logits, num_experts, topk, wb / topk, nw / topk);
     const int e = lane < nw ? fid : -1;
     fold_id[lane] = e;
-    fold_w[lane] = fw;
     const bool ok = lane < nw && routed(e, num_experts);
     const unsigned same = __match_any_sync(kFull, ok ? e : -2 - lane);
     const bool lead = ok && __ffs(same) - 1 == lane;
@@ -357,7 +379,7 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
   }
   __syncthreads();
   const int nch = nlead * cpr;
-  bool waited = !ASTRA_PDL;
+  bool waited = !ASTRA_PDL, weighed = warp != 0;
   for (int c0 = warp; c0 < nch; c0 += 8 * G) {
     uint4 wv[G][R];
     const uint4* wrow[G];
@@ -370,6 +392,10 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
       for (int r = 0; r < R; ++r)  // rows past the end read the last row again; not stored
         wv[g][r] = wrow[g] ? load_stream(wrow[g] + static_cast<int64_t>(min(h0 + r, hidden - 1)) * nvec)
                            : make_uint4(0, 0, 0, 0);
+    }
+    if (!weighed) {  // warp 0: the router's weights while its first w2 vectors load (needed only at the end)
+      fold_w[lane] = window_weights<T>(logits, num_experts, topk, wb / topk, nw / topk, fid);
+      weighed = true;
     }
     if (!waited) {  // the ids and the first w2 vectors before the wait; act (kernel 1's) after it
       pdl_wait();
@@ -393,6 +419,7 @@ __global__ void __launch_bounds__(256) down_chunks_kernel(const T* __restrict__ 
       }
     }
   }
+  if (!weighed) fold_w[lane] = window_weights<T>(logits, num_experts, topk, wb / topk, nw / topk, fid);
   if (!waited) {
     pdl_wait();
     pdl_trigger();

@@ -5,10 +5,14 @@
 #   bash run.sh D   where moe_topk_experts' kernel 2 pays over moe_experts' (session 35's profile: +1.1-1.5 us a call):
 #                   diagnostic builds, wrong on purpose and never shipped, that skip a routing (kernel 2's: fixed ids
 #                   and weights; kernel 1's too), timed against the shipped kernel in context, both orders, 1 token
+#   bash run.sh E   kernel 2's routing off its critical path (after D): the ids by one warp max a round over packed
+#                   16-bit ranks, the weights while the first w2 vectors load; kernel 1 ranks the same way. check
+#                   (bf16, fp16), then both orders against the kernel before it (OLD: that commit's kernel.cu, copied
+#                   beside the checkout as old-mtx-kernel.cu) at 1 token
 #   bash run.sh P   where the Qwen3-30B-A3B (20 layers) decode step goes with every default op (astra-sglang profile,
 #                   batch 1 and 2), then Qwen3-8B at batch 1
 set -uo pipefail
-PART=${1:?D or P}
+PART=${1:?D, E or P}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s36}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,6 +42,14 @@ PY
     1x2048x768x128x8,1x2048x384x128x8 bf16 shipped= k2fixed=@/tmp/mtx-k2fixed.cu k12fixed=@/tmp/mtx-k12fixed.cu \
     > $O/variants.log 2>&1
   echo "variants rc=$? at $(el)s"; tail -16 $O/variants.log | cut -c1-220 ;;
+E)
+  source kernels/astra_env.sh
+  OPS=moe_topk_experts EXTRACT=1 DTYPES=bf16,fp16 RES=$O/check bash kernels/gpu_run.sh check > $O/check.log 2>&1
+  echo "check rc=$? at $(el)s"; grep -E "^check " $O/check.log | cut -c1-250
+  RES=$O/variants BOTH_ORDERS=1 DEADLINE=$(( ${LIMIT:-570} - 150 - $(el) )) bash kernels/dev/bench_variants.sh \
+    moe_topk_experts .gpu_ws/installed/moe_topk_experts 1x2048x768x128x8,1x2048x384x128x8 bf16 old=@old-mtx-kernel.cu \
+    new= > $O/variants.log 2>&1
+  echo "variants rc=$? at $(el)s"; tail -12 $O/variants.log | cut -c1-220 ;;
 P)
   for m in qwen3-30b-a3b-20l:1,2 qwen3-8b:1; do
     left=$(( ${LIMIT:-570} - 15 - $(el) )); [ $left -gt 120 ] || { echo "skipped ${m%%:*}: ${left}s left"; continue; }
@@ -47,6 +59,6 @@ P)
     cp /tmp/prof-${m%%:*}/profile.md $O/profile-${m%%:*}.md 2>/dev/null
     grep -E "^\| " /tmp/prof-${m%%:*}/profile.md 2>/dev/null | head -30 | cut -c1-200
   done ;;
-*) echo "error: run.sh takes D or P" >&2; exit 2 ;;
+*) echo "error: run.sh takes D, E or P" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
