@@ -11,11 +11,12 @@ from __future__ import annotations
 from astra_sglang.patch.adapters import OpAdapter, gated_out, gated_rows
 
 
-# Off in `--ops all`: in context it is no faster (H200 2026-11-24, results/2026-11-24-h200/kernels/decode_corpus_rest/),
-# and no served model here calls it (Gemma-1's MLP; Gemma-2/3 run gelu_tanh_and_mul), so no step or server shows
-# a gain either. `--ops all,gelu_and_mul` still patches it.
-DEFAULT_OFF = ("no faster in context: decode corpus geomean 0.989x on the H200, 7 of 12 rows below 1.00x (min 0.90x; "
-               "results/2026-11-24-h200/kernels/decode_corpus_rest/), and no served model measured")
+# Off in `--ops all`: in context it is no faster, at its serving site (gate_up -> act -> down_proj of Gemma-1's MLP
+# widths) 0.991x over 12 rows, all within noise (H200, 2026-11-28, results/2026-11-28-h200/session17/; 0.989x at the
+# generic pair on 2026-11-24), and Gemma-1's 1-2-token MLP calls run gate_up_gelu instead (the activation in the gate_up
+# GEMV's epilogue). `--ops all,gelu_and_mul` still patches it.
+DEFAULT_OFF = ("no faster in context: decode corpus at its serving sites 0.991x on the H200, all 12 rows within noise "
+               "(results/2026-11-28-h200/session17/); gate_up_gelu takes Gemma-1's 1-2-token MLP calls")
 
 ADAPTER = OpAdapter(
     op="gelu_and_mul",
