@@ -9,10 +9,13 @@
 #                   16-bit ranks, the weights while the first w2 vectors load; kernel 1 ranks the same way. check
 #                   (bf16, fp16), then both orders against the kernel before it (OLD: that commit's kernel.cu, copied
 #                   beside the checkout as old-mtx-kernel.cu) at 1 token
-#   bash run.sh P   where the Qwen3-30B-A3B (20 layers) decode step goes with every default op (astra-sglang profile,
-#                   batch 1 and 2), then Qwen3-8B at batch 1
+#   bash run.sh S   NOT RUN (no device time left): the Qwen3-30B-A3B (20 layers) decode-step A/B of part E's kernel,
+#                   arm A every default op but moe_topk_experts (moe_router + moe_experts), B every default op; batch 1
+#                   (session 34 measured -1.51% with the kernel before)
+#   bash run.sh P   NOT RUN: where the Qwen3-30B-A3B (20 layers) decode step goes with every default op
+#                   (astra-sglang profile, batch 1 and 2), then Qwen3-8B at batch 1
 set -uo pipefail
-PART=${1:?D, E or P}
+PART=${1:?D, E, S or P}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s36}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,6 +53,12 @@ E)
     moe_topk_experts .gpu_ws/installed/moe_topk_experts 1x2048x768x128x8,1x2048x384x128x8 bf16 old=@old-mtx-kernel.cu \
     new= > $O/variants.log 2>&1
   echo "variants rc=$? at $(el)s"; tail -12 $O/variants.log | cut -c1-220 ;;
+S)
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 1 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh "mtx-qwen3moe:qwen3-30b-a3b-20l:${STEP_S:-480}:--base-ops=all,-moe_topk_experts --ops=all" \
+    > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A3 "summary (Δ" $O/step.log | tail -3 | cut -c1-250 ;;
 P)
   for m in qwen3-30b-a3b-20l:1,2 qwen3-8b:1; do
     left=$(( ${LIMIT:-570} - 15 - $(el) )); [ $left -gt 120 ] || { echo "skipped ${m%%:*}: ${left}s left"; continue; }
@@ -59,6 +68,6 @@ P)
     cp /tmp/prof-${m%%:*}/profile.md $O/profile-${m%%:*}.md 2>/dev/null
     grep -E "^\| " /tmp/prof-${m%%:*}/profile.md 2>/dev/null | head -30 | cut -c1-200
   done ;;
-*) echo "error: run.sh takes D, E or P" >&2; exit 2 ;;
+*) echo "error: run.sh takes D, E, S or P" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
