@@ -17,12 +17,14 @@
 //
 // Why: on SGLang's decode chain gate -> router -> experts the router is a launch of its own whose ids kernel 1 must
 // wait for: 1.71 us a layer at 1 token with astra's moe_router (H200, results/2026-12-01-h200/session33/ §2). Here
-// kernel 1 takes the logits instead: each warp ranks its own slot's expert (rounds 0..r of the router's argmax, two
-// warp max reductions a round, no softmax: the logits' order is their softmax's), and kernel 2's first warp computes
-// the router's weights (the window's whole softmax top-k) before its PDL wait. Measured as a dev variant of moe_experts
-// (same record, §3): -1.0 us a layer at 1 token, bit-identical output. From 2 tokens every kernel-1 warp routes every
-// token of its window (+13.8 us at 2): the adapter takes 1 token only. The rest (windows of whole tokens, launch
-// shapes by the grid, weights streamed past L1, PDL) is moe_experts' as measured there.
+// kernel 1 takes the logits instead: each warp ranks its own slot's expert (rounds 0..r of the router's argmax, one
+// warp max of packed ranks a round, no softmax: the logits' order is their softmax's), and kernel 2's first warp
+// computes the window's ids before its first w2 loads and the router's weights while they fly, before its PDL wait.
+// Measured as a dev variant of moe_experts (same record, §3): -1.0 us a layer at 1 token, bit-identical output; the
+// packed ranks and the late weights another 0.1-0.35 us a call (results/2026-12-01-h200/session36/ §3). From 2
+// tokens every kernel-1 warp routes every token of its window (+13.8 us at 2): the adapter takes 1 token only. The
+// rest (windows of whole tokens, launch shapes by the grid, weights streamed past L1, PDL) is moe_experts' as measured
+// there.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
