@@ -12,10 +12,14 @@
 #   bash run.sh S   NOT RUN (no device time left): the Qwen3-30B-A3B (20 layers) decode-step A/B of part E's kernel,
 #                   arm A every default op but moe_topk_experts (moe_router + moe_experts), B every default op; batch 1
 #                   (session 34 measured -1.51% with the kernel before)
+#   bash run.sh V   NOT RUN: validate (bf16, SGLang 0.5.17's own layers) of the ops whose last validate is missing or
+#                   older than their kernel or the patch machinery: rope_store (its 2026-11-26 run predates the
+#                   install's sweep of the defining module, which rope.py's own call of apply_rope_inplace_with_kvcache
+#                   needs), kv_store (never run), moe_align (its 42 passes predate the per-bucket layout and the fill)
 #   bash run.sh P   NOT RUN: where the Qwen3-30B-A3B (20 layers) decode step goes with every default op
 #                   (astra-sglang profile, batch 1 and 2), then Qwen3-8B at batch 1
 set -uo pipefail
-PART=${1:?D, E, S or P}
+PART=${1:?D, E, S, V or P}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s36}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -59,6 +63,13 @@ S)
     bash e2e/step_session.sh "mtx-qwen3moe:qwen3-30b-a3b-20l:${STEP_S:-480}:--base-ops=all,-moe_topk_experts --ops=all" \
     > $O/step.log 2>&1
   echo "step rc=$? at $(el)s"; grep -A3 "summary (Δ" $O/step.log | tail -3 | cut -c1-250 ;;
+V)
+  for op in rope_store kv_store moe_align; do
+    (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops $op --dtypes bf16 \
+       --json $O/validate-$op.json) > $O/validate-$op.log 2>&1
+    echo "validate $op rc=$? at $(el)s: $(tail -1 $O/validate-$op.log | cut -c1-200)"
+    xz -f $O/validate-$op.json 2>/dev/null
+  done ;;
 P)
   for m in qwen3-30b-a3b-20l:1,2 qwen3-8b:1; do
     left=$(( ${LIMIT:-570} - 15 - $(el) )); [ $left -gt 120 ] || { echo "skipped ${m%%:*}: ${left}s left"; continue; }
@@ -68,6 +79,6 @@ P)
     cp /tmp/prof-${m%%:*}/profile.md $O/profile-${m%%:*}.md 2>/dev/null
     grep -E "^\| " /tmp/prof-${m%%:*}/profile.md 2>/dev/null | head -30 | cut -c1-200
   done ;;
-*) echo "error: run.sh takes D, E, S or P" >&2; exit 2 ;;
+*) echo "error: run.sh takes D, E, S, V or P" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
