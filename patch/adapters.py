@@ -395,6 +395,41 @@ def torch_schema(spec) -> str:
 
 
 # ---------------------------------------------------------------------- binding calls
+def torch_op_schema(fn: Any):
+    """The schema of a torch custom op with one overload (an OpOverloadPacket or OpOverload), else None."""
+    try:
+        from torch._ops import OpOverload, OpOverloadPacket
+    except ImportError:
+        return None
+    if isinstance(fn, OpOverloadPacket):
+        names = list(fn.overloads())
+        if len(names) != 1:
+            return None
+        fn = getattr(fn, names[0])
+    return fn._schema if isinstance(fn, OpOverload) else None
+
+
+def callable_signature(fn: Callable) -> Optional[inspect.Signature]:
+    """fn's signature, or None where it cannot be read. A torch custom op reads as (*args, **kwargs) to inspect:
+    SGLang 0.5.17's register_custom_op leaves the op itself (an OpOverloadPacket) under the function's name
+    (store_cache, the rope kernels' apply_rope_inplace and apply_rope_inplace_with_kvcache), so its schema gives the
+    names, defaults and keyword-only marks of the function it was made from."""
+    schema = torch_op_schema(fn)
+    if schema is None:
+        try:
+            return inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+    P = inspect.Parameter
+    try:
+        return inspect.Signature([
+            P(a.name, P.KEYWORD_ONLY if a.kwarg_only else P.POSITIONAL_OR_KEYWORD,
+              default=a.default_value if a.has_default_value() else P.empty)
+            for a in schema.arguments])
+    except (TypeError, ValueError):  # an argument order Python cannot take (a default before a required one)
+        return None
+
+
 class Binder:
     """Maps one callable's (args, kwargs) to canonical arguments, fast.
 
@@ -404,10 +439,8 @@ class Binder:
     def __init__(self, fn: Callable, adapter: OpAdapter, spec):
         self.adapter = adapter
         self.layout = abi_layout(spec)
-        try:
-            sig = inspect.signature(fn)
-        except (TypeError, ValueError):
-            sig = None
+        sig = self.signature = callable_signature(fn)
+        self.from_schema = sig is not None and torch_op_schema(fn) is not None  # a torch custom op's
         # A fused op's layer method may take **kwargs (Gemma3DecoderLayer.forward): `expand` gets them as one dict
         # under that parameter's name. Any other callable with varargs stays unbound.
         self.varkw = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD), None) \

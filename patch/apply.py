@@ -254,8 +254,13 @@ def make_replacement(st: OpState, binder: Binder, orig: Callable, target: str) -
         st.execute(views, dims, dt, lambda c: binder.call_with(orig, vals, c))
         return ad.returns(canon)
 
-    functools.update_wrapper(replacement, orig)
-    resolve_signature(replacement, orig)
+    if not binder.from_schema:
+        functools.update_wrapper(replacement, orig)
+        resolve_signature(replacement, orig)
+    else:  # a torch custom op: its name and doc, the signature its schema gives, none of the op object's state
+        functools.update_wrapper(replacement, orig, updated=())
+        del replacement.__wrapped__
+        replacement.__signature__ = binder.signature  # type: ignore[attr-defined]
     replacement.__astra_original__ = orig  # type: ignore[attr-defined]
     replacement.__astra_op__ = st.name  # type: ignore[attr-defined]
     replacement.__astra_target__ = target  # type: ignore[attr-defined]

@@ -846,6 +846,90 @@ print(json.dumps(out))
         assert statuses and set(statuses) == {"PASS"}, (op, statuses)
 
 
+def test_a_torch_custom_op_s_signature_comes_from_its_schema():
+    """inspect reads a torch op as (*args, **kwargs); its schema has the function's names, defaults and keyword-only
+    marks, which is what the Binder needs (0.5.17 registers store_cache and the rope kernels this way)."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    from astra_sglang.patch.adapters import Binder, callable_signature, torch_op_schema
+    from astra_sglang.registry import get_op, op_part
+
+    # 0.5.17's store_cache, as its register_custom_op infers the schema
+    lib = torch.library.Library("astra_sig_probe", "FRAGMENT")
+    lib.define("store_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor indices, *, "
+               "SymInt row_bytes=0, SymInt v_row_bytes=0, SymInt num_split=0, SymInt size_limit=0, "
+               "SymInt reserved_skip_index=0) -> ()")
+    op = torch.ops.astra_sig_probe.store_cache
+    assert str(inspect.signature(op)).startswith("(*args")  # what made such targets unsupported
+    sig = callable_signature(op)
+    assert str(sig) == ("(k, v, k_cache, v_cache, indices, *, row_bytes=0, v_row_bytes=0, num_split=0, "
+                        "size_limit=0, reserved_skip_index=0)")
+    assert torch_op_schema(op.default) is not None and torch_op_schema(lambda x: x) is None
+    assert callable_signature(lambda a, *, b=1: a) == inspect.signature(lambda a, *, b=1: a)
+    # kv_store's adapter binds the op as it binds the Python function it was made from
+    def store_cache(k, v, k_cache, v_cache, indices, *, row_bytes=0, v_row_bytes=0, num_split=0, size_limit=0,
+                    reserved_skip_index=0):
+        pass
+
+    ad, spec = op_part("kv_store", "adapter").ADAPTER, get_op("kv_store")
+    binder, plain = Binder(op, ad, spec), Binder(store_cache, ad, spec)
+    assert binder.ok and plain.ok and binder.from_schema and not plain.from_schema, (binder.problem, plain.problem)
+    assert (binder.params, binder.positional, binder.defaults) == (plain.params, plain.positional, plain.defaults)
+
+
+def test_torch_custom_op_targets_are_patched_and_rope_store_is_reached(sglang_tree, tmp_path, request):
+    """rope_store's one GPU validate (2026-11-26) read "SGLang's layer reached no patched callable" on every shape:
+    in 0.5.17, register_custom_op leaves a torch op (OpOverloadPacket) under apply_rope_inplace_with_kvcache,
+    apply_rope_inplace and store_cache, which inspect reads as (*args, **kwargs), so the patch called them
+    unsupported and never installed rope_store, kv_store or rope's second target. Their signatures now come from the
+    op's schema. On CPU, both versions' real rope.py and kvcache.py: every such target is patched, and the call
+    RotaryEmbedding.forward_cuda makes (rope.py's apply_rope_with_cos_sin_cache_inplace with a fused_set_kv_buffer_arg,
+    views of q / k rows, the pool's caches) reaches rope_store and stores the rotated k at each token's slot."""
+    sglang_root, discovery = sglang_tree
+    plan = tmp_path / "plan.json"
+    plan.write_text(discovery.to_json())
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+import sglang.kernels.ops.attention.rope as R
+import sglang.kernels.ops.kvcache.kvcache as KV
+from astra_sglang.harness.inputs import make_case_inputs
+from astra_sglang.registry import get_op
+spec = get_op("rope_store")
+dims = (16, 8, 2, 128, 1536, 1536, 1536)  # q, k, v rows in buffers wider than their heads
+t, hq, hk, d = dims[:4]
+inp = make_case_inputs(spec, dims, "bf16", "normal", 0, "cpu")
+orig = dict(rs=R.apply_rope_inplace_with_kvcache, r=R.apply_rope_inplace, kv=KV.store_cache)
+p = apply_astra_kernels(["rope_store", "rope", "kv_store"], backends=E.astra_standins(),
+                        counter_dir={str(tmp_path)!r}, propagate=False, self_check="off", plan={str(plan)!r})
+states = {{t: s["state"] for op in p.summary().values() for t, s in op["targets"].items()}}
+kc = inp["k_cache"].clone()
+arg = R.FusedSetKVBufferArg(value=inp["v"][:, : hk * d], k_buffer=kc, v_buffer=inp["v_cache"].clone(),
+                            cache_loc=inp["out_loc"])
+R.apply_rope_with_cos_sin_cache_inplace(positions=inp["positions"], q=inp["q"][:, : hq * d].view(t, hq, d),
+                                        k=inp["k"][:, : hk * d].view(t, hk, d), cos_sin_cache=inp["cos_sin_cache"],
+                                        is_neox=True, fused_args=arg)
+c = counters({str(tmp_path)!r}).get("rope_store", {{}})
+why = p.states["rope_store"].last_fallback
+revert_astra_kernels()
+restored = R.apply_rope_inplace_with_kvcache is orig["rs"] and R.apply_rope_inplace is orig["r"] and \\
+    KV.store_cache is orig["kv"]
+loc = inp["out_loc"].long()
+print(json.dumps(dict(calls=c.get("calls", 0), fallbacks=c.get("fallbacks", 0), why=why, states=states,
+                      stored=bool((kc.float()[loc] != inp["k_cache"].float()[loc]).any()), restored=restored,
+                      torch_ops=[k for k, v in orig.items() if type(v).__name__ == "OpOverloadPacket"])))
+""")
+    assert res["calls"] == 1 and res["fallbacks"] == 0, res
+    assert res["stored"] and res["restored"], res
+    # every target these three ops name in rope.py / kvcache.py is patched, torch custom op (0.5.17) or function
+    want = {"sglang.kernels.ops.attention.rope:apply_rope_inplace_with_kvcache",
+            "sglang.kernels.ops.attention.rope:apply_rope_inplace",
+            "sglang.kernels.ops.attention.rope:apply_rope_with_cos_sin_cache_inplace",
+            "sglang.kernels.ops.kvcache.kvcache:store_cache"}
+    assert {t: st for t, st in res["states"].items() if t in want} == dict.fromkeys(want, "patched"), res["states"]
+    if request.node.callspec.params["sglang_tree"] == "0.5.17":
+        assert set(res["torch_ops"]) == {"rs", "r", "kv"}, res  # what made them unsupported before
+
+
 def test_validate_constructs_layers_outside_a_server():
     from astra_sglang.patch.layers import construct
 
