@@ -13,9 +13,10 @@
 #                   arm A every default op but moe_topk_experts (moe_router + moe_experts), B every default op; batch 1
 #                   (session 34 measured -1.51% with the kernel before)
 #   bash run.sh V   NOT RUN: validate (bf16, SGLang 0.5.17's own layers) of the ops whose last validate is missing or
-#                   older than their kernel or the patch machinery: rope_store (its one run, 2026-11-26, reached no
-#                   patched callable; the install and the validate layers changed since: 222eabf, ab496d6), kv_store
-#                   (never run), moe_align (its 42 passes predate the per-bucket layout and the fill)
+#                   older than their kernel or the patch machinery: rope_store and kv_store (0.5.17's targets are
+#                   torch custom ops, which the patch bound only from 4d94596 on: rope_store's one run, 2026-11-26,
+#                   reached no patched callable; kv_store never ran), moe_align (its 42 passes predate the
+#                   per-bucket layout and the fill)
 #   bash run.sh P   NOT RUN: where the Qwen3-30B-A3B (20 layers) decode step goes with every default op
 #                   (astra-sglang profile, batch 1 and 2), then Qwen3-8B at batch 1
 set -uo pipefail
