@@ -36,8 +36,8 @@ def _kv_normalize(c):
 
 
 # `--ops all` leaves this op out until its kernel wins in context (name it to patch it anyway).
-DEFAULT_OFF = ("slower in context: decode corpus geomean 0.945x on the H200, 3 of 48 rows slower (min 0.82x; "
-               "results/2026-11-29-h200/session20/rope-kv-corpus/). The bf16 KV store of Qwen3, Llama and Gemma-2 "
+DEFAULT_OFF = ("slower in context: decode corpus geomean 0.945x on the H200, 6 of 24 bf16 rows slower (min 0.82x; "
+               "results/2026-12-01-h200/session37/). The bf16 KV store of Qwen3, Llama and Gemma-2 "
                "runs fused in qknorm_rope_store / dense_rope_store")
 
 ADAPTER = OpAdapter(
