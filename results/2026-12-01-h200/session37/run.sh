@@ -10,8 +10,12 @@
 #   bash run.sh C   gelu_and_mul (off by default) in a served model: astra-sglang profile of Gemma-7B (Gemma-1 calls
 #                   GeluAndMul("none")) with every default op plus gelu_and_mul, batch 1 (gate_up_gelu takes the
 #                   decode MLP; gelu_and_mul the prefill's) and 4 (above gate_up_gelu's 1-2 tokens: gelu_and_mul's)
+#   bash run.sh F1  NOT RUN (prepared for the next session): issue 15's prefill corpora (1k-16k tokens), none measured
+#                   yet: rope, rope_store, kv_store, qknorm_rope, qknorm_rope_store, dense_rope_store (bf16)
+#   bash run.sh F2  NOT RUN: the same for the MoE ops with prefill shapes: moe_router, moe_gate, moe_combine (bf16),
+#                   moe_grouped_router (its serving fp32), moe_align (int32; rows over 2,048 ids are SGLang's by design)
 set -uo pipefail
-PART=${1:?A, B or C}
+PART=${1:?A, B, C, F1 or F2}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s37}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,6 +40,12 @@ C)
     $OLDPWD/e2e/configs/gemma-7b --ops all,gelu_and_mul --batch-size 1,4 --out /tmp/prof-gemma-7b) > $O/profile.log 2>&1
   echo "profile rc=$? at $(el)s"; cp /tmp/prof-gemma-7b/profile.md $O/profile-gemma-7b.md 2>/dev/null
   grep -E "^### |gelu|gate_up" /tmp/prof-gemma-7b/profile.md 2>/dev/null | cut -c1-200 ;;
-*) echo "error: run.sh takes A, B or C" >&2; exit 2 ;;
+F1|F2)
+  [ $PART = F1 ] && ops="rope rope_store kv_store qknorm_rope qknorm_rope_store dense_rope_store" \
+    || ops="moe_router moe_gate moe_combine moe_grouped_router moe_align"
+  OPS="$ops" EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 100 - $(el) )) RES=$O/bench \
+    bash kernels/gpu_run.sh prefill > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+*) echo "error: run.sh takes A, B, C, F1 or F2" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
