@@ -10,12 +10,14 @@
 #   bash run.sh C   gelu_and_mul (off by default) in a served model: astra-sglang profile of Gemma-7B (Gemma-1 calls
 #                   GeluAndMul("none")) with every default op plus gelu_and_mul, batch 1 (gate_up_gelu takes the
 #                   decode MLP; gelu_and_mul the prefill's) and 4 (above gate_up_gelu's 1-2 tokens: gelu_and_mul's)
+#   bash run.sh B2  NOT RUN (prepared): part B between the GEMMs a patched server runs (NEIGHBOURS=astra: astra's
+#                   linear where it takes the GEMM), as issue 14's bf16 numbers were timed; B used cuBLAS GEMMs
 #   bash run.sh F1  NOT RUN (prepared for the next session): issue 15's prefill corpora (1k-16k tokens), none measured
 #                   yet: rope, rope_store, kv_store, qknorm_rope, qknorm_rope_store, dense_rope_store (bf16)
 #   bash run.sh F2  NOT RUN: the same for the MoE ops with prefill shapes: moe_router, moe_gate, moe_combine (bf16),
 #                   moe_grouped_router (its serving fp32), moe_align (int32; rows over 2,048 ids are SGLang's by design)
 set -uo pipefail
-PART=${1:?A, B, C, F1 or F2}
+PART=${1:?A, B, B2, C, F1 or F2}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s37}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -31,7 +33,8 @@ A)
   OPS="rope_store kv_store" EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 120 - $(el) )) RES=$O/bench \
     bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cat $O/bench/summary.txt 2>/dev/null | cut -c1-250 ;;
-B)
+B|B2)
+  [ $PART = B2 ] && export NEIGHBOURS=astra
   OPS="fused_add_rmsnorm qknorm gemma_rmsnorm gemma_fused_add_rmsnorm gemma_post_attention_norms rmsnorm" EXTRACT=1 \
     DTYPES=fp16 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
@@ -46,6 +49,6 @@ F1|F2)
   OPS="$ops" EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 100 - $(el) )) RES=$O/bench \
     bash kernels/gpu_run.sh prefill > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
-*) echo "error: run.sh takes A, B, C, F1 or F2" >&2; exit 2 ;;
+*) echo "error: run.sh takes A, B, B2, C, F1 or F2" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
