@@ -120,6 +120,9 @@ class _Backend:
     def is_triton(self):
         return self.name == "triton"
 
+    def is_flashinfer_trtllm_routed(self):
+        return self.name == "flashinfer_trtllm_routed"
+
 
 def _classes():
     """Stand-in SGLang classes, one per module the adapter recognises layers by."""
@@ -140,20 +143,21 @@ def _classes():
 @pytest.fixture
 def sglang(monkeypatch):
     """Stand-in SGLang modules (CPU tensors allowed): the block's, TopK's, FusedMoE's, the unquantized method's, the
-    standard dispatcher's, and the MoE package's runner backend; each a namespace a test may change."""
+    standard dispatcher's; each a namespace a test may change."""
     monkeypatch.setattr(AD, "DEVICES", ("cuda", "cpu"))
     cls = _classes()
     recorder = type("_ExpertDistributionRecorderNoop", (), {})()
     mods = {
         AD._MOE: dict(Qwen3MoeSparseMoeBlock=cls["Qwen3MoeSparseMoeBlock"]),
+        # 0.5.17's topk module imports get_moe_runner_backend (the global runner backend TopK decides by)
         AD._TOPK: dict(TopK=cls["TopK"], build_precomputed_topk_output=lambda *a: None,
                        precomputed_topk_postprocess_is_noop=lambda *a: True, get_global_experts_capturer=lambda: None,
-                       get_global_expert_distribution_recorder=lambda: recorder),
+                       get_global_expert_distribution_recorder=lambda: recorder,
+                       get_moe_runner_backend=lambda: _Backend("auto")),
         AD._FUSED: dict(FusedMoE=cls["FusedMoE"], is_in_tc_piecewise_cuda_graph=lambda: False),
         AD._UNQUANT: dict(UnquantizedFusedMoEMethod=cls["UnquantizedFusedMoEMethod"]),
         AD._STANDARD: dict(StandardDispatcher=cls["StandardDispatcher"],
                            should_use_flashinfer_cutlass_moe_fp4_allgather=lambda: False),
-        "sglang.srt.layers.moe": dict(get_moe_runner_backend=lambda: _Backend("auto")),
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe": {},
     }
     out = {}
@@ -244,7 +248,7 @@ def test_expand_declines_with_a_reason_before_running_the_gate(sglang, why, kw, 
 
 
 @pytest.mark.parametrize("why,module,name,value", [
-    ("runner backend", "sglang.srt.layers.moe", "get_moe_runner_backend", lambda: _Backend("flashinfer_trtllm")),
+    ("runner backend", AD._TOPK, "get_moe_runner_backend", lambda: _Backend("flashinfer_trtllm")),
     ("routed-experts capture", AD._TOPK, "get_global_experts_capturer", lambda: object()),
     ("expert-distribution recorder", AD._TOPK, "get_global_expert_distribution_recorder", lambda: object()),
     ("post-processes the ids", AD._TOPK, "precomputed_topk_postprocess_is_noop", lambda *a: False),
@@ -257,6 +261,59 @@ def test_expand_declines_under_sglang_s_other_paths(sglang, why, module, name, v
     r = A.expand(a)
     assert isinstance(r, str) and why in r, r
     assert calls == []
+
+
+class _Format:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_a_0_5_23_layer_bound_to_the_triton_runner_is_taken_by_its_own_backend(sglang):
+    """0.5.23's Qwen3-MoE block binds its TopK to the experts' runner: topk_config.runner_backend is the layer's
+    backend and output_format STANDARD (TopK.forward_cuda refuses None). That layer is taken whatever the global flag
+    says (a speculative draft's layers run their own runner); one bound to another runner or forced to another
+    output format is not. Before, every real 0.5.23 layer read "TopK's output format is forced"."""
+    setattr(sglang[AD._TOPK], "get_moe_runner_backend", lambda: _Backend("flashinfer_trtllm"))
+    bound = {"output_format": _Format("STANDARD"), "runner_backend": _Backend("triton")}
+    a, calls, _ = _block(sglang, topk_cfg=bound)
+    assert isinstance(A.expand(a), dict) and len(calls) == 1
+    for cfg, why in (({**bound, "runner_backend": _Backend("flashinfer_cutlass")}, "MoE runner backend"),
+                     ({**bound, "output_format": _Format("BYPASSED")}, "output format is forced (BYPASSED)")):
+        a, calls, _ = _block(sglang, topk_cfg=cfg)
+        r = A.expand(a)
+        assert isinstance(r, str) and why in r, r
+        assert calls == []
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_where_each_version_keeps_topk_s_output_format_and_runner_backend(which, request):
+    """What `_topk_problem` reads, held to each version's source: 0.5.17's TopKConfig has no runner_backend and its
+    topk module imports the global get_moe_runner_backend (output_format None: decided per call); 0.5.23's
+    Qwen3MoeSparseMoeBlock binds its TopK to self.experts.runner_backend, bind_runner_backend stores that backend in
+    topk_config.runner_backend and sets output_format (STANDARD for the Triton runner), and forward_cuda raises where
+    output_format is None."""
+    import ast
+
+    root = _sglang_root(which, request)
+    src = (root / "srt/layers/moe/topk.py").read_text()
+    tree = ast.parse(src)
+    cls = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    fields = {t.target.id for t in cls["TopKConfig"].body if isinstance(t, ast.AnnAssign)}
+    methods = {f.name: ast.get_source_segment(src, f) for f in cls["TopK"].body if isinstance(f, ast.FunctionDef)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "output_format" in fields
+    if which == "0.5.17":
+        assert "runner_backend" not in fields and "bind_runner_backend" not in methods
+        assert "get_moe_runner_backend" in imported
+        return
+    assert "runner_backend" in fields
+    bind = methods["bind_runner_backend"]
+    assert "self.topk_config.runner_backend = runner_backend" in bind
+    assert "output_format = TopKOutputFormat.STANDARD" in bind and "self.topk_config.output_format = output_format" in bind
+    assert "TopK requires the owning experts' runner backend or an explicit output format" in methods["forward_cuda"]
+    block = (root / "srt/models/qwen3_moe.py").read_text()
+    assert re.search(r"self\.topk\.bind_runner_backend\(\s*self\.experts\.runner_backend", block)
 
 
 def test_expand_declines_another_experts_layer_or_runner_and_hooks(sglang):

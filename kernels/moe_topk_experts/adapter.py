@@ -32,7 +32,7 @@ from typing import Any, Dict, Optional
 
 from astra_sglang.kernels.linear.adapter import token_precheck
 from astra_sglang.kernels.moe_experts import adapter as experts_adapter
-from astra_sglang.kernels.moe_route_align.adapter import _route_problem
+from astra_sglang.kernels.moe_route_align.adapter import _route_problem, _select_experts_backend
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem, loaded_class, module_call_hooked
 
 # 2-token calls keep SGLang's router and fused_experts: kernel 1 routes every token of its window in every warp
@@ -58,15 +58,6 @@ def declined(tokens: int, hidden: int, inter: int, experts: int = 1, topk: int =
     if topk * -(-inter // 256) > TOKEN_CHUNKS:
         return f"top {topk} of {inter}-column experts: past the down kernel's {TOKEN_CHUNKS} chunks a token"
     return experts_adapter.declined(tokens, hidden, inter, experts, topk)
-
-
-def _runner_backend():
-    """SGLang's --moe-runner-backend (None where it cannot be read: SGLang's default, auto)."""
-    get = getattr(sys.modules.get("sglang.srt.layers.moe"), "get_moe_runner_backend", None)
-    try:
-        return get() if get is not None else None
-    except ValueError:  # no runtime context published (outside a server): the default
-        return None
 
 
 def _all_reduce_tail(tp: int):
@@ -97,14 +88,19 @@ def _topk_problem(topk) -> Optional[str]:
     if mod is None or type(topk) is not getattr(mod, "TopK", None):
         return f"topk is {type(topk).__name__}, not SGLang's TopK"
     cfg = getattr(topk, "topk_config", None)
-    if cfg is None or getattr(cfg, "output_format", None) is not None:
-        return "TopK's output format is forced"
+    if cfg is None:
+        return "TopK has no topk_config"
+    # 0.5.17 leaves it None (TopK picks it per call from the global runner backend); 0.5.23's bind_runner_backend
+    # always sets it (STANDARD for the Triton runner) and TopK.forward_cuda refuses to run without one
+    fmt = getattr(cfg, "output_format", None)
+    if fmt is not None and getattr(fmt, "name", fmt) != "STANDARD":
+        return f"TopK's output format is forced ({getattr(fmt, 'name', fmt)})"
     why = _route_problem(mod, cfg, None, None)
     if why:
         return why
     if not cfg.renormalize:
         return "renormalize off (norm_topk_prob false): the kernels renormalize"
-    backend = _runner_backend()
+    backend = _select_experts_backend(mod, cfg)  # the layer's own in 0.5.23, the global one in 0.5.17
     if backend is not None and not (backend.is_auto() or backend.is_triton()):
         return f"MoE runner backend {backend}: TopK's output is not the Triton runner's"
     if getattr(cfg, "allow_routed_experts_capture", False) and mod.get_global_experts_capturer() is not None:
