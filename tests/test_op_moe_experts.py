@@ -198,6 +198,8 @@ def test_expand_takes_a_decode_call_into_a_new_tensor(on_cpu):
 DECLINES = [pytest.param("tokens", dict(t=AD.MAX_TOKENS + 1), id="tokens")]
 DECLINES += [pytest.param(n, {n: True}, id=n) for n in AD._QUANT_FLAGS]
 DECLINES += [pytest.param(n, {n: torch.zeros(1)}, id=n) for n in ("b1", "w1_scale", "a1_q")]
+# 0.5.23 with SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED reorders w13's rows after loading and says so in this argument
+DECLINES += [pytest.param("interleaved", dict(fuse_swiglu_interleaved=True), id="fuse_swiglu_interleaved")]
 DECLINES += [pytest.param(why, dict(cfg={n: v}), id=n) for why, n, v in (
     ("'gelu'", "activation", "gelu"), ("not gated", "is_gated", False),
     ("on the input", "apply_router_weight_on_input", True), ("no_combine", "no_combine", True),
@@ -278,6 +280,26 @@ def test_the_binder_takes_a_decode_call_through_0_5_17_s_signature(on_cpu, reque
     canon, _ = b.bind(tuple(a[n] for n in ("hidden_states", "w1", "w2", "topk_output", "moe_runner_config")), {})
     assert isinstance(canon, dict) and canon["x"] is a["hidden_states"]
     assert "use_fp8_w8a8" in b.bind((), {**a, "use_fp8_w8a8": True})[1]
+
+
+@pytest.mark.wheels
+def test_0_5_23_s_interleaved_w13_reaches_the_adapter_and_is_declined(on_cpu, request):
+    """0.5.23's fused_experts takes fuse_swiglu_interleaved (its Triton runner passes the quant method's
+    w13_swiglu_interleaved, True once SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED reordered the rows): bound through the real
+    signature, such a call stays SGLang's; a plain one is taken."""
+    from astra_sglang.patch.adapters import Binder
+    from sglang_signatures import real_function
+
+    names = {"Optional": typing.Optional, "List": typing.List, "StandardTopKOutput": object,
+             "MoeRunnerConfig": object}
+    fn = real_function(_sglang_root("0.5.23", request).parent, FM, "fused_experts", names=names)
+    b = Binder(fn, A, SPEC)
+    assert b.ok, b.problem
+    a = _call()
+    args = tuple(a[n] for n in ("hidden_states", "w1", "w2", "topk_output", "moe_runner_config"))
+    assert isinstance(b.bind(args, {})[0], dict)
+    why = b.bind(args, {"fuse_swiglu_interleaved": True})[1]
+    assert "interleaved" in why, why
 
 
 # ------------------------------------------------------------------------------------------ moe_server_defaults

@@ -322,6 +322,8 @@ def test_expand_declines_another_experts_layer_or_runner_and_hooks(sglang):
             (lambda ex: setattr(ex.quant_method, "runner", types.SimpleNamespace(runner_backend=_Backend("deep_gemm"))),
              "Triton runner"),
             (lambda ex: setattr(ex.quant_method, "_aiter_runner", object()), "Triton runner"),
+            # 0.5.23 with SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED: w13's rows reordered after loading
+            (lambda ex: setattr(ex.quant_method, "w13_swiglu_interleaved", True), "interleaved"),
             (lambda ex: setattr(ex, "dispatcher", object()), "not the standard one"),
             (lambda ex: setattr(ex, "moe_ep_size", 2), "sharded"),
             (lambda ex: setattr(ex, "w13_weight_bias", torch.zeros(1)), "w13_weight_bias"),

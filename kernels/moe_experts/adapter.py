@@ -108,6 +108,8 @@ def expand(a: Dict[str, Any]):
     for n in _NONE_ARGS:
         if a.get(n) is not None:
             return f"{n} is given (quantized, biased or pre-quantized experts)"
+    if a.get("fuse_swiglu_interleaved"):  # 0.5.23, SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED: w1's gate/up rows alternate
+        return "fuse_swiglu_interleaved: w1's gate and up rows interleaved, not [gate; up]"
     cfg = a.get("moe_runner_config")
     why = _config_problem(cfg) or _runtime_problem()
     if why:

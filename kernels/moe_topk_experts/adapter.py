@@ -131,6 +131,8 @@ def _experts_problem(experts, tp: int) -> Optional[str]:
     runner = getattr(qm, "runner", None)
     if runner is None or not runner.runner_backend.is_triton() or getattr(qm, "_aiter_runner", None) is not None:
         return "the unquantized MoE does not run the Triton runner"
+    if getattr(qm, "w13_swiglu_interleaved", False):  # 0.5.23, SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED: rows reordered
+        return "w13's gate and up rows are interleaved (SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED), not [gate; up]"
     if type(getattr(experts, "dispatcher", None)) is not loaded_class(_STANDARD, "StandardDispatcher"):
         return f"dispatcher {type(getattr(experts, 'dispatcher', None)).__name__}: not the standard one"
     fp4 = getattr(sys.modules.get(_STANDARD), "should_use_flashinfer_cutlass_moe_fp4_allgather", None)
