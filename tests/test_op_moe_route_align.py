@@ -211,6 +211,23 @@ def test_router_declines_where_select_experts_would_not_run_the_softmax_router(f
     assert canon is None
 
 
+@pytest.mark.wheels
+def test_0_5_23_s_biased_or_split_logits_stay_sglang_s(fake_sglang, request):
+    """0.5.23's select_experts takes dynamic_expert_bias (a biased sigmoid router) and router_logits_partials (ROCm's
+    split-K logits): through its real signature, a call with either stays SGLang's."""
+    from astra_sglang.patch.adapters import Binder
+
+    topk, _, ad = fake_sglang
+    sel = real_function(_sglang_root("0.5.23", request).parent, "sglang.srt.layers.moe.topk", "select_experts",
+                        names={"TopKConfig": object, "ExpertLocationDispatchInfo": object, "StandardTopKOutput": object})
+    b = Binder(sel, ad.ADAPTER, SPEC)
+    assert b.ok, b.problem
+    x = torch.randn(4, 128, device="meta")
+    for n in ("dynamic_expert_bias", "router_logits_partials"):
+        canon, reason = b.bind((), dict(hidden_states=x, router_logits=x, topk_config=_cfg(), **{n: x}))
+        assert canon is None and n in reason, reason
+
+
 def test_the_backend_is_read_where_each_version_s_select_experts_reads_it(fake_sglang):
     """0.5.17: the topk module's get_moe_runner_backend(); 0.5.23: TopKConfig.runner_backend (its topk module has no
     get_moe_runner_backend, and an unbound TopK's None is not the raw-logits router, whatever the global says)."""

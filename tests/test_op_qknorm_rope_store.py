@@ -639,3 +639,41 @@ def test_kernel_writes_q_out_as_it_wrote_q_in_place(tmp_path, monkeypatch):
     rows = [(2, 32, 4, 128, 5120, 5120, 5120, 4096), (2, 32, 8, 128, 6144, 6144, 6144, 4096),
             (300, 16, 1, 128, 2304, 2304, 2304, 2048)]
     assert_q_out_is_q_in_place(SPEC, tmp_path, monkeypatch, rows, same=("k", "k_cache", "v_cache"))
+
+
+def test_rope_path_takes_the_plain_rotary_embedding_only(monkeypatch):
+    """_rope_path (shared by qknorm_rope, qknorm_rope_store and dense_rope_store) takes SGLang's RotaryEmbedding as
+    forward_cuda runs it, and declines a subclass with its own forward_cuda, the fallback kernel, a partial rotary, and
+    0.5.23's `_force_native` (an RL on-policy target pins the native rope: SGLang would not run the kernel)."""
+    class RotaryEmbedding:
+        head_size = rotary_dim = 128
+
+        def forward_cuda(self):
+            pass
+
+    class Own(RotaryEmbedding):
+        def forward_cuda(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.rotary_embedding.base",
+                        types.SimpleNamespace(RotaryEmbedding=RotaryEmbedding))
+    path = op_part(OP, "adapter")._rope_path
+    assert path(RotaryEmbedding()) is None
+    for change, why in ((lambda r: setattr(r, "_force_native", True), "native path"),
+                        (lambda r: setattr(r, "use_fallback_kernel", True), "fallback kernel"),
+                        (lambda r: setattr(r, "rotary_dim", 64), "partial rotary")):
+        r = RotaryEmbedding()
+        change(r)
+        assert why in path(r)
+    assert "own forward_cuda" in path(Own())
+
+
+@pytest.mark.wheels
+def test_0_5_23_pins_the_native_rope_by_force_native(request):
+    """The attribute _rope_path reads, in 0.5.23's RotaryEmbedding: set from the RL on-policy target, and then
+    _forward_method is forward_native."""
+    from sglang_source import _sglang_root
+
+    src = (_sglang_root("0.5.23", request) / "srt/layers/rotary_embedding/base.py").read_text()
+    assert "self._force_native = (" in src and "rl_on_policy_target is not None" in src
+    assert "if self._force_native or _is_musa:\n            self._forward_method = self.forward_native" in src

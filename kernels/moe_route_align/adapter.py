@@ -86,6 +86,9 @@ def _expand_route(a: Dict[str, Any]):
         return "torch.compile traces SGLang's route"
     mod = sys.modules.get(_TOPK_MOD)
     cfg, x = a["topk_config"], a["router_logits"]
+    for n in ("dynamic_expert_bias", "router_logits_partials"):  # 0.5.23: a biased router / ROCm split-K logits
+        if a.get(n) is not None:
+            return f"{n} is given: not the plain router"
     if mod is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.device.type == "cpu":
         return "router_logits is not a 2-D GPU tensor"
     why = _route_problem(mod, cfg, a.get("num_token_non_padded"), a.get("expert_location_dispatch_info"))

@@ -65,6 +65,8 @@ def _rope_path(rope) -> Any:
 
     if type(rope).forward_cuda is not RotaryEmbedding.forward_cuda:
         return f"{type(rope).__name__} has its own forward_cuda"
+    if getattr(rope, "_force_native", False):  # 0.5.23: an RL on-policy target pins SGLang's native rope
+        return "the rotary embedding is pinned to its native path (an RL on-policy target)"
     if getattr(rope, "use_fallback_kernel", False):
         return "the rotary embedding uses its fallback kernel"
     if rope.head_size != rope.rotary_dim:
