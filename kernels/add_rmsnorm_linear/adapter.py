@@ -131,6 +131,8 @@ def expand(a: Dict[str, Any]):
         return f"hidden_states is {x.dtype}, not fp16 / bf16"
     if res is None:
         return "no residual (the first layer: RMSNorm without the add)"
+    if a.get("capture_output") is not None:  # 0.5.23's layer (which has no residual argument, so never gets here)
+        return "capture_output: SGLang captures this layer's hidden states"
     if not isinstance(res, torch.Tensor) or res.shape != x.shape or res.dtype != x.dtype or res.device != x.device:
         return "residual is not a tensor of hidden_states' shape, dtype and device"
     if not any(isinstance(layer, c) for c in (loaded_class(m, n) for m, n in LAYERS) if c is not None):
