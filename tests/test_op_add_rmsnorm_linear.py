@@ -429,6 +429,16 @@ _DECLINES = [
 ]
 
 
+def test_expand_says_0_5_23_s_layer_takes_no_residual(sg):
+    """0.5.23's LlamaDecoderLayer.forward(positions, hidden_states, forward_batch, capture_output) has no residual (its
+    input norm runs in attn_boundary.prepare): the op is never this layer's, and says why, not "the first layer"."""
+    a = _args(sg.make(), torch.randn(1, 64).to(torch.bfloat16), None)
+    del a["residual"]
+    got = A.expand({**a, "capture_output": None})
+    assert isinstance(got, str) and "takes no residual" in got, got
+    assert sum(sg.calls.values()) == 0
+
+
 @pytest.mark.parametrize("what,edit,why", _DECLINES)
 def test_expand_declines_bad_arguments_before_any_work(sg, what, edit, why):
     layer = sg.make()

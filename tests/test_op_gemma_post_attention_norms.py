@@ -454,6 +454,9 @@ def _set(attr, value):
     ("weight is not a [64] tensor", lambda l, sg: setattr(
         l.pre_feedforward_layernorm, "weight", torch.nn.Parameter(torch.zeros(32, dtype=torch.bfloat16))), (5, 64),
      torch.bfloat16, "same"),
+    # the op skips both norms' module calls: a hook on either (a dumper's) must see its call
+    ("module hooks", lambda l, sg: l.pre_feedforward_layernorm.register_forward_hook(lambda *a: None), (5, 64),
+     torch.bfloat16, "same"),
     ("fused-op backend is forced", lambda l, sg: sys.modules.__setitem__(
         "sglang.kernels.fused_op", types.SimpleNamespace(get_fused_op_backend=lambda: "native")), (5, 64),
      torch.bfloat16, "same"),

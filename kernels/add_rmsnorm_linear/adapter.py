@@ -129,6 +129,8 @@ def expand(a: Dict[str, Any]):
         return "no tokens"
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"hidden_states is {x.dtype}, not fp16 / bf16"
+    if "residual" not in a:  # 0.5.23: the input norm moved into attn_boundary.prepare, the method has no residual
+        return f"{type(layer).__name__}.forward takes no residual (SGLang 0.5.23 norms in its layer boundary)"
     if res is None:
         return "no residual (the first layer: RMSNorm without the add)"
     if a.get("capture_output") is not None:  # 0.5.23's layer (which has no residual argument, so never gets here)

@@ -150,10 +150,13 @@ def _declined(a: Dict[str, Any]) -> Optional[str]:
         return f"{type(layer).__name__} is not SGLang's {' / '.join(r[2] for r in LAYERS)}"
     norm_cls = row[3]
     post, pre = getattr(layer, "post_attention_layernorm", None), getattr(layer, "pre_feedforward_layernorm", None)
-    return (_norm_problem(post, "post_attention_layernorm", norm_cls)
-            or _norm_problem(pre, "pre_feedforward_layernorm", norm_cls)
-            or _weight_problem(post.weight.data, hs, "post_attention_layernorm")
-            or _weight_problem(pre.weight.data, hs, "pre_feedforward_layernorm"))
+    why = (_norm_problem(post, "post_attention_layernorm", norm_cls)
+           or _norm_problem(pre, "pre_feedforward_layernorm", norm_cls)
+           or _weight_problem(post.weight.data, hs, "post_attention_layernorm")
+           or _weight_problem(pre.weight.data, hs, "pre_feedforward_layernorm"))
+    if why is None and any(module_call_hooked(m) for m in (post, pre)):  # the op skips both modules' calls
+        return "module hooks or a compiled module call on the two norms the op replaces"
+    return why
 
 
 def expand(a: Dict[str, Any]):
