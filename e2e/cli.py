@@ -44,7 +44,7 @@ def server_args(model_path: str, load_format: str, port: int, max_total_tokens: 
             "--sampling-backend", "pytorch",           # the attention backend comes in `extra` (e2e/attention.py)
             "--disable-radix-cache",                  # every round prefills for real
             "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
-            "--cuda-graph-max-bs", str(cuda_graph_max_bs),
+            "--cuda-graph-max-bs-decode", str(cuda_graph_max_bs),  # 0.5.23 refuses 0.5.17's --cuda-graph-max-bs
             "--random-seed", "0", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
             "--sleep-on-idle"]                        # the idle arm must not spin a core beside the measured one
     return args + list(extra)

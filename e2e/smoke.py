@@ -30,7 +30,7 @@ def main() -> int:
 
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", a.model_path, "--load-format", "dummy",
            "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-           "--max-total-tokens", "16384", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "8",
+           "--max-total-tokens", "16384", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs-decode", "8",
            "--random-seed", "0", "--host", "127.0.0.1", "--port", str(a.port), *a.extra]
     print("$ " + " ".join(cmd), flush=True)
     log = open(a.log, "w")

@@ -129,11 +129,13 @@ def worker_server_args(max_bs: int, batch_sizes: Sequence[int], max_total_tokens
     """launch_server flags of every arm (only the port differs)."""
     # the attention backend comes in `extra` (e2e/attention.py)
     args = ["--load-format", "dummy", "--sampling-backend", "pytorch",
-            "--cuda-graph-max-bs", str(max_bs), "--cuda-graph-bs", *[str(b) for b in sorted(set(batch_sizes))],
+            # the per-phase spellings: 0.5.17 also took --cuda-graph-max-bs / --cuda-graph-bs, 0.5.23 refuses them
+            "--cuda-graph-max-bs-decode", str(max_bs),
+            "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batch_sizes))],
             "--max-total-tokens", str(max_total_tokens), "--mem-fraction-static", str(mem_fraction),
             "--random-seed", "0", "--port", str(port), "--log-level", "warning"]
     if not prefill_graph:
-        args.append("--disable-piecewise-cuda-graph")   # prefill runs eager (start-up time); decode graphs stay
+        args.append("--disable-prefill-cuda-graph")   # prefill runs eager (start-up time); decode graphs stay
     return args + list(extra)
 
 

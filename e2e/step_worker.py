@@ -200,6 +200,21 @@ def ops_to_patch(ops) -> List[str]:
     return parse_ops(ops if isinstance(ops, str) else ",".join(ops), known, default_ops(known))  # "all,OP" too
 
 
+def publish_runtime(mod, server_args, rank: int) -> None:
+    """What one_batch does in a rank before load_model. 0.5.23 publishes the process's runtime context (its device and
+    ranks, which load_model reads through get_device()) and sets the process-global kernel configs in one call;
+    0.5.17 has no context and only the per-config initializers."""
+    if hasattr(mod, "publish"):
+        ranks = mod.SpawnRanks(world_rank=mod.spawn_world_rank(server_args, tp_rank=rank, pp_rank=0), gpu_id=rank)
+        mod.publish(server_args, role="scheduler", ranks=ranks)
+    if hasattr(mod, "_init_process_global_configs"):
+        mod._init_process_global_configs()
+        return
+    for init in ("initialize_moe_config", "initialize_fp8_gemm_config", "initialize_fp4_gemm_config"):
+        if hasattr(mod, init):
+            getattr(mod, init)(server_args)
+
+
 class Worker:
     def __init__(self, spec: dict, rank: int = 0):
         self.spec = spec
@@ -225,14 +240,18 @@ class Worker:
         server_args = mod.ServerArgs.from_cli_args(parser.parse_args(argv))
         max_bs = int(spec.get("max_bs", 0) or 0)
         phase = getattr(mod, "Phase", None)
-        if max_bs and phase is not None and getattr(server_args, "cuda_graph_config", None) is not None:
-            server_args.cuda_graph_config[phase.DECODE].max_bs = max_bs   # as one_batch.main does
+        # 0.5.23 resolves its args once (the decode graph sizes come from --cuda-graph-max-bs-decode); 0.5.17's
+        # one_batch.main sets the decode max_bs on the parsed config
+        resolves = hasattr(server_args, "resolve_once")
+        graphs = getattr(server_args, "cuda_graph_config", None)
+        if max_bs and phase is not None and graphs is not None and not resolves:
+            graphs[phase.DECODE].max_bs = max_bs
+        if resolves:
+            server_args.resolve_once()
         if hasattr(mod, "_set_envs_and_config"):
             mod._set_envs_and_config(server_args)
         port_args = mod.PortArgs.init_new(server_args)
-        for init in ("initialize_moe_config", "initialize_fp8_gemm_config", "initialize_fp4_gemm_config"):
-            if hasattr(mod, init):
-                getattr(mod, init)(server_args)
+        publish_runtime(mod, server_args, rank)
         if hasattr(mod, "configure_logger"):
             mod.configure_logger(server_args, prefix=f" TP{rank}")
         t0 = time.monotonic()

@@ -95,7 +95,7 @@ def run_arm(arm: str, ops: str, model: str, tp: int, port: int, out: Path, promp
     """One server's run; `into[arm]` holds what is known so far (a run cut off while the server stops
     keeps its tokens and counters)."""
     cdir = fresh_counter_dir(out / f"counters-{arm}")
-    args = server_args(model, "dummy", port, 16384, 0.85, 8, ["--tp-size", str(tp), "--disable-piecewise-cuda-graph"])
+    args = server_args(model, "dummy", port, 16384, 0.85, 8, ["--tp-size", str(tp), "--disable-prefill-cuda-graph"])
     cmd = launcher_cmd(sys.executable, ops, cdir, args, "first")
     _say(f"arm {arm}: {' '.join(cmd)}")
     s = Server(arm, cmd, port, out / f"server-{arm}.log", env, cdir)

@@ -268,9 +268,9 @@ def test_arms_sizes_kv_and_server_args():
     kv = kv_tokens_needed([1, 64], 256, 32, 10)
     assert kv % 1024 == 0 and kv >= 64 * (256 + 32)
     a = worker_server_args(64, [64, 1, 8], kv, 0.9, 30000, False, ["--tp=1"])
-    assert a[a.index("--cuda-graph-bs") + 1:a.index("--cuda-graph-bs") + 4] == ["1", "8", "64"]
-    assert "--disable-piecewise-cuda-graph" in a and a[-1] == "--tp=1"
-    assert "--disable-piecewise-cuda-graph" not in worker_server_args(64, [1], kv, 0.9, 1, True, [])
+    assert a[a.index("--cuda-graph-bs-decode") + 1:a.index("--cuda-graph-bs-decode") + 4] == ["1", "8", "64"]
+    assert "--disable-prefill-cuda-graph" in a and a[-1] == "--tp=1"
+    assert "--disable-prefill-cuda-graph" not in worker_server_args(64, [1], kv, 0.9, 1, True, [])
 
 
 def test_generated_tokenizer_dir(tmp_path):
@@ -554,3 +554,50 @@ def test_step_with_a_patched_base_runs_it_in_arm_a_and_predicts_nothing(tmp_path
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert s["meta"]["arms"] == "A: ops fused_add_rmsnorm, B: ops silu_and_mul,fused_add_rmsnorm"
     assert all(not x.get("predicted") for x in s["comparisons"])
+
+
+def test_publish_runtime_follows_each_version_s_one_batch():
+    """0.5.23's one_batch publishes the rank's runtime context (load_model reads the device from it) and runs its
+    process-global config initializers in one call; 0.5.17's has no context and only the per-config initializers."""
+    import types
+
+    from astra_sglang.e2e.step_worker import publish_runtime
+
+    calls = []
+    new = types.SimpleNamespace(
+        SpawnRanks=lambda **k: ("ranks", k), spawn_world_rank=lambda sa, tp_rank, pp_rank: 10 + tp_rank,
+        publish=lambda sa, role, ranks: calls.append(("publish", role, ranks)),
+        _init_process_global_configs=lambda: calls.append(("globals",)),
+        initialize_moe_config=lambda sa: calls.append(("moe",)))
+    publish_runtime(new, "args", 1)
+    assert calls == [("publish", "scheduler", ("ranks", {"world_rank": 11, "gpu_id": 1})), ("globals",)]
+    calls.clear()
+    old = types.SimpleNamespace(**{n: (lambda sa, n=n: calls.append((n, sa))) for n in (
+        "initialize_moe_config", "initialize_fp8_gemm_config", "initialize_fp4_gemm_config")})
+    publish_runtime(old, "args", 0)
+    assert calls == [("initialize_moe_config", "args"), ("initialize_fp8_gemm_config", "args"),
+                     ("initialize_fp4_gemm_config", "args")]
+
+
+@pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
+def test_one_batch_s_runtime_steps_in_each_version(which, request):
+    """What publish_runtime and the worker rely on, in each version's one_batch module: 0.5.23 imports publish,
+    SpawnRanks and spawn_world_rank, defines _init_process_global_configs, its load_model reads get_device(), and its
+    ServerArgs has resolve_once; 0.5.17 has none of these. Both accept the per-phase graph flags e2e passes."""
+    from sglang_source import _sglang_root
+
+    root = _sglang_root(which, request)
+    path = root / "benchmark/one_batch.py"
+    src = path.read_text() if path.exists() else (root / "bench_one_batch.py").read_text()
+    args = (root / "srt/server_args.py").read_text()
+    steps = ("publish(", "SpawnRanks", "spawn_world_rank", "def _init_process_global_configs", "get_device()")
+    if which == "0.5.23":
+        assert all(s in src for s in steps), [s for s in steps if s not in src]
+        assert "def resolve_once(" in args
+        fields = (root / "srt/arg_groups/fields/exec_.py").read_text()
+    else:
+        assert not any(s in src for s in steps[:4])
+        assert "def resolve_once(" not in args
+        fields = args
+    for f in ("cuda_graph_max_bs_decode:", "cuda_graph_bs_decode:", "disable_prefill_cuda_graph:"):
+        assert f in fields, f
