@@ -58,6 +58,7 @@ def test_some_adapters_expand():
     assert {"moe_experts", "moe_topk_experts", "qknorm_rope_store", "gate_up_silu"} <= set(_expand_ops())
 
 
+@pytest.mark.wheels
 @pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
 def test_every_defaulted_parameter_of_an_expand_target_is_named_by_its_adapter(which, request):
     pkg = _sglang_root(which, request)

@@ -579,6 +579,7 @@ def test_publish_runtime_follows_each_version_s_one_batch():
                      ("initialize_fp4_gemm_config", "args")]
 
 
+@pytest.mark.wheels
 @pytest.mark.parametrize("which", ["0.5.17", "0.5.23"])
 def test_one_batch_s_runtime_steps_in_each_version(which, request):
     """What publish_runtime and the worker rely on, in each version's one_batch module: 0.5.23 imports publish,
