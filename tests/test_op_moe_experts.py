@@ -266,18 +266,25 @@ def test_validate_runs_a_2_token_row_taken_and_one_left_to_sglang_by_its_width()
     assert "1792-column experts" in A.kept_by_sglang(left) and left[2] > AD.MAX_INTER_MULTI
 
 
-@pytest.mark.wheels
-def test_the_binder_takes_a_decode_call_through_0_5_17_s_signature(on_cpu, request):
+def _fused_experts_binder(which, request):
+    """The adapter's binder on `which` version's real fused_experts signature."""
     from astra_sglang.patch.adapters import Binder
     from sglang_signatures import real_function
 
     names = {"Optional": typing.Optional, "List": typing.List, "StandardTopKOutput": object,
              "MoeRunnerConfig": object}
-    fn = real_function(_sglang_root("0.5.17", request).parent, FM, "fused_experts", names=names)
-    b = Binder(fn, A, SPEC)
+    b = Binder(real_function(_sglang_root(which, request).parent, FM, "fused_experts", names=names), A, SPEC)
     assert b.ok, b.problem
-    a = _call()
-    canon, _ = b.bind(tuple(a[n] for n in ("hidden_states", "w1", "w2", "topk_output", "moe_runner_config")), {})
+    return b
+
+
+_ARGS = ("hidden_states", "w1", "w2", "topk_output", "moe_runner_config")
+
+
+@pytest.mark.wheels
+def test_the_binder_takes_a_decode_call_through_0_5_17_s_signature(on_cpu, request):
+    b, a = _fused_experts_binder("0.5.17", request), _call()
+    canon, _ = b.bind(tuple(a[n] for n in _ARGS), {})
     assert isinstance(canon, dict) and canon["x"] is a["hidden_states"]
     assert "use_fp8_w8a8" in b.bind((), {**a, "use_fp8_w8a8": True})[1]
 
@@ -287,16 +294,8 @@ def test_0_5_23_s_interleaved_w13_reaches_the_adapter_and_is_declined(on_cpu, re
     """0.5.23's fused_experts takes fuse_swiglu_interleaved (its Triton runner passes the quant method's
     w13_swiglu_interleaved, True once SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED reordered the rows): bound through the real
     signature, such a call stays SGLang's; a plain one is taken."""
-    from astra_sglang.patch.adapters import Binder
-    from sglang_signatures import real_function
-
-    names = {"Optional": typing.Optional, "List": typing.List, "StandardTopKOutput": object,
-             "MoeRunnerConfig": object}
-    fn = real_function(_sglang_root("0.5.23", request).parent, FM, "fused_experts", names=names)
-    b = Binder(fn, A, SPEC)
-    assert b.ok, b.problem
-    a = _call()
-    args = tuple(a[n] for n in ("hidden_states", "w1", "w2", "topk_output", "moe_runner_config"))
+    b, a = _fused_experts_binder("0.5.23", request), _call()
+    args = tuple(a[n] for n in _ARGS)
     assert isinstance(b.bind(args, {})[0], dict)
     why = b.bind(args, {"fuse_swiglu_interleaved": True})[1]
     assert "interleaved" in why, why
