@@ -16,8 +16,10 @@
 #                   yet: rope, rope_store, kv_store, qknorm_rope, qknorm_rope_store, dense_rope_store (bf16)
 #   bash run.sh F2  NOT RUN: the same for the MoE ops with prefill shapes: moe_router, moe_gate, moe_combine (bf16),
 #                   moe_grouped_router (its serving fp32), moe_align (int32; rows over 2,048 ids are SGLang's by design)
+#   bash run.sh G   NOT RUN: moe_grouped_router's whole decode corpus in its serving fp32 with the shipped defaults
+#                   (the warp router without a shared column, the CTA kernel with one): check, then decode in context
 set -uo pipefail
-PART=${1:?A, B, B2, C, F1 or F2}
+PART=${1:?A, B, B2, C, F1, F2 or G}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s37}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -49,6 +51,10 @@ F1|F2)
   OPS="$ops" EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 100 - $(el) )) RES=$O/bench \
     bash kernels/gpu_run.sh prefill > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
-*) echo "error: run.sh takes A, B, B2, C, F1 or F2" >&2; exit 2 ;;
+G)
+  OPS=moe_grouped_router EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 100 - $(el) )) RES=$O/bench \
+    bash kernels/gpu_run.sh check,decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+*) echo "error: run.sh takes A, B, B2, C, F1, F2 or G" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
