@@ -129,12 +129,12 @@ def expand(a: Dict[str, Any]):
         return "no tokens"
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"hidden_states is {x.dtype}, not fp16 / bf16"
-    if "residual" not in a:  # 0.5.23: the input norm moved into attn_boundary.prepare, the method has no residual
+    # 0.5.23's forward(positions, hidden_states, forward_batch, "capture_output") has no residual: its input norm runs
+    # in attn_boundary.prepare, so no call of that signature is this op's, whatever it captures
+    if "residual" not in a:
         return f"{type(layer).__name__}.forward takes no residual (SGLang 0.5.23 norms in its layer boundary)"
     if res is None:
         return "no residual (the first layer: RMSNorm without the add)"
-    if a.get("capture_output") is not None:  # 0.5.23's layer (which has no residual argument, so never gets here)
-        return "capture_output: SGLang captures this layer's hidden states"
     if not isinstance(res, torch.Tensor) or res.shape != x.shape or res.dtype != x.dtype or res.device != x.device:
         return "residual is not a tensor of hidden_states' shape, dtype and device"
     if not any(isinstance(layer, c) for c in (loaded_class(m, n) for m, n in LAYERS) if c is not None):

@@ -127,10 +127,9 @@ def _serve_align(a: Dict[str, Any]):
     st = dict(_STASH)
     _STASH.clear()  # one use: a stale stash never outlives the next wrapper call
     mod = sys.modules.get(_WRAP_MOD)
+    # 0.5.23's wrapper (its "pad_expert_ids", "return_inactive_prefix_count") is declined whole
     if mod is None or hasattr(mod, "SMALL_NUMEL_LIMIT") or "pad_expert_ids" in a:
         return "not 0.5.17's moe_align_block_size (0.5.23's is not served yet)"
-    if a.get("return_inactive_prefix_count"):  # 0.5.23's wrapper (declined above; named so no argument goes unread)
-        return "return_inactive_prefix_count"
     if a.get("ignore_invalid_expert") or getattr(mod, "_SGLANG_EXPERIMENTAL_LORA_OPTI", False):
         return "ignore_invalid_expert or SGLang's experimental LoRA align"
     if torch.compiler.is_compiling() or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
