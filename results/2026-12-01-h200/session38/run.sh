@@ -1,0 +1,32 @@
+#!/bin/bash
+# 2026-12-01 (thirty-eighth session), one H200 (nvidia-h200), from the repository root, after staging the FA3
+# wheelhouse (.whl/wh33fa3: `bash e2e/device_install.sh stage .whl/wh33fa3/carry/partNN`, e2e/README.md). This
+# session also ran session 37's prepared parts (`bash results/2026-12-01-h200/session37/run.sh F1|F2|G`). Part here:
+#   bash run.sh H   the first GPU run of e2e's per-phase server flags (--cuda-graph-max-bs-decode, --cuda-graph-bs-decode,
+#                   --disable-prefill-cuda-graph; 9c08a97 replaced 0.5.17's deprecated aliases, which 0.5.23 refuses):
+#                   a served A/B (astra-sglang e2e, llama-small, one short round: `patch --serve` in both arms) and a
+#                   profile (the step worker's flags), both SGLang 0.5.17
+set -uo pipefail
+PART=${1:?H}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+O=${OUT:-/tmp/s38}/$PART; mkdir -p $O
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ASTRA_CACHE_DIR=/tmp/e2e-cache/astra TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
+bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+export PYTHONPATH=/tmp/e2e-site
+REPO=$PWD
+case $PART in
+H)
+  (cd /tmp && timeout $(( ${LIMIT:-570} / 2 )) python3 -m astra_sglang.cli e2e --model-path $REPO/e2e/configs/llama-small \
+    --out /tmp/flags-e2e --ops all --workload bs1:4:64:32:1 --rounds 1 --max-total-tokens 16384 --cuda-graph-max-bs 8 \
+    --python python3) > $O/e2e.log 2>&1
+  echo "e2e rc=$? at $(el)s"; cp /tmp/flags-e2e/report.md $O/e2e-report.md 2>/dev/null
+  grep -hE "unrecognized|error:" /tmp/flags-e2e/server-*.log 2>/dev/null | head -3 | cut -c1-200
+  grep -E "^\| (output throughput|TPOT mean)" /tmp/flags-e2e/report.md 2>/dev/null | cut -c1-200; tail -2 $O/e2e.log | cut -c1-200
+  (cd /tmp && timeout $(( ${LIMIT:-570} - 15 - $(el) )) python3 -m astra_sglang.cli profile --model-path \
+    $REPO/e2e/configs/llama-small --ops all --batch-size 1 --out /tmp/flags-prof --python python3) > $O/profile.log 2>&1
+  echo "profile rc=$? at $(el)s"; cp /tmp/flags-prof/profile.md $O/profile-llama-small.md 2>/dev/null
+  grep -E "^\| " /tmp/flags-prof/profile.md 2>/dev/null | head -6 | cut -c1-200; tail -2 $O/profile.log | cut -c1-200 ;;
+*) echo "error: run.sh takes H" >&2; exit 2 ;;
+esac
+echo "part $PART done at $(el)s"
