@@ -529,6 +529,18 @@ def test_kept_by_sglang_is_where_sglang_routes_past_flashinfer(monkeypatch):
     assert "not CUDA" in A.kept_by_sglang((8, 256, 8, 8, 4, 0))
 
 
+def test_prefill_calls_stay_sglangs():
+    """Above 256 tokens SGLang's router keeps the call (Kimi-K2's prefill rows lost 0.45-0.80x on the H200,
+    2026-12-01); the decode corpus's largest row is astra's."""
+    A = op_part(OP, "adapter").ADAPTER
+    assert A.kept_by_sglang((256, 384, 8, 1, 1, 0)) is None
+    for dims in ((257, 384, 8, 1, 1, 0), (16384, 256, 9, 8, 4, 1)):
+        assert "tokens > 256" in A.kept_by_sglang(dims)
+    from astra_sglang.harness.cases import select_shapes
+
+    assert max(s.dims[0] for s in select_shapes(SPEC, "decode")) == 256  # the limit is the decode corpus's reach
+
+
 def _route_with_sigmoid_error(scores, bias, dims, rel: float, seed: int):
     """ids of route() where each sigmoid is off by up to `rel` (flashinfer's fast-math 0.5 tanhf(x/2) + 0.5 is off
     by ~3e-6): what another correct-looking implementation would pick."""
@@ -824,7 +836,8 @@ def test_warp_variant_takes_the_deepseek_and_kimi_rows_and_leaves_the_rest():
     src = _kernel_src()
     assert "#define ASTRA_ROUTER_WARP 1" in src  # on by default (timed in context, 2026-11-30)
     # ... only for calls without a fused shared column: the CTA kernel keeps the timed shared rows
-    assert "if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED) {" in src
+    assert "if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED || wr::many_tokens(num_tokens)) {" in src
+    assert "#define ASTRA_ROUTER_WARP_TOKENS 0" in src  # one warp a token for many tokens: dev, untimed
     assert "#define ASTRA_ROUTER_WARP_SHARED 0" in src
     m = re.search(r"static const int kGrouped\[\] = \{([^}]*)\}, kOne\[\] = \{([^}]*)\};", src)
     assert m and m.group(1) == "1, 2, 4, 8" and m.group(2) == "1, 2, 4, 8, 12"  # what warp_pick mirrors
@@ -869,14 +882,17 @@ def test_warp_emulation_catches_a_broken_tie_rule():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("warp", [1, 2])
-def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, warp):
+@pytest.mark.parametrize("flag, cta_warp, warp", [("-DASTRA_ROUTER_WARP=1", 15, 0), ("-DASTRA_ROUTER_WARP=2", 0, 15),
+                                                  ("-DASTRA_ROUTER_WARP_TOKENS=512", 15, 15)])
+def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, flag, cta_warp, warp):
+    """The default build holds the =1 kernel alone; =2 the =2 kernel alone; ASTRA_ROUTER_WARP_TOKENS both (3 dtypes
+    x V = 1, 2, 4, 8, 12 each)."""
     from astra_sglang.build import find_nvcc
     from astra_sglang.registry import op_dir
 
     r = subprocess.run([find_nvcc(), "-std=c++20", "-O3", "--expt-relaxed-constexpr", "-gencode",
                         "arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-                        f"-DASTRA_ROUTER_WARP={warp}", "-o", str(tmp_path / "k.so"), str(op_dir(OP) / "kernel.cu")],
+                        flag, "-o", str(tmp_path / "k.so"), str(op_dir(OP) / "kernel.cu")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning" not in r.stderr.lower(), r.stderr[-2000:]
@@ -884,7 +900,8 @@ def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, warp):
     for chunk in r.stderr.split("Compiling entry function '")[1:]:
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", chunk)
         kernels[chunk.split("'")[0]] = m.groups()
-    assert len([k for k in kernels if "warp_router_kernel" in k]) == 15  # 3 dtypes x V = 1, 2, 4, 8, 12
+    assert len([k for k in kernels if "cta_warp_router_kernel" in k]) == cta_warp
+    assert len([k for k in kernels if "warp_router_kernel" in k and "cta_warp" not in k]) == warp
     assert all(v == ("0", "0", "0") for v in kernels.values()), kernels
     sym = subprocess.run(["nm", "-D", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
     assert "astra_moe_grouped_router" in sym

@@ -15,8 +15,9 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU. Calls without a fused shared column run the kernel's warp
-router (kernel.cu; RESULTS.md), those with one its CTA kernel."""
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; calls of more than MAX_TOKENS tokens (prefill: below).
+Calls without a fused shared column run the kernel's warp router (kernel.cu; RESULTS.md), those with one its CTA
+kernel."""
 from __future__ import annotations
 
 import sys
@@ -28,6 +29,10 @@ MAX_EXPERTS = 1024
 MAX_TOPK = 32
 MAX_GROUPS = 32
 MAX_GROUP_EXPERTS = 32
+# Every measured row up to 256 tokens wins in context (decode corpus, fp32: 1.05-4.20x); above, 4 of 9 prefill rows
+# lost to SGLang's router (Kimi-K2 at 1k-16k tokens 0.45-0.80x, DeepSeek-V3 with the shared column at 16k 0.80x;
+# H200, 2026-12-01, results/2026-12-01-h200/session38/). Until a kernel that wins there is timed, prefill is SGLang's.
+MAX_TOKENS = 256
 
 
 def _pow2(n: int) -> bool:
@@ -145,5 +150,6 @@ ADAPTER = OpAdapter(
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),
     outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},
     bare_args={"hidden_states": lambda c: c["scores"]},
+    max_tokens=MAX_TOKENS,
     keeps=_kept,
 )

@@ -53,6 +53,9 @@
 //    and sigmoids to shared memory, ONE __syncthreads, then warp 0 alone, in registers: lane l holds experts
 //    l*V .. l*V+V-1, a group spans GL lanes.
 //    =2: one warp a token (4 a CTA), no shared memory, no barrier: each lane computes its V sigmoids itself.
+//  * ASTRA_ROUTER_WARP_TOKENS=N (dev, default 0: off; untimed): under =1, calls of N tokens or more run the =2 kernel,
+//    with or without a fused shared column. At 1k-16k tokens =1 lost to production (Kimi-K2 0.45-0.80x, H200,
+//    2026-12-01, RESULTS.md): its 384-thread CTA leaves 5 selecting warps an SM, =2 has 64.
 //  * Selection on values only (fmaxf / fminf, no ids): each lane sorts its keys (Batcher, 19 exchanges for 8), then
 //    bitonic top-8 merges with the xor partners 1 .. GL/2 give every lane its group's 8 best keys with multiplicity
 //    (the group score is the first two); groups are ranked by shuffles (ties: the lowest group); a dropped group's
@@ -79,6 +82,10 @@
 
 #ifndef ASTRA_ROUTER_WARP_SHARED
 #define ASTRA_ROUTER_WARP_SHARED 0  // 1 (dev): the warp router also for calls with a fused shared column (untimed)
+#endif
+
+#ifndef ASTRA_ROUTER_WARP_TOKENS
+#define ASTRA_ROUTER_WARP_TOKENS 0  // N > 0 (dev): from N tokens on, one warp a token (the =2 kernel), shared or not
 #endif
 
 namespace astra_moegr {
@@ -600,19 +607,28 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   if (ASTRA_PDL == 2) pdl_trigger();
 }
 
+// The =2 kernel is built only where it can run (the default build is the =1 kernel's alone)
+constexpr bool kWarpATokenBuilt = ASTRA_ROUTER_WARP == 2 || ASTRA_ROUTER_WARP_TOKENS > 0;
+
+// Calls of at least ASTRA_ROUTER_WARP_TOKENS tokens (under =1, with or without a fused shared column)
+bool many_tokens(int64_t tokens) { return ASTRA_ROUTER_WARP_TOKENS > 0 && tokens >= ASTRA_ROUTER_WARP_TOKENS; }
+
+// One warp a token (the =2 kernel) for this call: always under =2, from ASTRA_ROUTER_WARP_TOKENS tokens on under =1
+bool warp_a_token(const Args& a) { return ASTRA_ROUTER_WARP == 2 || many_tokens(a.tokens); }
+
 template <typename T, int V>
-cudaError_t launch(const Args& a, int gl, cudaStream_t stream) {
+cudaError_t launch(const Args& a, int gl, bool per_warp, cudaStream_t stream) {
   int gl_shift = 0;
   while ((1 << gl_shift) < gl) ++gl_shift;
   cudaLaunchConfig_t cfg = {};
-#if ASTRA_ROUTER_WARP == 2
-  const int wpc = a.tokens < kWarpsPerCta ? static_cast<int>(a.tokens) : kWarpsPerCta;
-  cfg.gridDim = dim3(static_cast<unsigned>((a.tokens + wpc - 1) / wpc));
-  cfg.blockDim = dim3(32 * wpc);
-#else
-  cfg.gridDim = dim3(static_cast<unsigned>(a.tokens));
-  cfg.blockDim = dim3(static_cast<unsigned>((a.experts + 31) / 32 * 32));
-#endif
+  if (per_warp) {
+    const int wpc = a.tokens < kWarpsPerCta ? static_cast<int>(a.tokens) : kWarpsPerCta;
+    cfg.gridDim = dim3(static_cast<unsigned>((a.tokens + wpc - 1) / wpc));
+    cfg.blockDim = dim3(32 * wpc);
+  } else {
+    cfg.gridDim = dim3(static_cast<unsigned>(a.tokens));
+    cfg.blockDim = dim3(static_cast<unsigned>((a.experts + 31) / 32 * 32));
+  }
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -620,15 +636,18 @@ cudaError_t launch(const Args& a, int gl, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = (ASTRA_PDL && device_major() >= 9) ? 1 : 0;
-#if ASTRA_ROUTER_WARP == 2
-  return cudaLaunchKernelEx(&cfg, warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias, a.weights,
-                            a.ids, a.tokens, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift,
-                            a.renormalize, a.scale, a.shared_div);
-#else
-  return cudaLaunchKernelEx(&cfg, cta_warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias, a.weights,
-                            a.ids, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift, a.renormalize,
-                            a.scale, a.shared_div);
-#endif
+  if constexpr (kWarpATokenBuilt) {
+    if (per_warp)
+      return cudaLaunchKernelEx(&cfg, warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias, a.weights,
+                                a.ids, a.tokens, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift,
+                                a.renormalize, a.scale, a.shared_div);
+  }
+  if constexpr (ASTRA_ROUTER_WARP != 2) {
+    return cudaLaunchKernelEx(&cfg, cta_warp_router_kernel<T, V>, static_cast<const T*>(a.scores), a.bias,
+                              a.weights, a.ids, a.experts, a.topk, a.routed, a.groups, a.topk_group, gl, gl_shift,
+                              a.renormalize, a.scale, a.shared_div);
+  }
+  return cudaErrorInvalidValue;  // =2 builds the =2 kernel alone, and launch_checked sends it only its calls
 }
 
 // V (values a lane) for this shape, and GL (lanes a group; 32 with one group); 0: not this kernel's
@@ -655,14 +674,17 @@ int pick_v(const Args& a, int& gl) {
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0; }
 
+// The =2 kernel loads a lane's V values as vectors: a base not aligned to them goes to the =1 kernel under
+// ASTRA_ROUTER_WARP_TOKENS, to the CTA kernel under =2 (taken false)
 template <typename T, int V>
 cudaError_t launch_checked(const Args& a, int gl, cudaStream_t stream, bool& taken) {
   constexpr int kScoreChunk = chunk_bytes<V * static_cast<int>(sizeof(T))>();
   constexpr int kBiasChunk = chunk_bytes<V * 4>();
-  taken = (ASTRA_ROUTER_WARP != 2 ||
-           (aligned(a.scores, kScoreChunk < 4 ? static_cast<int>(sizeof(T)) : kScoreChunk) &&
-            aligned(a.bias, kBiasChunk)));
-  return taken ? launch<T, V>(a, gl, stream) : cudaSuccess;
+  const bool vec_ok = aligned(a.scores, kScoreChunk < 4 ? static_cast<int>(sizeof(T)) : kScoreChunk) &&
+                      aligned(a.bias, kBiasChunk);
+  const bool per_warp = warp_a_token(a) && vec_ok;
+  taken = ASTRA_ROUTER_WARP != 2 || per_warp;
+  return taken ? launch<T, V>(a, gl, per_warp, stream) : cudaSuccess;
 }
 
 template <typename T>
@@ -721,7 +743,7 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
   a.scale = apply_routed_scaling_factor_on_output ? static_cast<float>(routed_scaling_factor) : 1.f;
   a.shared_div = num_fused_shared_experts > 0 ? static_cast<float>(routed_scaling_factor) : 1.f;
 #if ASTRA_ROUTER_WARP
-  if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED) {
+  if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED || wr::many_tokens(num_tokens)) {
     bool taken = false;
     cudaError_t err = cudaSuccess;
     switch (dtype) {

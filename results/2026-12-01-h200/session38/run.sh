@@ -6,8 +6,12 @@
 #                   --disable-prefill-cuda-graph; 9c08a97 replaced 0.5.17's deprecated aliases, which 0.5.23 refuses):
 #                   a served A/B (astra-sglang e2e, llama-small, one short round: `patch --serve` in both arms) and a
 #                   profile (the step worker's flags), both SGLang 0.5.17
+#   bash run.sh W   NOT RUN (prepared for the next session): moe_grouped_router's one-warp-a-token kernel for many
+#                   tokens (-DASTRA_ROUTER_WARP_TOKENS=N, dev, off by default): check with N=1 (every call on it, shared
+#                   column too), then the prefill rows that lost (and 256-token rows) timed for N = 256 and 1024
+#                   against the default; fp32, production the installed biased_grouped_topk_gpu
 set -uo pipefail
-PART=${1:?H}
+PART=${1:?H or W}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s38}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,6 +31,19 @@ H)
     $REPO/e2e/configs/llama-small --ops all --batch-size 1 --out /tmp/flags-prof --python python3) > $O/profile.log 2>&1
   echo "profile rc=$? at $(el)s"; cp /tmp/flags-prof/profile.md $O/profile-llama-small.md 2>/dev/null
   grep -E "^\| " /tmp/flags-prof/profile.md 2>/dev/null | head -6 | cut -c1-200; tail -2 $O/profile.log | cut -c1-200 ;;
-*) echo "error: run.sh takes H" >&2; exit 2 ;;
+W)
+  source kernels/astra_env.sh
+  WSR=.gpu_ws/installed/moe_grouped_router
+  [ -f $WSR/manifest.json ] || $AS extract moe_grouped_router --variant installed --arch sm_90 --out .gpu_ws/installed \
+    --no-build > $O/extract.log 2>&1 || { tail -3 $O/extract.log; exit 1; }
+  { echo "#define ASTRA_ROUTER_WARP_TOKENS 1"; cat kernels/moe_grouped_router/kernel.cu; } > /tmp/router_wt1.cu
+  timeout 300 $AS check moe_grouped_router --workspace $WSR --candidate /tmp/router_wt1.cu -v --json $O/check-wt1.json \
+    > $O/check-wt1.log 2>&1
+  echo "check (ASTRA_ROUTER_WARP_TOKENS=1) rc=$? at $(el)s: $(grep -E '^(PASS|FAIL|error)' $O/check-wt1.log | head -1 | cut -c1-160)"
+  rows=256x256x9x8x4x1,1024x256x9x8x4x1,16384x256x9x8x4x1,256x384x8x1x1x0,1024x384x8x1x1x0,4096x384x8x1x1x0,16384x384x8x1x1x0
+  DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/variants bash kernels/dev/bench_variants.sh moe_grouped_router $WSR \
+    $rows fp32 default= wt256=-DASTRA_ROUTER_WARP_TOKENS=256 wt1024=-DASTRA_ROUTER_WARP_TOKENS=1024 > $O/variants.log 2>&1
+  echo "variants rc=$? at $(el)s"; tail -14 $O/variants.log | cut -c1-200 ;;
+*) echo "error: run.sh takes H or W" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
