@@ -303,7 +303,8 @@ def time_in_context(spec, row: BenchRow, sets, prod_sets, impls, dims, dtype: st
     marg = site["marg"]
     if row.prod_binding_us is not None:  # the binding's copies (timed alone, chained) are not SGLang's
         marg["production"] = {**marg["production"],
-                              "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3)}
+                              "median": max(marg["production"]["median"] - row.prod_binding_us, 1e-3),
+                              "samples": [x - row.prod_binding_us for x in marg["production"].get("samples", [])]}
     row.set_context(marg["production"], marg.get("candidate"), site["neighbours_us"], timing_basis(dims, True))
     if "installed" in marg:
         row.context_installed_us = marg["installed"]["median"]
@@ -394,7 +395,12 @@ def combine_sites(timed: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         return timed[0]
 
     def mean_of(ms: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-        return {"median": sum(m["median"] for m in ms) / len(ms), "spread": max(m["spread"] for m in ms)}
+        out = {"median": sum(m["median"] for m in ms) / len(ms), "spread": max(m["spread"] for m in ms)}
+        series = [m.get("samples") or [] for m in ms]
+        n = min(len(x) for x in series)
+        if n:  # round r of every place, averaged: the rounds stay paired across implementations (stats.paired_ci)
+            out["samples"] = [sum(x[r] for x in series) / len(series) for r in range(n)]
+        return out
 
     def joined(xs: Sequence[str]) -> str:
         return xs[0] if len(set(xs)) == 1 else "; ".join(xs)

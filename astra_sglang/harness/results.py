@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..figures import save_figure
-from .stats import geomean, is_noise, median, pct_of_ceiling, spread
+from .stats import geomean, is_noise, median, paired_ci, pct_of_ceiling, spread
 
 
 def write_json(path: Union[str, Path], data: Dict[str, Any]) -> Path:
@@ -116,6 +116,9 @@ class BenchRow:
     context_cand_us: Optional[float] = None
     context_spread_us: Optional[float] = None  # p90 - p10 of the marginal times (the larger of the two)
     context_speedup: Optional[float] = None  # context_base_us / context_cand_us
+    # 95% CI of the median of production's minus the candidate's marginal time, paired by replay round (stats.paired_ci,
+    # µs per call; > 0: the candidate is faster); in context it decides `noise` (records before 2026-12-01: absent)
+    context_diff_ci_us: Optional[List[float]] = None
     context_neighbours_us: Optional[float] = None  # producer + consumer alone, per op call
     context_gemms: str = ""  # what ran as producer / consumer GEMM: "cuBLAS / cuBLAS", "linear / cuBLAS", ...
     # the touch kernel's marginal time in the same place (timer.py), the lower of a PDL and a plain launch: no kernel
@@ -179,9 +182,14 @@ class BenchRow:
             if cand["median"] > 0 and base["median"] > 0:
                 self.context_speedup = base["median"] / cand["median"]
         self.timing_basis = basis
+        ci = paired_ci(base.get("samples") or [], cand.get("samples") or []) if cand is not None else None
+        self.context_diff_ci_us = [round(ci[0], 5), round(ci[1], 5)] if ci else None
         if basis == "in-context" and self.context_speedup is not None:
             self.speedup = self.context_speedup
-            self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
+            if ci:  # the rounds are paired: resolved once the interval excludes 0, which more replays can do
+                self.noise = ci[0] <= 0.0 <= ci[1]
+            else:
+                self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
         elif basis == "in-context" and cand is not None:
             # a marginal time that is not positive (a hiccup far above the op's time) measures nothing: the row
             # keeps its chained speedup and says so, rather than showing it under the in-context basis
@@ -312,9 +320,9 @@ class BenchReport:
 
     # --- rendering -----------------------------------------------------------------------
     def verdict_line(self) -> str:
-        """How many rows are faster, within noise (|difference| < the replays' spread) or measurably slower, naming the
-        slower ones, and the minimum: "every row >= 1.00x" is judged on this, since a row at 0.95x within its noise is
-        no measured loss."""
+        """How many rows are faster, within noise (chained: |difference| < the replays' spread; in context: the paired
+        95% CI of the difference contains 0) or measurably slower, naming the slower ones, and the minimum: "every row
+        >= 1.00x" is judged on this, since a row at 0.95x within its noise is no measured loss."""
         sp = [r for r in self.rows if r.speedup]
         slower = [r for r in sp if r.speedup < 1 and not r.noise]
         low = min(sp, key=lambda r: r.speedup)
@@ -436,6 +444,11 @@ class BenchReport:
                         f"{width} reading its outputs ({self.gemms_said()}), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
+            paired = [r for r in self.rows if r.context_diff_ci_us and r.timing_basis == "in-context"]
+            if paired:
+                foot.append(f"noise in context ({len(paired)} rows): the 95% confidence interval of the median of "
+                            "production's minus the candidate's marginal time, paired by replay round, contains 0 "
+                            f"(distribution-free; {self.replays} replays: more replays narrow it, e.g. --replays 48)")
             sited = [r for r in self.rows if r.context_sites]
             if sited:
                 foot.append(f"sites: {len(sited)} of {len(self.rows)} rows were timed between each GEMM pair serving "

@@ -3,13 +3,16 @@
 - each implementation is timed as R replays of a CUDA graph; the per-call time of a replay
   is its time over the calls in it; we report the median over replays;
 - spread = (p90 - p10) / median over the replays: the relative width of the middle 80%;
-- a candidate/production difference smaller than the larger of the two spreads is noise;
+- a candidate/production difference smaller than the larger of the two spreads is noise; in context, where the two
+  are timed in the same replay rounds, a row is noise when the 95% confidence interval of the median of their paired
+  per-round differences contains 0 (distribution-free, order statistics): that interval narrows with more replays,
+  the spread does not;
 - geomean = geometric mean of the per-shape speedups (production time / candidate time).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Tuple
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -67,3 +70,27 @@ def marginal(with_op: Sequence[float], without: Sequence[float]) -> dict:
         raise ValueError("marginal time of no samples")
     d = [with_op[i] - without[i] for i in range(n)]
     return {"median": median(d), "spread": percentile(d, 90.0) - percentile(d, 10.0), "samples": d}
+
+
+def median_ci(xs: Sequence[float], conf: float = 0.95) -> Optional[Tuple[float, float]]:
+    """A distribution-free confidence interval of the median of xs (the order statistics x_(k), x_(n+1-k), k the
+    largest with P(Binomial(n, 1/2) <= k - 1) <= (1 - conf) / 2), coverage at least `conf`. None for too few samples
+    (fewer than 6 at 95%). With 8 samples it is [min, max] (99.2%); it narrows as 1/sqrt(n)."""
+    n = len(xs)
+    alpha = (1.0 - conf) / 2.0
+    k, tail = 0, 0.0
+    for j in range(n // 2 + 1):   # tail = P(B <= j)
+        tail += math.comb(n, j) / 2.0 ** n
+        if tail > alpha:
+            break
+        k = j + 1
+    if k < 1:
+        return None
+    s = sorted(xs)
+    return float(s[k - 1]), float(s[n - k])
+
+
+def paired_ci(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -> Optional[Tuple[float, float]]:
+    """median_ci of the per-round differences a[r] - b[r] (two series timed in the same replay rounds), or None."""
+    n = min(len(a), len(b))
+    return median_ci([a[i] - b[i] for i in range(n)], conf) if n else None
