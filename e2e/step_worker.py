@@ -325,10 +325,24 @@ class Worker:
             os.unlink(raw)
         return os.path.basename(path)
 
+    def warm_prefill(self, batch_size: int, input_len: int, seed: int) -> None:
+        """One prefill of this size, unprofiled, its KV slots freed after. A patched op's first call of a shape class
+        runs its self-check (patch/ops.py: SGLang's own kernels beside astra's, on copies): without this the profiled
+        prefill was that check's (one call of SGLang's q/k norm, rope and KV store beside 36 of qknorm_rope_store in
+        Qwen3-8B's, 2026-12-01), not serving's."""
+        self.runner.clear()
+        self.sync()
+        _, _, batch = self.runner.extend(self._reqs(batch_size, input_len, seed))
+        self.sync()
+        self.runner.cleanup(batch)
+        self.runner.clear()
+        self.sync()
+
     def profile(self, batch_size: int, input_len: int, steps: int = 20, warmup: int = 5, dir: str = ".",
                 prefix: str = "A", shapes: bool = True, seed: int = 0, **_) -> dict:
         os.makedirs(dir, exist_ok=True)
         stem = os.path.join(dir, f"{prefix}-bs{batch_size}")
+        self.warm_prefill(batch_size, input_len, seed)
         reqs = self._reqs(batch_size, input_len, seed)
         self.runner.clear()
         self.sync()

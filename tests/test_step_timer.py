@@ -192,3 +192,45 @@ def test_timer_on_a_real_cuda_graph():
     ref = a.elapsed_time(b) / 20 / 1e3
     assert t[10] == pytest.approx(ref, rel=0.05)                       # the pad is outside the interval
     assert (t[15] - t[5]) / t[10] < 0.02
+
+
+def test_profile_warms_each_batch_sizes_prefill_before_profiling_it(tmp_path):
+    """The profiled prefill must not be the patch's first call of its shape class (that call runs the self-check,
+    SGLang's kernels beside astra's): one prefill of the same size runs first, unprofiled, and its KV slots are freed."""
+    import contextlib
+
+    from astra_sglang.e2e.step_worker import Worker
+
+    log = []
+
+    class Runner:
+        def clear(self):
+            log.append("clear")
+
+        def extend(self, reqs):
+            log.append(("extend", reqs))
+            return "ids", None, "batch"
+
+        def decode(self, ids, batch):
+            log.append("decode")
+            return ids, None
+
+        def cleanup(self, batch):
+            log.append("cleanup")
+
+    @contextlib.contextmanager
+    def profiler(shapes):
+        log.append("profile on")
+        yield types.SimpleNamespace()
+        log.append("profile off")
+
+    w = Worker.__new__(Worker)
+    w.runner, w.sync = Runner(), lambda: None
+    w._reqs = lambda bs, n, seed: f"{bs}x{n}"
+    w._profiler, w._save = profiler, staticmethod(lambda prof, path: path)
+    w.profile(2, 64, steps=1, warmup=0, dir=str(tmp_path), shapes=False)
+    first_profile = log.index("profile on")
+    assert ("extend", "2x64") in log[:first_profile]                      # the warm prefill, same size
+    warm = log.index(("extend", "2x64"))
+    assert log[warm + 1:first_profile] == ["cleanup", "clear", "clear"]  # freed, then the profiled run's own clear
+    assert log[first_profile + 1] == ("extend", "2x64")                 # the profiled prefill
