@@ -61,6 +61,28 @@ def _sglang_source(sglang_src: Optional[Path]) -> Optional[Path]:
     return pkg
 
 
+# The sglang package a Python would import, found without importing it (find_spec of a top-level package runs none
+# of its code): the server's SGLang may not be this CLI's
+_FIND_SGLANG = ("import importlib.util as u; s = u.find_spec('sglang'); "
+                "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+
+
+def _server_sglang(python_exe: str, sglang_src: Optional[Path]) -> Optional[Path]:
+    """What discovery scans for a server run by `python_exe`: --sglang-src where given; else, for another Python than
+    this one, the sglang package that Python imports (its call sites are the ones the server's processes patch);
+    else None (this Python's own SGLang)."""
+    if sglang_src or os.path.realpath(python_exe) == os.path.realpath(sys.executable):
+        return sglang_src
+    try:
+        r = subprocess.run([python_exe, "-c", _FIND_SGLANG], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise AstraError(f"--python {python_exe}: cannot run it ({type(e).__name__}: {e})") from None
+    where = r.stdout.strip()
+    if r.returncode != 0 or not where:
+        raise AstraError(f"--python {python_exe}: sglang is not installed there (the server would not start)")
+    return Path(where)
+
+
 def _discovery(ops: List[str], sglang_src: Optional[Path]):
     from astra_sglang.registry import get_op
 
@@ -135,6 +157,8 @@ def patch_cmd(serve, dry_run, ops_text, candidate_items, self_check, counter_dir
     if serve and not dry_run and python_exe == sys.executable:  # the server runs in this Python
         from astra_sglang.preconditions import require
         require("sglang")
+    if ops:  # discovery reads the server's SGLang, which another --python may hold in another version
+        sglang_src = _server_sglang(python_exe, sglang_src)
     if counter_dir:
         cdir = Path(counter_dir)
     elif dry_run:

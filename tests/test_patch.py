@@ -1196,3 +1196,42 @@ def test_patch_serve_builds_while_it_scans_sglang_and_checks_the_source_first(mo
                             "--arch", "sm_90", "--python", "python-x", "--", "--port", "1"], capsys)
     assert code == 2 and order == []
     one_error(err, "--sglang-src", "no sglang package there")
+
+
+def test_another_servers_python_is_scanned_for_its_own_sglang(tmp_path, monkeypatch, capsys):
+    """`patch --serve --python OTHER`: the plan's call sites come from the SGLang that OTHER imports (it may be another
+    version than this CLI's), found without importing it; a Python without sglang, or one that cannot run, is one
+    error line before any build."""
+    import stat
+
+    from astra_sglang.errors import AstraError
+    from astra_sglang.patch import apply, cli as patch_cli
+    from cli_run import one_error, run_cli
+
+    pkg = tmp_path / "site" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise SystemExit('imported: find_spec must not run the package')\n")
+    other = tmp_path / "python-other"
+    other.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    other.chmod(other.stat().st_mode | stat.S_IEXEC)
+    assert patch_cli._server_sglang(str(other), None) == pkg
+    assert patch_cli._server_sglang(sys.executable, None) is None                 # this Python: its own SGLang
+    assert patch_cli._server_sglang(str(other), tmp_path / "src") == tmp_path / "src"   # --sglang-src wins
+
+    bare = tmp_path / "python-bare"
+    bare.write_text(f"#!/bin/sh\ncd {tmp_path} && PYTHONPATH= exec {sys.executable} -I \"$@\"\n")
+    bare.chmod(bare.stat().st_mode | stat.S_IEXEC)
+    if subprocess.run([str(bare), "-c", patch_cli._FIND_SGLANG], capture_output=True, text=True).stdout.strip():
+        pytest.skip("the interpreter itself has sglang in its site-packages")
+    with pytest.raises(AstraError, match="sglang is not installed there"):
+        patch_cli._server_sglang(str(bare), None)
+    with pytest.raises(AstraError, match="cannot run it"):
+        patch_cli._server_sglang(str(tmp_path / "no-such-python"), None)
+
+    seen = []
+    monkeypatch.setattr(apply, "build_kernels", lambda *a, **k: seen.append("build") or {})
+    monkeypatch.setattr(patch_cli, "_discovery", lambda ops, src: seen.append(src) or None)
+    code, _, err = run_cli(["patch", "--serve", "--ops", "silu_and_mul", "--arch", "sm_90", "--python", str(bare),
+                            "--", "--port", "1"], capsys)
+    assert code == 2 and seen == []
+    one_error(err, f"--python {bare}", "sglang is not installed there")
