@@ -10,8 +10,13 @@
 #                   tokens (-DASTRA_ROUTER_WARP_TOKENS=N, dev, off by default): check with N=1 (every call on it, shared
 #                   column too), then the prefill rows that lost (and 256-token rows) timed for N = 256 and 1024
 #                   against the default; fp32, production the installed biased_grouped_topk_gpu
+#   bash run.sh R   NOT RUN: the activations' decode corpus (bf16, at their serving sites, between astra's linears as
+#                   issue 14's numbers) with 48 replays: in context a row is now noise only while the paired 95% CI of
+#                   the per-round difference holds 0 (65e8249), which more rounds narrow; at 8 it is [min, max]
+#   bash run.sh P2  NOT RUN: Qwen3-8B's profile at batch 1 after d8bee06 (one unprofiled prefill first): the prefill
+#                   should show no SGLang q/k norm, rope or KV-store call beside qknorm_rope_store
 set -uo pipefail
-PART=${1:?H or W}
+PART=${1:?H, W, R or P2}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s38}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -44,6 +49,15 @@ W)
   DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/variants bash kernels/dev/bench_variants.sh moe_grouped_router $WSR \
     $rows fp32 default= wt256=-DASTRA_ROUTER_WARP_TOKENS=256 wt1024=-DASTRA_ROUTER_WARP_TOKENS=1024 > $O/variants.log 2>&1
   echo "variants rc=$? at $(el)s"; tail -14 $O/variants.log | cut -c1-200 ;;
-*) echo "error: run.sh takes H or W" >&2; exit 2 ;;
+R)
+  OPS="silu_and_mul gelu_and_mul gelu_tanh_and_mul" EXTRACT=1 DTYPES=bf16 NEIGHBOURS=astra REPLAYS=48 \
+    DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+P2)
+  (cd /tmp && timeout $(( ${LIMIT:-570} - 15 - $(el) )) python3 -m astra_sglang.cli profile --model-path \
+    $REPO/e2e/configs/qwen3-8b --ops all --batch-size 1 --out /tmp/prof-qwen3-8b) > $O/profile.log 2>&1
+  echo "profile rc=$? at $(el)s"; cp /tmp/prof-qwen3-8b/profile.md $O/profile-qwen3-8b.md 2>/dev/null
+  grep -E "^### |qknorm|rope|kv_store" /tmp/prof-qwen3-8b/profile.md 2>/dev/null | head -20 | cut -c1-200 ;;
+*) echo "error: run.sh takes H, W, R or P2" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
