@@ -71,7 +71,8 @@ def _server_sglang(python_exe: str, sglang_src: Optional[Path]) -> Optional[Path
     """What discovery scans for a server run by `python_exe`: --sglang-src where given; else, for another Python than
     this one, the sglang package that Python imports (its call sites are the ones the server's processes patch);
     else None (this Python's own SGLang)."""
-    if sglang_src or os.path.realpath(python_exe) == os.path.realpath(sys.executable):
+    # abspath, not realpath: a venv's python links to the base interpreter, whose site-packages are not the venv's
+    if sglang_src or os.path.abspath(python_exe) == os.path.abspath(sys.executable):
         return sglang_src
     try:
         r = subprocess.run([python_exe, "-c", _FIND_SGLANG], capture_output=True, text=True, timeout=120)
