@@ -2,7 +2,8 @@
 
 Modes:
   --model-path DIR|NAME   load the model in SGLang's one-batch path (dummy weights, CUDA graphs),
-                          profile prefill and decode at each batch size (e2e/step_worker.py)
+                          profile prefill and decode at each batch size (e2e/step_worker.py; one prefill
+                          of that size runs unprofiled first: a patched op's first-call self-check)
   --url http://HOST:PORT  a running server: POST /start_profile (activities GPU), wait for the traces
   --analyze DIR           re-attribute an earlier capture dir (no GPU)
   --from-counters DIR     the shapes a patched server ran on (patch counters) as a corpus file
