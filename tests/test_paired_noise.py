@@ -70,7 +70,10 @@ def test_no_gain_stays_noise_and_a_loss_is_slower():
     assert not r.noise and r.speedup < 1 and r.context_diff_ci_us[1] < 0
     rep = BenchReport(op="x", variant="v", device="d", l2="cold", replays=48, rows=[r])
     assert "1 slower" in rep.verdict_line()
-    assert any("paired by replay round" in line for line in rep.table().splitlines())
+    table = rep.table()
+    assert any("paired by replay round" in line for line in table.splitlines())
+    lo, hi = r.context_diff_ci_us
+    assert "saved µs, 95% CI" in table and f"{lo:+.2f} .. {hi:+.2f}" in table   # the interval, beside the speedup
 
 
 def test_without_paired_samples_the_spread_rule_stands():

@@ -366,8 +366,11 @@ class BenchReport:
         if has_c:
             head += ["cand µs", "±%", "chained"]
         has_f = any(r.context_floor_us is not None for r in self.rows)
+        has_d = any(r.context_diff_ci_us for r in self.rows)  # the paired interval that decides noise in context
         if has_ctx:
             head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
+            if has_d:
+                head += ["saved µs, 95% CI"]
             if has_f:
                 head += ["floor µs", "attainable"]
         if has_c:
@@ -391,6 +394,9 @@ class BenchReport:
                         f"{r.context_spread_us:.2f}" if r.context_spread_us is not None else "—"]
                 if has_c:
                     row += [f"{r.context_speedup:.3f}x" if r.context_speedup else "—"]
+                if has_d:
+                    ci = r.context_diff_ci_us
+                    row += [f"{ci[0]:+.2f} .. {ci[1]:+.2f}" if ci else "—"]
                 if has_f:
                     row += [f"{r.context_floor_us:.2f}" if r.context_floor_us is not None else "—",
                             f"{r.headroom:.2f}x" if r.headroom else "—"]
@@ -448,7 +454,8 @@ class BenchReport:
             if paired:
                 foot.append(f"noise in context ({len(paired)} rows): the 95% confidence interval of the median of "
                             "production's minus the candidate's marginal time, paired by replay round, contains 0 "
-                            f"(distribution-free; {self.replays} replays: more replays narrow it, e.g. --replays 48)")
+                            f"(distribution-free; {self.replays} replays"
+                            + (": more replays narrow it, e.g. --replays 48)" if self.replays < 48 else ")"))
             sited = [r for r in self.rows if r.context_sites]
             if sited:
                 foot.append(f"sites: {len(sited)} of {len(self.rows)} rows were timed between each GEMM pair serving "
