@@ -182,7 +182,13 @@ def apply_astra_kernels(
         counters.set_status(op, state="patched", backend=st.backend.name, self_check=self_check)
     _ACTIVE = patcher
     if propagate:
-        _export_env(list(states), built, candidates, self_check, cdir, plan if isinstance(plan, (str, Path)) else None)
+        exported = plan if isinstance(plan, (str, Path)) else None
+        if exported is None and disc is not None:  # the processes SGLang spawns load this plan, not scan SGLang again
+            exported = cdir / "plan.json"
+            tmp = cdir / f".plan.{os.getpid()}.tmp"
+            tmp.write_text(disc.to_json())
+            os.replace(tmp, exported)
+        _export_env(list(states), built, candidates, self_check, cdir, exported)
     log.info("astra-sglang: patched %s in pid %d", ", ".join(states) or "nothing", os.getpid())
     return patcher
 

@@ -1235,3 +1235,21 @@ def test_another_servers_python_is_scanned_for_its_own_sglang(tmp_path, monkeypa
                             "--", "--port", "1"], capsys)
     assert code == 2 and seen == []
     one_error(err, f"--python {bare}", "sglang is not installed there")
+
+
+def test_a_plan_found_in_process_is_exported_to_the_processes_sglang_spawns(sglang_tree, tmp_path):
+    """apply_astra_kernels(propagate=True) with a discovery of its own (not a plan file) writes it beside the counters
+    and exports its path, so SGLang's spawned schedulers load it instead of scanning SGLang again (libcst there)."""
+    sglang_root, discovery = sglang_tree
+    (tmp_path / "given.json").write_text(discovery.to_json())
+    res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
+from astra_sglang.patch import config as C
+from astra_sglang.patch.discover import Discovery
+disc = Discovery.from_json(open({str(tmp_path / 'given.json')!r}).read())
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(), counter_dir={str(tmp_path / 'c')!r},
+                    propagate=True, self_check="off", plan=disc)
+path = os.environ.get(C.ENV_PLAN)
+print(json.dumps(dict(path=path, same=Discovery.from_json(open(path).read()).to_json() == disc.to_json())))
+""")
+    assert res["path"] == str(tmp_path / "c" / "plan.json") and res["same"]
+    assert not list((tmp_path / "c").glob(".plan.*"))   # written whole, then renamed
