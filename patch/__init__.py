@@ -184,7 +184,7 @@ def apply_astra_kernels(
     if propagate:
         exported = plan if isinstance(plan, (str, Path)) else None
         if exported is None and disc is not None:  # the processes SGLang spawns load this plan, not scan SGLang again
-            exported = cdir / "plan.json"
+            exported = cdir / f"plan.{os.getpid()}.json"   # cdir may be shared (the default): one file a patcher
             tmp = cdir / f".plan.{os.getpid()}.tmp"
             tmp.write_text(disc.to_json())
             os.replace(tmp, exported)
@@ -204,6 +204,8 @@ def _export_env(ops, built, candidates, self_check, cdir, plan) -> None:
     os.environ[_cfg.ENV_COUNTER_DIR] = str(cdir)
     if plan:
         os.environ[_cfg.ENV_PLAN] = str(plan)
+    else:  # an earlier apply's plan must not reach this one's children
+        os.environ.pop(_cfg.ENV_PLAN, None)
     pp = os.environ.get("PYTHONPATH", "")
     if str(STARTUP_DIR) not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + ([pp] if pp else []))

@@ -63,8 +63,8 @@ def _sglang_source(sglang_src: Optional[Path]) -> Optional[Path]:
 
 # The sglang package a Python would import, found without importing it (find_spec of a top-level package runs none
 # of its code): the server's SGLang may not be this CLI's
-_FIND_SGLANG = ("import importlib.util as u; s = u.find_spec('sglang'); "
-                "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+_FIND_SGLANG = ("import importlib.util as u; s = u.find_spec('sglang'); "   # origin None: a bare namespace dir
+                "print(s.submodule_search_locations[0] if s and s.origin and s.submodule_search_locations else '')")
 
 
 def _server_sglang(python_exe: str, sglang_src: Optional[Path]) -> Optional[Path]:

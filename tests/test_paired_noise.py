@@ -93,3 +93,38 @@ def test_sites_average_each_round_so_the_rounds_stay_paired():
     both = combine_sites([timed([2.0, 2.2, 2.4], [1.0, 1.2, 1.4]), timed([4.0, 4.2, 4.4], [3.0, 3.0, 3.0])])
     assert both["marg"]["production"]["samples"] == pytest.approx([3.0, 3.2, 3.4])
     assert both["marg"]["candidate"]["samples"] == pytest.approx([2.0, 2.1, 2.2])
+
+
+def test_an_interval_against_the_medians_ratio_is_noise_and_many_replays_do_not_overflow():
+    """The speedup is production's median over the candidate's; the interval is the median of the paired differences.
+    Where they disagree in sign the row is not called faster or slower. And 2,000 replays still give an interval."""
+    r = BenchRow.make("16x4096", "bf16", [2.0] * 5, [2.0] * 5, 1 << 20, 4000.0)
+    base = {"median": 2.0, "spread": 1.0, "samples": [1.0, 1.1, 1.2, 3.0, 3.1, 3.2, 3.3, 3.4]}
+    cand = {"median": 2.1, "spread": 1.0, "samples": [0.9, 1.0, 1.1, 2.9, 3.0, 3.1, 3.2, 3.3]}
+    r.set_context(base, cand, 20.0, IN_CONTEXT)
+    assert r.context_diff_ci_us[0] > 0 and r.speedup < 1 and r.noise
+    assert median_ci([float(i) for i in range(2000)]) is not None
+
+
+def test_the_interval_column_shows_in_context_rows_only():
+    ctx = BenchRow.make("16x4096", "bf16", [2.0] * 5, [1.9] * 5, 1 << 20, 4000.0)
+    base, cand = _rounds(48, 0.5, 0.3, seed=1)
+    ctx.set_context(base, cand, 20.0, IN_CONTEXT)
+    pre = BenchRow.make("4096x4096", "bf16", [9.0] * 5, [8.0] * 5, 1 << 20, 4000.0)
+    pre.set_context(base, cand, 20.0, "chained")
+    assert pre.context_diff_ci_us   # kept in the JSON, not shown: the chained times decide that row
+    table = BenchReport(op="x", variant="v", device="d", l2="cold", replays=48, rows=[ctx, pre]).table()
+    lo, hi = pre.context_diff_ci_us
+    line = next(x for x in table.splitlines() if x.startswith("4096x4096"))
+    assert f"{lo:+.2f} .. {hi:+.2f}" not in line and "—" in line
+
+
+def test_the_agents_timing_reads_benchs_interval():
+    from astra_sglang.agents.executor import Timing
+
+    t = Timing(shape=(16, 4096), dtype="bf16", baseline_us=2.0, candidate_us=1.9, baseline_spread=0.1,
+               candidate_spread=0.1, context_base_us=2.0, context_cand_us=1.8, context_spread_us=0.5,
+               timing_basis="in-context", context_diff_ci_us=[0.05, 0.3])
+    assert not t.noise                                  # the old spread rule (0.2 < 0.5) would say noise
+    t.context_diff_ci_us = [-0.1, 0.3]
+    assert t.noise

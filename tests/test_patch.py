@@ -1225,6 +1225,13 @@ def test_another_servers_python_is_scanned_for_its_own_sglang(tmp_path, monkeypa
         pytest.skip("the interpreter itself has sglang in its site-packages")
     with pytest.raises(AstraError, match="sglang is not installed there"):
         patch_cli._server_sglang(str(bare), None)
+    nsp = tmp_path / "nsp"
+    (nsp / "sglang").mkdir(parents=True)    # a bare sglang/ dir on the path: a namespace package, not SGLang
+    bare_nsp = tmp_path / "python-nsp"
+    bare_nsp.write_text(f"#!/bin/sh\ncd {nsp} && PYTHONPATH= exec {sys.executable} \"$@\"\n")
+    bare_nsp.chmod(bare_nsp.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(AstraError, match="sglang is not installed there"):
+        patch_cli._server_sglang(str(bare_nsp), None)
     with pytest.raises(AstraError, match="cannot run it"):
         patch_cli._server_sglang(str(tmp_path / "no-such-python"), None)
 
@@ -1238,8 +1245,9 @@ def test_another_servers_python_is_scanned_for_its_own_sglang(tmp_path, monkeypa
 
 
 def test_a_plan_found_in_process_is_exported_to_the_processes_sglang_spawns(sglang_tree, tmp_path):
-    """apply_astra_kernels(propagate=True) with a discovery of its own (not a plan file) writes it beside the counters
-    and exports its path, so SGLang's spawned schedulers load it instead of scanning SGLang again (libcst there)."""
+    """apply_astra_kernels(propagate=True) with a discovery of its own (not a plan file) writes it beside the counters,
+    one file a process, and exports its path, so SGLang's spawned schedulers load it instead of scanning SGLang again
+    (libcst there); a later apply without a plan exports none."""
     sglang_root, discovery = sglang_tree
     (tmp_path / "given.json").write_text(discovery.to_json())
     res, _ = run_child(_REAL_PRELUDE.format(root=str(sglang_root)) + f"""
@@ -1249,7 +1257,11 @@ disc = Discovery.from_json(open({str(tmp_path / 'given.json')!r}).read())
 apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(), counter_dir={str(tmp_path / 'c')!r},
                     propagate=True, self_check="off", plan=disc)
 path = os.environ.get(C.ENV_PLAN)
-print(json.dumps(dict(path=path, same=Discovery.from_json(open(path).read()).to_json() == disc.to_json())))
+same = Discovery.from_json(open(path).read()).to_json() == disc.to_json()
+revert_astra_kernels()
+apply_astra_kernels(["fused_add_rmsnorm"], backends=E.astra_standins(), counter_dir={str(tmp_path / 'c')!r},
+                    propagate=True, self_check="off", plan=False)   # no plan now: none exported
+print(json.dumps(dict(path=path, same=same, pid=os.getpid(), after=os.environ.get(C.ENV_PLAN))))
 """)
-    assert res["path"] == str(tmp_path / "c" / "plan.json") and res["same"]
+    assert res["path"] == str(tmp_path / "c" / f"plan.{res['pid']}.json") and res["same"] and not res["after"]
     assert not list((tmp_path / "c").glob(".plan.*"))   # written whole, then renamed

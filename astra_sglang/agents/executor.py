@@ -83,6 +83,8 @@ class Timing:
     # bench's in-context bound on the row (BenchRow.headroom: production over a touch kernel in the op's place, which
     # no kernel there beats); None where bench timed no floor or the floor was within its spread of zero
     context_headroom: Optional[float] = None
+    # bench's paired 95% interval of the per-call time saved in context (BenchRow.context_diff_ci_us); None before it
+    context_diff_ci_us: Optional[List[float]] = None
 
     @property
     def basis(self) -> str:
@@ -103,8 +105,12 @@ class Timing:
 
     @property
     def noise(self) -> bool:
-        """True when the difference is smaller than the measured spread."""
+        """True when the difference is not resolved: in context bench's paired interval where the row has one, else
+        smaller than the measured spread."""
         if self.basis == "in-context":
+            ci = self.context_diff_ci_us
+            if ci:  # bench's rule (BenchRow.set_context): the paired interval holds 0, or disagrees with the ratio
+                return ci[0] <= 0.0 <= ci[1] or (ci[0] > 0.0) != (self.speedup > 1.0)
             return abs(self.context_base_us - self.context_cand_us) <= (self.context_spread_us or 0.0)
         return abs(self.speedup - 1.0) <= max(self.baseline_spread, self.candidate_spread)
 

@@ -40,7 +40,7 @@ def timing_of(r: Any) -> Timing:
                   context_base_us=_field(r, "context_base_us"), context_cand_us=_field(r, "context_cand_us"),
                   context_spread_us=_field(r, "context_spread_us"),
                   timing_basis=_field(r, "timing_basis") or "chained",
-                  context_headroom=_field(r, "headroom"))
+                  context_headroom=_field(r, "headroom"), context_diff_ci_us=_field(r, "context_diff_ci_us"))
 
 
 def refusals(rows: Sequence[Any]) -> List[str]:

@@ -187,7 +187,8 @@ class BenchRow:
         if basis == "in-context" and self.context_speedup is not None:
             self.speedup = self.context_speedup
             if ci:  # the rounds are paired: resolved once the interval excludes 0, which more replays can do
-                self.noise = ci[0] <= 0.0 <= ci[1]
+                # (and agrees with the medians' ratio the speedup is: with jittery neighbours the two can disagree)
+                self.noise = ci[0] <= 0.0 <= ci[1] or (ci[0] > 0.0) != (self.context_speedup > 1.0)
             else:
                 self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
         elif basis == "in-context" and cand is not None:
@@ -366,7 +367,8 @@ class BenchReport:
         if has_c:
             head += ["cand µs", "±%", "chained"]
         has_f = any(r.context_floor_us is not None for r in self.rows)
-        has_d = any(r.context_diff_ci_us for r in self.rows)  # the paired interval that decides noise in context
+        # the paired interval that decides noise in context (chained rows have one too, unused: not shown)
+        has_d = any(r.context_diff_ci_us and r.timing_basis == "in-context" for r in self.rows)
         if has_ctx:
             head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
             if has_d:
@@ -395,7 +397,7 @@ class BenchReport:
                 if has_c:
                     row += [f"{r.context_speedup:.3f}x" if r.context_speedup else "—"]
                 if has_d:
-                    ci = r.context_diff_ci_us
+                    ci = r.context_diff_ci_us if r.timing_basis == "in-context" else None
                     row += [f"{ci[0]:+.2f} .. {ci[1]:+.2f}" if ci else "—"]
                 if has_f:
                     row += [f"{r.context_floor_us:.2f}" if r.context_floor_us is not None else "—",

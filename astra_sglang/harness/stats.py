@@ -80,7 +80,7 @@ def median_ci(xs: Sequence[float], conf: float = 0.95) -> Optional[Tuple[float, 
     alpha = (1.0 - conf) / 2.0
     k, tail = 0, 0.0
     for j in range(n // 2 + 1):   # tail = P(B <= j)
-        tail += math.comb(n, j) / 2.0 ** n
+        tail += math.comb(n, j) / (1 << n)   # exact integers: 2.0 ** n overflows a float from n = 1024
         if tail > alpha:
             break
         k = j + 1

@@ -675,7 +675,8 @@ int pick_v(const Args& a, int& gl) {
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0; }
 
 // The =2 kernel loads a lane's V values as vectors: a base not aligned to them goes to the =1 kernel under
-// ASTRA_ROUTER_WARP_TOKENS, to the CTA kernel under =2 (taken false)
+// ASTRA_ROUTER_WARP_TOKENS (a call with a shared column to the CTA kernel, as without the switch), to the CTA kernel
+// under =2 (taken false)
 template <typename T, int V>
 cudaError_t launch_checked(const Args& a, int gl, cudaStream_t stream, bool& taken) {
   constexpr int kScoreChunk = chunk_bytes<V * static_cast<int>(sizeof(T))>();
@@ -683,7 +684,7 @@ cudaError_t launch_checked(const Args& a, int gl, cudaStream_t stream, bool& tak
   const bool vec_ok = aligned(a.scores, kScoreChunk < 4 ? static_cast<int>(sizeof(T)) : kScoreChunk) &&
                       aligned(a.bias, kBiasChunk);
   const bool per_warp = warp_a_token(a) && vec_ok;
-  taken = ASTRA_ROUTER_WARP != 2 || per_warp;
+  taken = per_warp || (ASTRA_ROUTER_WARP != 2 && (a.topk == a.routed || ASTRA_ROUTER_WARP_SHARED));
   return taken ? launch<T, V>(a, gl, per_warp, stream) : cudaSuccess;
 }
 
