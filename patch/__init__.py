@@ -62,10 +62,15 @@ def discovery_cached(specs, refresh: bool = False):
             pass
     disc = discover_for_specs(specs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(disc.to_json())
-    os.replace(tmp, path)
+    _write_whole(path, disc.to_json())
     return disc
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` at `path` through a temporary beside it: a reader in another process sees all of it or none."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def apply_astra_kernels(
@@ -185,9 +190,7 @@ def apply_astra_kernels(
         exported = plan if isinstance(plan, (str, Path)) else None
         if exported is None and disc is not None:  # the processes SGLang spawns load this plan, not scan SGLang again
             exported = cdir / f"plan.{os.getpid()}.json"   # cdir may be shared (the default): one file a patcher
-            tmp = cdir / f".plan.{os.getpid()}.tmp"
-            tmp.write_text(disc.to_json())
-            os.replace(tmp, exported)
+            _write_whole(exported, disc.to_json())
         _export_env(list(states), built, candidates, self_check, cdir, exported)
     log.info("astra-sglang: patched %s in pid %d", ", ".join(states) or "nothing", os.getpid())
     return patcher

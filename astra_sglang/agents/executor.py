@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..harness.stats import paired_noise
+
 Dims = Tuple[int, ...]
 
 
@@ -108,9 +110,8 @@ class Timing:
         """True when the difference is not resolved: in context bench's paired interval where the row has one, else
         smaller than the measured spread."""
         if self.basis == "in-context":
-            ci = self.context_diff_ci_us
-            if ci:  # bench's rule (BenchRow.set_context): the paired interval holds 0, or disagrees with the ratio
-                return ci[0] <= 0.0 <= ci[1] or (ci[0] > 0.0) != (self.speedup > 1.0)
+            if self.context_diff_ci_us:  # bench's rule (BenchRow.set_context)
+                return paired_noise(self.context_diff_ci_us, self.speedup)
             return abs(self.context_base_us - self.context_cand_us) <= (self.context_spread_us or 0.0)
         return abs(self.speedup - 1.0) <= max(self.baseline_spread, self.candidate_spread)
 

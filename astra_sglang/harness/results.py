@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..figures import save_figure
-from .stats import geomean, is_noise, median, paired_ci, pct_of_ceiling, spread
+from .stats import geomean, is_noise, median, paired_ci, paired_noise, pct_of_ceiling, spread
 
 
 def write_json(path: Union[str, Path], data: Dict[str, Any]) -> Path:
@@ -154,6 +154,11 @@ class BenchRow:
     def max_spread(self) -> float:
         return max(self.prod_spread, self.cand_spread or 0.0)
 
+    @property
+    def judged_ci_us(self) -> Optional[List[float]]:
+        """context_diff_ci_us where it decides `noise` (in-context rows); chained rows keep theirs unused."""
+        return self.context_diff_ci_us if self.timing_basis == "in-context" else None
+
     @classmethod
     def make(cls, shape: str, dtype: str, prod_samples: Sequence[float], cand_samples: Optional[Sequence[float]],
              bytes_moved: int, ceiling_gbps: float, **kw: Any) -> "BenchRow":
@@ -187,8 +192,7 @@ class BenchRow:
         if basis == "in-context" and self.context_speedup is not None:
             self.speedup = self.context_speedup
             if ci:  # the rounds are paired: resolved once the interval excludes 0, which more replays can do
-                # (and agrees with the medians' ratio the speedup is: with jittery neighbours the two can disagree)
-                self.noise = ci[0] <= 0.0 <= ci[1] or (ci[0] > 0.0) != (self.context_speedup > 1.0)
+                self.noise = paired_noise(ci, self.context_speedup)
             else:
                 self.noise = abs(self.context_cand_us - self.context_base_us) < self.context_spread_us
         elif basis == "in-context" and cand is not None:
@@ -367,8 +371,7 @@ class BenchReport:
         if has_c:
             head += ["cand µs", "±%", "chained"]
         has_f = any(r.context_floor_us is not None for r in self.rows)
-        # the paired interval that decides noise in context (chained rows have one too, unused: not shown)
-        has_d = any(r.context_diff_ci_us and r.timing_basis == "in-context" for r in self.rows)
+        has_d = any(r.judged_ci_us for r in self.rows)
         if has_ctx:
             head += ["ctx prod µs", "ctx cand µs" if has_c else "", "±µs"] + (["in-context"] if has_c else [])
             if has_d:
@@ -397,7 +400,7 @@ class BenchReport:
                 if has_c:
                     row += [f"{r.context_speedup:.3f}x" if r.context_speedup else "—"]
                 if has_d:
-                    ci = r.context_diff_ci_us if r.timing_basis == "in-context" else None
+                    ci = r.judged_ci_us
                     row += [f"{ci[0]:+.2f} .. {ci[1]:+.2f}" if ci else "—"]
                 if has_f:
                     row += [f"{r.context_floor_us:.2f}" if r.context_floor_us is not None else "—",
@@ -452,7 +455,7 @@ class BenchReport:
                         f"{width} reading its outputs ({self.gemms_said()}), one CUDA "
                         "graph; marginal µs = with op - neighbours alone; where the op's inputs or outputs are integers, "
                         "the GEMMs write and read bf16 activations of its rows instead")
-            paired = [r for r in self.rows if r.context_diff_ci_us and r.timing_basis == "in-context"]
+            paired = [r for r in self.rows if r.judged_ci_us]
             if paired:
                 foot.append(f"noise in context ({len(paired)} rows): the 95% confidence interval of the median of "
                             "production's minus the candidate's marginal time, paired by replay round, contains 0 "

@@ -94,3 +94,10 @@ def paired_ci(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -> Opt
     """median_ci of the per-round differences a[r] - b[r] (two series timed in the same replay rounds), or None."""
     n = min(len(a), len(b))
     return median_ci([a[i] - b[i] for i in range(n)], conf) if n else None
+
+
+def paired_noise(ci: Sequence[float], speedup: float) -> bool:
+    """The in-context noise rule on a paired interval of the time saved (paired_ci, production - candidate): not
+    resolved while it holds 0, or where it disagrees in sign with the speedup (a ratio of medians: with jittery
+    neighbours the two can)."""
+    return ci[0] <= 0.0 <= ci[1] or (ci[0] > 0.0) != (speedup > 1.0)
