@@ -529,16 +529,22 @@ def test_kept_by_sglang_is_where_sglang_routes_past_flashinfer(monkeypatch):
     assert "not CUDA" in A.kept_by_sglang((8, 256, 8, 8, 4, 0))
 
 
-def test_prefill_calls_stay_sglangs():
-    """Above 256 tokens SGLang's router keeps the call (Kimi-K2's prefill rows lost 0.45-0.80x on the H200,
-    2026-12-01); the decode corpus's largest row is astra's."""
-    A = op_part(OP, "adapter").ADAPTER
-    assert A.kept_by_sglang((256, 384, 8, 1, 1, 0)) is None
-    for dims in ((257, 384, 8, 1, 1, 0), (16384, 256, 9, 8, 4, 1)):
-        assert "tokens > 256" in A.kept_by_sglang(dims)
+def test_only_one_group_calls_between_decode_and_prefill_stay_sglangs():
+    """Every decode row (<= 256 tokens) and every prefill row (1k-16k) is astra's; one-group calls (Kimi-K2) of
+    257-1023 tokens stay SGLang's (at 512 tokens both kernels lost there, H200, 2026-12-01); grouped ones do not."""
+    ad = op_part(OP, "adapter")
+    A = ad.ADAPTER
+    assert A.max_tokens is None
+    for dims in ((256, 384, 8, 1, 1, 0), (1024, 384, 8, 1, 1, 0), (16384, 384, 8, 1, 1, 0), (512, 256, 8, 8, 4, 0),
+                 (16384, 256, 9, 8, 4, 1)):
+        assert A.kept_by_sglang(dims) is None, dims
+    for dims in ((257, 384, 8, 1, 1, 0), (512, 384, 8, 1, 1, 0), (1023, 384, 8, 1, 1, 0)):
+        assert "one group" in A.kept_by_sglang(dims), dims
     from astra_sglang.harness.cases import select_shapes
 
-    assert max(s.dims[0] for s in select_shapes(SPEC, "decode")) == 256  # the limit is the decode corpus's reach
+    assert max(s.dims[0] for s in select_shapes(SPEC, "decode")) == ad.DECODE_TOKENS  # the decode corpus's reach
+    assert min(s.dims[0] for s in select_shapes(SPEC, "prefill")) >= ad.WARP_TOKENS   # prefill is the warp kernel's
+    assert f"#define ASTRA_ROUTER_WARP_TOKENS {ad.WARP_TOKENS} " in _kernel_src()      # the two thresholds agree
 
 
 def _route_with_sigmoid_error(scores, bias, dims, rel: float, seed: int):
@@ -837,7 +843,7 @@ def test_warp_variant_takes_the_deepseek_and_kimi_rows_and_leaves_the_rest():
     assert "#define ASTRA_ROUTER_WARP 1" in src  # on by default (timed in context, 2026-11-30)
     # ... only for calls without a fused shared column: the CTA kernel keeps the timed shared rows
     assert "if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED || wr::many_tokens(num_tokens)) {" in src
-    assert "#define ASTRA_ROUTER_WARP_TOKENS 0" in src  # one warp a token for many tokens: dev, untimed
+    assert "#define ASTRA_ROUTER_WARP_TOKENS 1024" in src  # one warp a token from 1024 tokens (timed 2026-12-01)
     assert "#define ASTRA_ROUTER_WARP_SHARED 0" in src
     m = re.search(r"static const int kGrouped\[\] = \{([^}]*)\}, kOne\[\] = \{([^}]*)\};", src)
     assert m and m.group(1) == "1, 2, 4, 8" and m.group(2) == "1, 2, 4, 8, 12"  # what warp_pick mirrors
@@ -882,11 +888,11 @@ def test_warp_emulation_catches_a_broken_tie_rule():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("flag, cta_warp, warp", [("-DASTRA_ROUTER_WARP=1", 15, 0), ("-DASTRA_ROUTER_WARP=2", 0, 15),
-                                                  ("-DASTRA_ROUTER_WARP_TOKENS=512", 15, 15)])
+@pytest.mark.parametrize("flag, cta_warp, warp", [("-DASTRA_ROUTER_WARP_TOKENS=0", 15, 0), ("-DASTRA_ROUTER_WARP=2", 0, 15),
+                                                  ("-DASTRA_ROUTER_WARP=1", 15, 15)])
 def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, flag, cta_warp, warp):
-    """The default build holds the =1 kernel alone; =2 the =2 kernel alone; ASTRA_ROUTER_WARP_TOKENS both (3 dtypes
-    x V = 1, 2, 4, 8, 12 each)."""
+    """The default build (=1, ASTRA_ROUTER_WARP_TOKENS 1024) holds both kernels; ASTRA_ROUTER_WARP_TOKENS=0 the =1
+    kernel alone; =2 the =2 kernel alone (3 dtypes x V = 1, 2, 4, 8, 12 each)."""
     from astra_sglang.build import find_nvcc
     from astra_sglang.registry import op_dir
 

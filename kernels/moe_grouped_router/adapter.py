@@ -15,9 +15,9 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; calls of more than MAX_TOKENS tokens (prefill: below).
-Calls without a fused shared column run the kernel's warp router (kernel.cu; RESULTS.md), those with one its CTA
-kernel."""
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; one-group calls of 257-1023 tokens (below).
+Below WARP_TOKENS tokens, calls without a fused shared column run the kernel's warp router (kernel.cu; RESULTS.md),
+those with one its CTA kernel; from WARP_TOKENS on, every call runs one warp a token."""
 from __future__ import annotations
 
 import sys
@@ -29,10 +29,13 @@ MAX_EXPERTS = 1024
 MAX_TOPK = 32
 MAX_GROUPS = 32
 MAX_GROUP_EXPERTS = 32
-# Every measured row up to 256 tokens wins in context (decode corpus, fp32: 1.05-4.20x); above, 4 of 9 prefill rows
-# lost to SGLang's router (Kimi-K2 at 1k-16k tokens 0.45-0.80x, DeepSeek-V3 with the shared column at 16k 0.80x;
-# H200, 2026-12-01, results/2026-12-01-h200/session38/). Until a kernel that wins there is timed, prefill is SGLang's.
-MAX_TOKENS = 256
+# From WARP_TOKENS tokens on the kernel runs one warp a token (kernel.cu's ASTRA_ROUTER_WARP_TOKENS, which must
+# match): every prefill row (1k-16k tokens) then won in context, 1.04-2.99x, where the CTA kernels had lost 4 of 9
+# (Kimi-K2 0.46-0.76x). Below, every decode row wins (<= 256 tokens, 1.05-4.20x). Between, at 512 tokens, Kimi-K2's
+# one-group row lost with either kernel (0.87x / 0.98x; DeepSeek-V3's grouped rows won, 1.15-3.77x), so one-group
+# calls of DECODE_TOKENS+1 .. WARP_TOKENS-1 tokens stay SGLang's (H200, 2026-12-01, results/2026-12-01-h200/session39/).
+DECODE_TOKENS = 256
+WARP_TOKENS = 1024
 
 
 def _pow2(n: int) -> bool:
@@ -127,10 +130,14 @@ def _normalize(c):
 def _kept(dims) -> Optional[str]:
     """Why SGLang keeps a call of these dims by design (None: astra takes it): where it routes past flashinfer's kernel
     (_sglang_route; _normalize hands those calls back at run time too), known from the dims, so bench marks such rows
-    and validate reports them n/a rather than failed. Calls without a fused shared column are astra's since the warp
-    router passed check and validate on an H200 (2026-11-30, results/2026-11-30-h200/session26/): before, they stayed
-    SGLang's, the CTA kernel having read 0.65-0.92x in context there."""
-    _, e, k, g, tg, shared = (int(x) for x in dims[:6])
+    and validate reports them n/a rather than failed; and one-group calls between the decode and prefill bands, where
+    neither kernel was faster (above). Calls without a fused shared column are astra's since the warp router passed
+    check and validate on an H200 (2026-11-30, results/2026-11-30-h200/session26/): before, they stayed SGLang's, the
+    CTA kernel having read 0.65-0.92x in context there."""
+    t, e, k, g, tg, shared = (int(x) for x in dims[:6])
+    if g == 1 and DECODE_TOKENS < t < WARP_TOKENS:
+        return (f"{t} tokens, one group: between {DECODE_TOKENS} and {WARP_TOKENS} SGLang's router was as fast in "
+                f"context (Kimi-K2 at 512 tokens)")
     return _sglang_route(e, k - shared, g, tg, shared)
 
 
@@ -150,6 +157,5 @@ ADAPTER = OpAdapter(
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),
     outputs_of=lambda r: {"topk_weights": r[0], "topk_ids": r[1]},
     bare_args={"hidden_states": lambda c: c["scores"]},
-    max_tokens=MAX_TOKENS,
     keeps=_kept,
 )

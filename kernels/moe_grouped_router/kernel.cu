@@ -53,9 +53,12 @@
 //    and sigmoids to shared memory, ONE __syncthreads, then warp 0 alone, in registers: lane l holds experts
 //    l*V .. l*V+V-1, a group spans GL lanes.
 //    =2: one warp a token (4 a CTA), no shared memory, no barrier: each lane computes its V sigmoids itself.
-//  * ASTRA_ROUTER_WARP_TOKENS=N (dev, default 0: off; untimed): under =1, calls of N tokens or more run the =2 kernel,
-//    with or without a fused shared column. At 1k-16k tokens =1 lost to production (Kimi-K2 0.45-0.80x, H200,
-//    2026-12-01, RESULTS.md): its 384-thread CTA leaves 5 selecting warps an SM, =2 has 64.
+//  * ASTRA_ROUTER_WARP_TOKENS=N (default 1024; 0: off): under =1, calls of N tokens or more run the =2 kernel, with
+//    or without a fused shared column. =1's 384-thread CTA leaves 5 selecting warps an SM, =2 has 64: at 1k-16k
+//    tokens =1 lost to production (Kimi-K2 0.46-0.76x in context), =2 won every prefill row (1.04-2.99x; DeepSeek-V3
+//    with the shared column 2.99x at 4k), while at 256 tokens =1 is the faster of the two (Kimi-K2 1.42-1.69x against
+//    1.08-1.13x). At 512 tokens Kimi-K2 lost either way (0.87x / 0.98x), so the adapter leaves one-group calls of
+//    257-1023 tokens to SGLang (H200, 2026-12-01, RESULTS.md).
 //  * Selection on values only (fmaxf / fminf, no ids): each lane sorts its keys (Batcher, 19 exchanges for 8), then
 //    bitonic top-8 merges with the xor partners 1 .. GL/2 give every lane its group's 8 best keys with multiplicity
 //    (the group score is the first two); groups are ranked by shuffles (ties: the lowest group); a dropped group's
@@ -85,7 +88,7 @@
 #endif
 
 #ifndef ASTRA_ROUTER_WARP_TOKENS
-#define ASTRA_ROUTER_WARP_TOKENS 0  // N > 0 (dev): from N tokens on, one warp a token (the =2 kernel), shared or not
+#define ASTRA_ROUTER_WARP_TOKENS 1024  // from N tokens on, one warp a token (the =2 kernel), shared or not
 #endif
 
 namespace astra_moegr {
