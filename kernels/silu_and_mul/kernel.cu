@@ -14,7 +14,9 @@
 //  * Programmatic dependent launch on sm_90+: every read and write of the op's buffers sits behind
 //    griddepcontrol.wait; the dependents are released once this grid has passed its wait, and the
 //    first wave warms L2 with its inputs (prefetch only, no data is read) while the previous kernel
-//    drains. That overlaps one call's launch and DRAM latency with the previous call's tail.
+//    drains. That overlaps one call's launch and DRAM latency with the previous call's tail. Calls of
+//    64-256 tokens instead release them after their stores, without the prefetch (ASTRA_LATE_TOKENS):
+//    there the early release let the consumer GEMM start while the rows still streamed.
 //  * fp32 math; silu(g) = g / (1 + exp(-g)) with the fast exp/division of SGLang's --use_fast_math
 //    JIT build (same numerics as production).
 #include <cuda_runtime.h>
@@ -35,6 +37,14 @@
 #endif
 #ifndef ASTRA_PF_ALL
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
+#endif
+#ifndef ASTRA_LATE_TOKENS
+// With ASTRA_PDL 2, calls of this many tokens up to 256 trigger the next kernel after their stores (production's
+// placement) and skip the L2 prefetch. In context between astra's linears on six 64- and 256-token rows (widths
+// 6912-18944, bf16, 48 replays, H200, 2026-12-01, both orders, as the compile-time variant ASTRA_PDL=1): 0.955x /
+// 0.948x -> 1.009x / 1.013x over production; at 16 tokens a tie, at 1 token the early trigger wins (1.30x against
+// 0.92x). ~0u: never.
+#define ASTRA_LATE_TOKENS 64u
 #endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
@@ -121,7 +131,8 @@ __device__ __forceinline__ float silu(float x) {
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks) {
+                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks,
+                                                                 bool late) {
   uint32_t row[P], col[P];
   bool ok[P];
 #pragma unroll
@@ -151,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
   pdl_wait();
 #endif
 #if ASTRA_PDL == 2 && !ASTRA_TRIG_END
-  pdl_trigger();
+  if (!late) pdl_trigger();
 #endif
   Vec<T, W> g[P], u[P];
 #pragma unroll
@@ -173,6 +184,8 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(T* __restrict__ 
   }
 #if ASTRA_PDL == 1 || (ASTRA_PDL == 2 && ASTRA_TRIG_END)
   pdl_trigger();
+#elif ASTRA_PDL == 2
+  if (late) pdl_trigger();  // ASTRA_LATE_TOKENS
 #endif
 }
 
@@ -233,12 +246,14 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaSt
 }
 
 template <typename T, int W, int P>
-cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, cudaStream_t stream) {
+cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, bool late,
+                     cudaStream_t stream) {
   const uint32_t per_block = uint32_t(kThreads) * P;
   const uint32_t blocks = (total + per_block - 1) / per_block;
   // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
   const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
-  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks);
+  return launch(silu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks,
+                late);
 }
 
 template <typename T, int W>
@@ -256,10 +271,11 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
   // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
-  const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
+  const bool late = tokens >= int64_t(ASTRA_LATE_TOKENS) && tokens <= 256;
+  const bool prefetch = !late && (ASTRA_PF_ALL || total <= resident1) &&
                         uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
-  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
-  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
+  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, late, stream);
+  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, late, stream);
 }
 
 template <typename T>
