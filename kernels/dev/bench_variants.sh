@@ -56,7 +56,11 @@ for spec in "${specs[@]}"; do
   if [ "$el" -ge "$DEADLINE" ]; then echo "$name: skipped (deadline ${DEADLINE}s)"; continue; fi
   left=$(( DEADLINE + 60 - el )); [ $left -le 300 ] || left=300   # as kernels/gpu_run.sh's DEADLINE
   timeout $left $AS bench "$op" --workspace "$ws" --candidate "$f" --shapes "$shapes" --dtype "$dtypes" --replays 30 \
-    ${NEIGHBOURS:+--neighbours $NEIGHBOURS} ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1 || echo "$name: bench failed (see ${op}_$name.log)"
+    ${NEIGHBOURS:+--neighbours $NEIGHBOURS} ${BENCH_ARGS:-} --no-plot --out "$RES/${op}_$name.json" >"$RES/${op}_$name.log" 2>&1
+  rc=$?
+  # timeout's 124: the deadline cut it; bench writes its JSON row by row, so the rows timed so far still print below
+  if [ $rc = 124 ]; then echo "$name: stopped at the deadline (${left}s; the rows timed before it are below)"
+  elif [ $rc != 0 ]; then echo "$name: bench failed (rc $rc, see ${op}_$name.log)"; fi
 done
 python3 - "$RES" "$op" "${specs[@]}" <<'PY'
 import json, math, sys
