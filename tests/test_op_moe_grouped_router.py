@@ -888,8 +888,8 @@ def test_warp_emulation_catches_a_broken_tie_rule():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("flag, cta_warp, warp", [("-DASTRA_ROUTER_WARP_TOKENS=0", 15, 0), ("-DASTRA_ROUTER_WARP=2", 0, 15),
-                                                  ("-DASTRA_ROUTER_WARP=1", 15, 15)])
+@pytest.mark.parametrize("flag, cta_warp, warp", [("-DASTRA_ROUTER_WARP_TOKENS=0", 15, 0),
+                                                  ("-DASTRA_ROUTER_WARP=2", 0, 15), ("-DASTRA_ROUTER_WARP=1", 15, 15)])
 def test_warp_variant_compiles_for_sm90a_without_spills(tmp_path, flag, cta_warp, warp):
     """The default build (=1, ASTRA_ROUTER_WARP_TOKENS 1024) holds both kernels; ASTRA_ROUTER_WARP_TOKENS=0 the =1
     kernel alone; =2 the =2 kernel alone (3 dtypes x V = 1, 2, 4, 8, 12 each)."""
