@@ -16,8 +16,9 @@
 #   bash run.sh R2  NOT RUN (prepared): silu_and_mul's decode corpus with ASTRA_LATE_TOKENS 64u as shipped (ac94c69),
 #                   48 replays, between astra's linears: the runtime switch's first GPU run (L timed the compile-time
 #                   variant)
-#   bash run.sh G   NOT RUN (prepared, carried): gelu_and_mul and gelu_tanh_and_mul with production's trigger placement
-#                   (-DASTRA_PDL=1) on their 16-256-token rows, both orders, 48 replays: whether silu's switch carries
+#   bash run.sh G   NOT RUN (prepared, carried): gelu_and_mul and gelu_tanh_and_mul with silu's switch, ported off by
+#                   default (ASTRA_LATE_TOKENS ~0u), on from 16 or 64 tokens, on their 1-256-token rows, both orders,
+#                   48 replays: whether silu's late release carries (then set the default)
 #   bash run.sh F   NOT RUN (prepared): moe_grouped_router's prefill and decode corpora (fp32) with 6a86496's defaults
 #                   (one warp a token from 1024 tokens; one-group calls of 257-1023 tokens SGLang's)
 set -uo pipefail
@@ -63,7 +64,8 @@ G)
     case $op in gelu_and_mul) rows=16x16384,64x16384,256x16384,64x24576,256x24576,1x16384 ;;
                 *) rows=16x14336,64x14336,256x14336,256x15360,16x21504,1x14336 ;; esac
     NEIGHBOURS=astra BOTH_ORDERS=1 DEADLINE=$(( ${LIMIT:-570} / 2 - 30 )) BENCH_ARGS="--replays 48" RES=$O/$op \
-      bash kernels/dev/bench_variants.sh $op astra-work/ws/jit/$op $rows bf16 default= pdl1=-DASTRA_PDL=1 \
+      bash kernels/dev/bench_variants.sh $op astra-work/ws/jit/$op $rows bf16 default= late16=-DASTRA_LATE_TOKENS=16u \
+      late64=-DASTRA_LATE_TOKENS=64u \
       > $O/$op.log 2>&1
     echo "$op variants rc=$? at $(el)s"; grep -v '^ *·' $O/$op.log | tail -6 | cut -c1-200
   done ;;
