@@ -3,7 +3,8 @@ runs it through biased_grouped_topk_gpu (flashinfer fused_topk_deepseek; the Tri
 
 Spec and reference against literal re-statements of flashinfer's packed-max selection and of the Triton router's
 loops (random, tied and peaked inputs), the ties distribution's separation, the installed-variant extract against the
-real 0.5.17 sources (and its refusal of 0.5.23 and of a changed tie rule), the adapter against the real signature and
+real 0.5.17 and 0.5.23 sources (and its refusal of a changed tie rule or shared weight), the adapter against the real
+signature and
 SGLang's route, the kernel's warp selection emulated lane by lane, and the shipped kernel's sm_90a build."""
 from __future__ import annotations
 
@@ -252,19 +253,41 @@ def test_extract_installed_writes_a_manifest_from_0_5_17(tmp_path, capsys, sglan
 
 
 @pytest.mark.wheels
-def test_extract_refuses_0_5_23_whose_route_differs(tmp_path, capsys, wheel_sources):
+def test_extract_checks_every_fact_in_0_5_23(tmp_path, capsys, wheel_sources):
+    """0.5.23 computes the contract for calls without a shared column (its shared weight is a constant the adapter
+    leaves to SGLang); before, extract refused it on the flashinfer condition's new renormalize / 1-D bias terms."""
     code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
                              "--sglang-src", str(wheel_sources["sglang"])], capsys)
+    assert code == 0, err
+    m = json.loads((tmp_path / "ws" / OP / "manifest.json").read_text())
+    assert len(m["source_facts"]) == len(SPEC.variant("installed").source_facts)
+    assert m["sources"]["sglang_py"]["version"] == "0.5.23"
+
+
+@pytest.mark.wheels
+def test_extract_refuses_a_third_shared_weight_form(tmp_path, capsys, wheel_sources):
+    """The shared-column fact accepts 0.5.17's routed sum / rsf and 0.5.23's fused_shared_expert_weight, nothing else:
+    the adapter's hand-back on 0.5.23 keys on that function."""
+    src = tmp_path / "sglang-copy"
+    for rel in {f for f, _, _ in SPEC.variant("installed").source_facts}:  # the files the facts read
+        (src / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(wheel_sources["sglang"]) / "sglang" / rel, src / "sglang" / rel)
+    topk = src / "sglang" / "srt/layers/moe/topk.py"
+    text = topk.read_text()
+    assert text.count("value=fused_shared_expert_weight(") >= 1
+    topk.write_text(text.replace("value=fused_shared_expert_weight(", "value=0.5 * fused_shared_expert_weight("))
+    code, _, err = run_cli(["extract", OP, "--arch", "sm_90", "--out", str(tmp_path / "ws"),
+                             "--sglang-src", str(src)], capsys)
     assert code == 2
-    one_error(err, "topk.py", "flashinfer's limits")
+    one_error(err, "topk.py", "shared columns")
+    assert not (tmp_path / "ws" / OP).exists()
 
 
 @pytest.mark.wheels
 def test_extract_fails_on_a_changed_group_tie_rule(tmp_path, capsys, sglang_0_5_17_source):
     src = tmp_path / "sglang-copy"
     pkg = src / "sglang"
-    for rel in ("srt/layers/moe/topk.py", "srt/environ.py", "kernels/ops/moe/moe_fused_gate.py",
-                "srt/models/deepseek_v2.py"):
+    for rel in {f for f, _, _ in SPEC.variant("installed").source_facts}:  # the files the facts read
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(sglang_0_5_17_source) / "sglang" / rel, pkg / rel)
     gate = pkg / "kernels/ops/moe/moe_fused_gate.py"
@@ -525,6 +548,9 @@ def test_kept_by_sglang_is_where_sglang_routes_past_flashinfer(monkeypatch):
     assert A.kept_by_sglang((8, 256, 9, 8, 4, 1)) is None      # with it
     assert A.kept_by_sglang((8, 384, 8, 1, 1, 0)) is None      # Kimi-K2: one group
     assert "outside flashinfer's limits" in A.kept_by_sglang((2, 1024, 8, 32, 32, 0))
+    fake.fused_shared_expert_weight = lambda **kw: 1.0        # SGLang 0.5.23: a constant shared weight
+    assert "0.5.23" in A.kept_by_sglang((8, 256, 9, 8, 4, 1))
+    assert A.kept_by_sglang((8, 256, 8, 8, 4, 0)) is None and A.kept_by_sglang((8, 384, 8, 1, 1, 0)) is None
     fake._is_cuda = False
     assert "not CUDA" in A.kept_by_sglang((8, 256, 8, 8, 4, 0))
 

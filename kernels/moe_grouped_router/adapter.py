@@ -15,7 +15,8 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; one-group calls of 257-1023 tokens (below).
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; one-group calls of 257-1023 tokens (below); shared-column
+calls in SGLang 0.5.23, whose shared weight is a constant (fused_shared_expert_weight).
 Below WARP_TOKENS tokens, calls without a fused shared column run the kernel's warp router (kernel.cu; RESULTS.md),
 those with one its CTA kernel; from WARP_TOKENS on, every call runs one warp a token."""
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _sglang_route(e: int, k: int, g: int, tg: int, shared: int = 0):
         return "not CUDA: SGLang runs another platform's router"
     if g <= 1 and not shared:
         return None  # flashinfer ungrouped or the Triton router: the same keys, order and ties
+    if shared and hasattr(mod, "fused_shared_expert_weight"):
+        # 0.5.23: the shared column's weight is a constant (1, or 1 / routed_scaling_factor rounded once), not the
+        # kernel's routed sum / routed_scaling_factor: an ulp apart in some rows (spec.py)
+        return "SGLang >= 0.5.23 writes a constant shared-column weight (fused_shared_expert_weight)"
     flag = getattr(getattr(mod, "envs", None), "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK", None)
     if flag is not None and g > 1:  # SGLang reads the flag for grouped calls only
         try:

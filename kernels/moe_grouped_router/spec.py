@@ -49,6 +49,12 @@ What SGLang 0.5.17 runs on Hopper (srt/layers/moe/topk.py; source facts below gu
   --disable-shared-experts-fusion there is no shared column (n_shared 0). Kimi-K2's fused shared expert goes to the
   Triton router, which appends it its own way: those calls stay SGLang's (adapter).
 
+SGLang 0.5.23 (the facts below hold in both): the same paths and contract for calls without a shared column
+(flashinfer's branch now also requires renormalize and a 1-D bias; Kimi-K2's Triton router gained options its call
+leaves at their defaults). The shared column's weight is instead a constant, fused_shared_expert_weight: 1 when
+the scale is applied in top-k, else fp32(1 / routed_scaling_factor), which the routed sum / routed_scaling_factor
+misses by an ulp in some rows: the adapter leaves shared-column calls to SGLang there.
+
 Models: DeepSeek-V3 / R1 (config.json: n_routed_experts 256, num_experts_per_tok 8, n_group 8, topk_group 4,
 routed_scaling_factor 2.5, norm_topk_prob true, scoring_func sigmoid, topk_method noaux_tc); Kimi-K2 (384, top 8,
 n_group 1, topk_group 1, routed_scaling_factor 2.827). The router is replicated under TP: no sharded widths.
@@ -301,6 +307,7 @@ _TOPK = "srt/layers/moe/topk.py"
 _ENV = "srt/environ.py"
 _GATE = "kernels/ops/moe/moe_fused_gate.py"
 _DSV2 = "srt/models/deepseek_v2.py"
+_RADIX = "kernels/ops/moe/moe_route_radix.py"
 
 SOURCE_FACTS = (
     (_TOPK, r"^def biased_grouped_topk_gpu\(\s*hidden_states: torch\.Tensor,\s*gating_output: torch\.Tensor,\s*"
@@ -319,13 +326,16 @@ SOURCE_FACTS = (
      "the Triton grouped router is opt-in (default off): DeepSeek-V3 shapes take flashinfer"),
     (_TOPK, r"from flashinfer\.fused_moe import fused_topk_deepseek as _fused_topk_deepseek",
      "the DeepSeek-V3 path is flashinfer's fused_topk_deepseek"),
-    (_TOPK, r"and fused_topk_deepseek is not None\s*and is_power_of_two\(num_experts\)\s*"
+    (_TOPK, r"and fused_topk_deepseek is not None\s*"
+            r"(?:# flashinfer always renormalizes the selected weights\s*and renormalize\s*)?"
+            r"and is_power_of_two\(num_experts\)\s*"
             r"# flashinfer constraints \(applied to routed experts only\)\s*and topk_routed <= 8\s*"
             r"and topk_group <= num_expert_group\s*and topk_group \* num_expert_group >= topk_routed\s*"
             r"and \(\s*\(experts_per_group <= 32 and experts_per_group \* topk_group <= 128\)\s*"
-            r"if num_expert_group > 1\s*else num_experts <= 384\s*\)",
+            r"if num_expert_group > 1\s*else num_experts <= 384\s*\)\s*(?:and not dynamic_bias\s*)?\):",
      "flashinfer's limits (power-of-2 experts, topk <= 8, <= 32 experts a group, <= 128 kept experts; <= 384 "
-     "ungrouped): the adapter's route mirrors them"),
+     "ungrouped; 0.5.23 adds renormalize and a 1-D bias, which the adapter requires anyway) and nothing else: the "
+     "adapter's route mirrors them"),
     (_TOPK, r"scaling_factor = 1\.0\s*if routed_scaling_factor is not None and apply_routed_scaling_factor_on_output:"
             r"\s*scaling_factor = routed_scaling_factor",
      "flashinfer applies routed_scaling_factor only with apply_routed_scaling_factor_on_output"),
@@ -336,21 +346,36 @@ SOURCE_FACTS = (
      "positionally = launch_with_pdl: it always renormalizes)"),
     (_TOPK, r"topk_routed = topk - num_fused_shared_experts",
      "flashinfer routes topk - num_fused_shared_experts experts (the shape's top_k counts the shared columns)"),
-    (_TOPK, r"topk_ids = F\.pad\(topk_ids, \(0, num_fused_shared_experts\), value=num_experts\)\s*"
+    (_TOPK, r"topk_ids = F\.pad\(topk_ids, \(0, num_fused_shared_experts\), value=num_experts\)\s*(?:"
             r"topk_weights = F\.pad\(topk_weights, \(0, num_fused_shared_experts\)\)\s*"
             r"if routed_scaling_factor is not None:\s*topk_weights\[:, topk_routed:\] = \(\s*"
-            r"topk_weights\[:, :topk_routed\]\.sum\(dim=-1, keepdim=True\)\s*/ routed_scaling_factor\s*\)",
+            r"topk_weights\[:, :topk_routed\]\.sum\(dim=-1, keepdim=True\)\s*/ routed_scaling_factor\s*\)"
+            r"|topk_weights = F\.pad\(\s*topk_weights,\s*\(0, num_fused_shared_experts\),\s*"
+            r"value=fused_shared_expert_weight\(\s*routed_scaling_factor=routed_scaling_factor,\s*"
+            r"fused_in_topk=bool\(apply_routed_scaling_factor_on_output\),\s*\),\s*\))",
      "after flashinfer, the shared columns: id num_experts, weight = the routed weights' sum / "
-     "routed_scaling_factor (0 when it is None: the adapter leaves those calls to SGLang)"),
+     "routed_scaling_factor (0.5.17; 0 when it is None: the adapter leaves those calls to SGLang) or 0.5.23's "
+     "constant fused_shared_expert_weight (the adapter leaves every shared-column call to that SGLang)"),
     (_TOPK, r"topk_weights = torch\.empty\(\s*\(num_tokens, topk_routed\), dtype=torch\.float32, "
             r"device=gating_output\.device\s*\)\s*topk_ids = torch\.empty\(\s*\(num_tokens, topk_routed\), "
             r"dtype=torch\.int32, device=gating_output\.device\s*\)",
      "outputs: topk_weights fp32, topk_ids int32 [tokens, topk]"),
-    (_TOPK, r"_jit_gate_ok = \(\s*_is_cuda\s*and num_expert_group == 1\s*and \(topk_group is None or topk_group == 1\)"
-            r"\s*and \(\s*num_experts == 384",
-     "Kimi-K2 (384 experts, one group) takes the Triton router"),
-    (_GATE, r"activated = tl\.sigmoid\(scores\)\s*biased = activated \+ bias\[None, :\]",
-     "Triton: sigmoid keys plus the bias; the weight is the unbiased sigmoid"),
+    (_TOPK, r"_jit_gate_ok = \(\s*_is_cuda\s*(?:and not dynamic_bias\s*)?and num_expert_group == 1\s*"
+            r"and \(topk_group is None or topk_group == 1\)\s*and \(\s*num_experts == 384",
+     "Kimi-K2 (384 experts, one group) takes the Triton router (0.5.23: with a 1-D bias)"),
+    (_TOPK, r"return jit_gate\(\s*_gating,\s*correction_bias\.to\(dtype=torch\.float32\),\s*topk=topk,\s*"
+            r"scoring_func=\"sigmoid\",\s*num_fused_shared_experts=num_fused_shared_experts,\s*renormalize=renormalize,\s*"
+            r"routed_scaling_factor=\(\s*routed_scaling_factor if routed_scaling_factor is not None else 1\.0\s*\),\s*"
+            r"apply_routed_scaling_factor_on_output=apply_routed_scaling_factor_on_output,\s*\)",
+     "the Kimi-K2 call passes no renormalize epsilon, padding count, per-token bias or group (0.5.23's new options "
+     "keep their defaults)"),
+    (_GATE, r"activated = tl\.sigmoid\(scores\)\s*biased = activated \+ bias\[None, :\]"
+            r"|row_bias = bias\[None, :\]\s*if HAS_TOKEN_BIAS:\s*input_ids = tl\.load\([^)]*\)\s*"
+            r"row_bias = tl\.where\(\s*\(input_ids == BIAS_ALT_TOKEN_ID\)\[:, None\], bias_alt\[None, :\], row_bias\s*\)\s*"
+            r"row_ptr = [^\n]*\n(?:(?!.*row_bias =)[^\n]*\n){0,12}?\s*"
+            r"activated = tl\.sigmoid\(scores\)\s*biased = activated \+ row_bias",
+     "Triton: sigmoid keys plus the bias (0.5.23: a per-token bias only with input_ids, which topk.py never "
+     "passes); the weight is the unbiased sigmoid"),
     (_GATE, r"lane_id = tl\.where\(is_max, offs_n\[None, :\], N \+ 1\)\s*# lowest expert id wins ties",
      "Triton: the lowest expert id wins ties"),
     (_GATE, r"glane = tl\.where\(gcur == gmax, offs_g\[None, :\], N_GROUP \+ 1\)\s*"
@@ -360,8 +385,11 @@ SOURCE_FACTS = (
      "Triton: renormalize by the routed sum (1 when 0)"),
     (_GATE, r"if APPLY_SCALE:\s*selected_vals = selected_vals \* routed_scaling_factor",
      "Triton: the scale multiplies after the renormalization, only when asked"),
-    (_GATE, r"and num_expert_group <= 1\s*and moe_softcapping == 0\.0\s*\):",
-     "the radix fast path is ungrouped sigmoid only (and its covered() is 896 experts / top 16)"),
+    (_GATE, r"scoring_func\.lower\(\) == \"sigmoid\"\s*and num_fused_shared_experts == 0\s*"
+            r"and num_expert_group <= 1\s*and moe_softcapping == 0\.0\s*(?:and [^\n]*\s*)*\):\s*radix_args = \(",
+     "the radix fast path is ungrouped sigmoid only"),
+    (_RADIX, r"^_NUM_EXPERTS = 896$", "the radix fast path covers 896 experts only (not Kimi-K2's 384)"),
+    (_RADIX, r"^_TOPK = 16$", "the radix fast path covers top 16 only"),
     (_DSV2, r"correction_bias_dtype = torch\.float32",
      "DeepSeek's e_score_correction_bias is an fp32 Parameter (bf16 only under aiter)"),
 )
