@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from astra_sglang.e2e.attention import named_in
 from astra_sglang.errors import AstraError
+from astra_sglang.files import write_whole
 from astra_sglang.patch.counters import fresh_counter_dir
 
 from .step_worker import REPLY
@@ -212,9 +213,7 @@ def profile_arms(session: Session, procs: Sequence[str], batch_sizes: Sequence[i
             r = session.workers[name].call({"cmd": "profile", "batch_size": bs, "input_len": input_len, "steps": steps,
                                             "warmup": 5, "dir": str(pdir), "prefix": arm, "shapes": True}, timeout)
             caps += r["captures"] + r.get("rank_captures", [])   # tensor parallel: arm "A-TP1" is rank 1's
-            tmp = pdir / (META + ".tmp")
-            tmp.write_text(json.dumps(pm, indent=1))
-            os.replace(tmp, pdir / META)   # whole or absent, never half-written
+            write_whole(pdir / META, json.dumps(pm, indent=1))   # whole or absent, never half-written
             _say(f"profiled {name} batch {bs} ({r['seconds']:.1f}s)")
     return pm
 

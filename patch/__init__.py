@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from astra_sglang.errors import AstraError
+from astra_sglang.files import write_whole
 
 from . import config as _cfg
 from .counters import read_counters, totals
@@ -61,16 +62,8 @@ def discovery_cached(specs, refresh: bool = False):
         except (ValueError, KeyError, TypeError):
             pass
     disc = discover_for_specs(specs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_whole(path, disc.to_json())
+    write_whole(path, disc.to_json())
     return disc
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """`text` at `path` through a temporary beside it: a reader in another process sees all of it or none."""
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def apply_astra_kernels(
@@ -190,7 +183,7 @@ def apply_astra_kernels(
         exported = plan if isinstance(plan, (str, Path)) else None
         if exported is None and disc is not None:  # the processes SGLang spawns load this plan, not scan SGLang again
             exported = cdir / f"plan.{os.getpid()}.json"   # cdir may be shared (the default): one file a patcher
-            _write_whole(exported, disc.to_json())
+            write_whole(exported, disc.to_json())
         _export_env(list(states), built, candidates, self_check, cdir, exported)
     log.info("astra-sglang: patched %s in pid %d", ", ".join(states) or "nothing", os.getpid())
     return patcher

@@ -3,24 +3,19 @@ with their JSON, table and plot."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..figures import save_figure
+from ..files import write_whole
 from .stats import geomean, is_noise, median, paired_ci, paired_noise, pct_of_ceiling, spread
 
 
 def write_json(path: Union[str, Path], data: Dict[str, Any]) -> Path:
     """`data` as JSON at `path`, replaced whole through a temporary beside it: bench rewrites its report after every
     row, and a run killed mid-write must leave the previous rows, not half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, p)
-    return p
+    return write_whole(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 @dataclass

@@ -7,12 +7,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..build.cache import cache_root
 from ..errors import AstraError
+from ..files import write_whole
 from .stats import median, spread
 
 DEFAULT_REPLAYS = 30
@@ -182,15 +182,12 @@ def load_cached_ceiling(path: Path, key: str) -> Optional[Dict[str, Any]]:
 
 def store_ceiling(path: Path, key: str, value: Dict[str, Any]) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
     data[key] = value
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------------------
