@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from astra_sglang.models import ALL_MODELS, MODELS, MORE_MODELS, model
-from astra_sglang.registry import get_op, op_dir, op_names
+from astra_sglang.registry import get_op, op_dir, op_names, op_part
 
 FAMILY = ("rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "gelu_and_mul", "gelu_tanh_and_mul")
 NORMS = FAMILY[:3]
@@ -376,6 +376,19 @@ def test_the_shared_jit_activation_factory_stays_silus(wheel_sources):
         disc = discover_for_specs([get_op(o) for o in order], roots={"sglang": root})
         owners = {s.op for s in disc.sites if s.kind == "jit_factory" and s.target == "elementwise/activation.cuh"}
         assert owners == {"silu_and_mul"}, (order, owners)
+
+
+def test_gelu_tanh_leaves_the_decode_rows_it_lost_to_sglang():
+    """gelu_tanh_and_mul (on by default) lost or tied at 16-256 tokens in context with 48 replays (H200, 2026-12-01):
+    those calls are SGLang's; 1-token calls (1.23-1.39x) and prefill (>= 1.00x) stay astra's; gelu_and_mul and
+    silu_and_mul are off by default and keep every call they are given."""
+    A = op_part("gelu_tanh_and_mul", "adapter").ADAPTER
+    for t in (16, 64, 256):
+        assert "in context" in A.kept_by_sglang((t, 14336)), t
+    for t in (1, 15, 257, 4096):
+        assert A.kept_by_sglang((t, 14336)) is None, t
+    for op in ("gelu_and_mul", "silu_and_mul"):
+        assert op_part(op, "adapter").DEFAULT_OFF and op_part(op, "adapter").ADAPTER.kept_by_sglang((64, 14336)) is None
 
 
 def test_row_normalizers_name_the_first_problem_and_keep_2d_calls_unviewed():
