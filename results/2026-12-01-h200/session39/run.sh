@@ -21,8 +21,11 @@
 #                   48 replays: whether silu's late release carries (then set the default)
 #   bash run.sh F   NOT RUN (prepared): moe_grouped_router's prefill and decode corpora (fp32) with 6a86496's defaults
 #                   (one warp a token from 1024 tokens; one-group calls of 257-1023 tokens SGLang's)
+#   bash run.sh N   NOT RUN (prepared): the norm family's decode corpus (bf16, between astra's linears) with 48 replays,
+#                   as R did for the activations: which rows the paired rule resolves slower (issue 14: every row)
 set -uo pipefail
-PART=${1:?W2, W3, B2, L, R2, G or F}
+PART=${1:?W2, W3, B2, L, R2, G, N or F}
+case $PART in W2|W3|B2|L|R2|G|N|F) ;; *) echo "error: run.sh takes W2, W3, B2, L, R2, G, N or F" >&2; exit 2 ;; esac
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s39}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -69,10 +72,14 @@ G)
       > $O/$op.log 2>&1
     echo "$op variants rc=$? at $(el)s"; grep -v '^ *·' $O/$op.log | tail -6 | cut -c1-200
   done ;;
+N)
+  OPS="fused_add_rmsnorm qknorm gemma_rmsnorm gemma_fused_add_rmsnorm gemma_post_attention_norms rmsnorm" EXTRACT=1 \
+    DTYPES=bf16 NEIGHBOURS=astra REPLAYS=48 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench \
+    bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
 F)
   OPS=moe_grouped_router EXTRACT=1 DTYPES=fp32 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench \
     bash kernels/gpu_run.sh check,prefill,decode > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
-*) echo "error: run.sh takes W2, W3, B2, L, R2, G or F" >&2; exit 2 ;;
 esac
 echo "part $PART done at $(el)s"
