@@ -61,6 +61,9 @@ class OpAdapter:
     rowwise: Tuple[str, ...] = ()  # tensors indexed by token in dim 0 (self-check samples rows)
     aliases: Mapping[str, str] = field(default_factory=dict)
     ignorable: FrozenSet[str] = frozenset()
+    # ABI scalars no parameter of SGLang's callable carries: `normalize` sets them on the canonical dict from what the
+    # installed SGLang does (moe_grouped_router's shared_weight: 0.5.23's fused_shared_expert_weight, or -1).
+    derived: Tuple[str, ...] = ()
     alloc: Mapping[str, Callable[[Dict[str, Any]], Any]] = field(default_factory=dict)
     # canonical tensors -> (ABI views, dims) or a reason string to fall back
     normalize: Callable[[Dict[str, Any]], Any] = None  # type: ignore[assignment]
@@ -467,7 +470,8 @@ class Binder:
             return
         canon_names = set(self.layout.tensors) | {n for n, _ in self.layout.scalars}
         mapped = {adapter.canonical(p) for p in self.params}
-        required = [n for n in self.layout.tensors if n not in adapter.alloc] + [n for n, _ in self.layout.scalars]
+        required = [n for n in self.layout.tensors if n not in adapter.alloc] + [
+            n for n, _ in self.layout.scalars if n not in adapter.derived]
         missing = [n for n in required if n not in mapped]
         if missing:
             self.ok = False

@@ -129,8 +129,12 @@ def test_corpus_from_real_configs_and_scalars():
     assert SPEC.scalars((1, 256, 8, 8, 4, 0)) == {"topk": 8, "num_expert_group": 8, "topk_group": 4,
                                                   "num_fused_shared_experts": 0, "renormalize": 1,
                                                   "routed_scaling_factor": 2.5,
-                                                  "apply_routed_scaling_factor_on_output": 0}
+                                                  "apply_routed_scaling_factor_on_output": 0, "shared_weight": -1.0}
     assert SPEC.scalars((1, 256, 9, 8, 4, 1))["num_fused_shared_experts"] == 1
+    assert SPEC.scalars((1, 256, 9, 8, 4, 1))["shared_weight"] == -1.0   # the corpus: 0.5.17's routed-sum column
+    const = {d: SPEC.scalars(d) for d in SPEC_MOD.CONST_SHARED_EDGES}    # 0.5.23's constant column, both scalings
+    assert sorted((c["apply_routed_scaling_factor_on_output"], c["shared_weight"]) for c in const.values()) == [
+        (0, 1 / 2.5), (1, 1.0)]
     assert SPEC.scalars((1, 384, 8, 1, 1, 0))["routed_scaling_factor"] == 2.827
     assert SPEC.scalars(SPEC_MOD.SCALED_EDGES[0])["apply_routed_scaling_factor_on_output"] == 1
     assert SPEC.bytes_moved((2, 256, 8, 8, 4, 0), "fp32") == 2 * (1024 + 64) + 1024
@@ -481,9 +485,65 @@ def test_reference_appends_the_shared_columns_as_sglang_pads_them():
     assert torch.allclose(ref["topk_weights"][:, 8], w8.sum(-1) / 2.5)  # F.pad, then sum(routed) / rsf
     got = torch.cat([ids8, torch.full((4, 1), 256)], dim=1)
     assert torch.equal(SPEC.canonical({"topk_ids": got}, dims)["topk_ids"].double(), ref["topk_ids"])
+    for apply, col in ((0, 0.4000000059604645), (1, 1.0)):   # 0.5.23's constant: fp32(1 / 2.5), or 1 when scaled
+        c = SPEC.reference(t, dims, {**sc, "apply_routed_scaling_factor_on_output": apply,
+                                     "shared_weight": SPEC_MOD.shared_weight(2.5, apply)})
+        assert (c["topk_weights"][:, 8] == col).all()
     bad = got.clone()
     bad[0, 8] = 0  # a shared column must carry id num_experts
     assert not torch.equal(SPEC.canonical({"topk_ids": bad}, dims)["topk_ids"].double(), ref["topk_ids"])
+
+
+def _sglang_0_5_23_shared_weight(wheel_sources):
+    """SGLang 0.5.23's own fused_shared_expert_weight, compiled from its topk.py."""
+    import ast
+    from typing import Optional
+
+    src = (Path(wheel_sources["sglang"]) / "sglang" / "srt/layers/moe/topk.py").read_text()
+    fn = next(n for n in ast.walk(ast.parse(src))
+              if isinstance(n, ast.FunctionDef) and n.name == "fused_shared_expert_weight")
+    ns = {"Optional": Optional}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "topk.py", "exec"), ns)
+    return ns["fused_shared_expert_weight"]
+
+
+@pytest.mark.wheels
+def test_shared_weight_is_sglangs_own_constant_on_0_5_23(monkeypatch, tmp_path, wheel_sources):
+    """0.5.23 pads the shared column with fused_shared_expert_weight (1, or 1 / rsf), which the routed sum / rsf
+    misses by an ulp in some rows: the adapter hands SGLang's own value to the kernel (the ABI's shared_weight), and
+    -1 (the sum form) where SGLang has no such function (0.5.17) or the call no shared column."""
+    import sys
+    import types
+
+    from astra_sglang.patch.counters import CounterFile
+    from astra_sglang.patch.ops import OpState
+
+    fake = types.ModuleType("sglang.srt.layers.moe.topk")
+    fake._is_cuda, fake._use_aiter, fake.fused_topk_deepseek = True, False, object()
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.moe.topk", fake)
+
+    class Backend:
+        devices, dtypes = ("cpu",), ("fp32", "bf16", "fp16")
+
+    st = OpState(SPEC, op_part(OP, "adapter").ADAPTER, Backend(), CounterFile(tmp_path / "c", [OP]))
+
+    def shared_weight(dims, apply):
+        t, e, k = dims[:3]
+        c = {"scores": torch.randn(t, e), "bias": torch.zeros(e), "topk_weights": torch.empty(t, k),
+             "topk_ids": torch.empty(t, k, dtype=torch.int32), **SPEC.scalars(dims),
+             "apply_routed_scaling_factor_on_output": apply}
+        del c["shared_weight"]   # not SGLang's argument: the adapter derives it
+        ok = st.prepare(c)
+        assert not isinstance(ok, str), ok
+        return ok[0]["shared_weight"]
+
+    shared, routed = (8, 256, 9, 8, 4, 1), (8, 256, 8, 8, 4, 0)
+    assert shared_weight(shared, 0) == -1.0 and shared_weight(routed, 0) == -1.0   # 0.5.17: the routed sum / rsf
+    fake.fused_shared_expert_weight = _sglang_0_5_23_shared_weight(wheel_sources)
+    assert shared_weight(shared, 0) == 1 / 2.5 and shared_weight(shared, 1) == 1.0
+    assert shared_weight(routed, 0) == -1.0                                            # no shared column
+    assert SPEC_MOD.shared_weight(2.5, 0) == fake.fused_shared_expert_weight(routed_scaling_factor=2.5,
+                                                                              fused_in_topk=False)
 
 
 @pytest.mark.nvcc
@@ -548,9 +608,8 @@ def test_kept_by_sglang_is_where_sglang_routes_past_flashinfer(monkeypatch):
     assert A.kept_by_sglang((8, 256, 9, 8, 4, 1)) is None      # with it
     assert A.kept_by_sglang((8, 384, 8, 1, 1, 0)) is None      # Kimi-K2: one group
     assert "outside flashinfer's limits" in A.kept_by_sglang((2, 1024, 8, 32, 32, 0))
-    fake.fused_shared_expert_weight = lambda **kw: 1.0        # SGLang 0.5.23: a constant shared weight
-    assert "0.5.23" in A.kept_by_sglang((8, 256, 9, 8, 4, 1))
-    assert A.kept_by_sglang((8, 256, 8, 8, 4, 0)) is None and A.kept_by_sglang((8, 384, 8, 1, 1, 0)) is None
+    fake.fused_shared_expert_weight = lambda **kw: 1.0        # SGLang 0.5.23: the shared column stays astra's
+    assert A.kept_by_sglang((8, 256, 9, 8, 4, 1)) is None       # (its constant weight: the ABI's shared_weight)
     fake._is_cuda = False
     assert "not CUDA" in A.kept_by_sglang((8, 256, 8, 8, 4, 0))
 

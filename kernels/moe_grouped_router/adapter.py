@@ -15,8 +15,9 @@ routed_scaling_factor / apply_routed_scaling_factor_on_output become ABI scalars
 asked, as SGLang). For num_expert_group > 1, only where SGLang would run flashinfer's
 fused_topk_deepseek: its Triton grouped router (SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK=1, flashinfer missing, or
 a shape outside flashinfer's limits) scores a group with a tied maximum differently (spec.py), so those calls stay
-SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; one-group calls of 257-1023 tokens (below); shared-column
-calls in SGLang 0.5.23, whose shared weight is a constant (fused_shared_expert_weight).
+SGLang's. Not routed either: aiter (ROCm), MUSA, XPU, CPU; one-group calls of 257-1023 tokens (below).
+The shared column's weight: the routed sum / routed_scaling_factor (0.5.17), or, where SGLang defines
+fused_shared_expert_weight (0.5.23), that function's constant, passed to the kernel as the ABI scalar shared_weight.
 Below WARP_TOKENS tokens, calls without a fused shared column run the kernel's warp router (kernel.cu; RESULTS.md),
 those with one its CTA kernel; from WARP_TOKENS on, every call runs one warp a token."""
 from __future__ import annotations
@@ -63,10 +64,6 @@ def _sglang_route(e: int, k: int, g: int, tg: int, shared: int = 0):
         return "not CUDA: SGLang runs another platform's router"
     if g <= 1 and not shared:
         return None  # flashinfer ungrouped or the Triton router: the same keys, order and ties
-    if shared and hasattr(mod, "fused_shared_expert_weight"):
-        # 0.5.23: the shared column's weight is a constant (1, or 1 / routed_scaling_factor rounded once), not the
-        # kernel's routed sum / routed_scaling_factor: an ulp apart in some rows (spec.py)
-        return "SGLang >= 0.5.23 writes a constant shared-column weight (fused_shared_expert_weight)"
     flag = getattr(getattr(mod, "envs", None), "SGLANG_OPT_USE_JIT_KERNEL_GROUPED_TOPK", None)
     if flag is not None and g > 1:  # SGLang reads the flag for grouped calls only
         try:
@@ -82,6 +79,15 @@ def _sglang_route(e: int, k: int, g: int, tg: int, shared: int = 0):
     if not flashinfer_takes(e, k, g, tg):
         return f"outside flashinfer's limits: {triton}"
     return None
+
+
+def _shared_weight(shared: int, rsf, apply: int) -> float:
+    """The ABI's shared_weight: SGLang's own fused_shared_expert_weight where it has one (0.5.23: a constant shared
+    column), else -1 (0.5.17: the routed weights' sum / routed_scaling_factor, which the kernel computes)."""
+    fn = getattr(sys.modules.get("sglang.srt.layers.moe.topk"), "fused_shared_expert_weight", None)
+    if not shared or fn is None:
+        return -1.0
+    return float(fn(routed_scaling_factor=rsf, fused_in_topk=bool(apply)))
 
 
 def _normalize(c):
@@ -129,6 +135,7 @@ def _normalize(c):
     c["num_fused_shared_experts"] = shared
     c["routed_scaling_factor"] = 1.0 if rsf is None else float(rsf)
     c["apply_routed_scaling_factor_on_output"] = int(bool(c["apply_routed_scaling_factor_on_output"]))
+    c["shared_weight"] = _shared_weight(shared, rsf, c["apply_routed_scaling_factor_on_output"])
     return {"scores": x, "bias": b, "topk_weights": w, "topk_ids": i}, (t, e, k, g, tg, shared)
 
 
@@ -157,6 +164,7 @@ ADAPTER = OpAdapter(
     rowwise=("scores", "topk_weights", "topk_ids"),
     aliases={"gating_output": "scores", "correction_bias": "bias"},
     ignorable=frozenset({"hidden_states"}),
+    derived=("shared_weight",),
     alloc={"topk_weights": topk_output_alloc("float32"), "topk_ids": topk_output_alloc("int32")},
     normalize=_normalize,
     returns=lambda c: (c["topk_weights"], c["topk_ids"]),

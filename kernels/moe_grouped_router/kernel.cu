@@ -7,13 +7,14 @@
 //   topk_weights    = sigmoid(logit) of those experts / their sum (renormalize; 1 when the sum is 0)
 //                     * routed_scaling_factor when apply_routed_scaling_factor_on_output
 //   fused shared experts (the last num_fused_shared_experts columns, as SGLang appends them after flashinfer):
-//                     id = num_experts, weight = the routed weights' sum / routed_scaling_factor
+//                     id = num_experts, weight = the routed weights' sum / routed_scaling_factor (SGLang 0.5.17), or
+//                     fp32(shared_weight) when shared_weight >= 0 (0.5.23's constant fused_shared_expert_weight)
 //
 // Self-contained: CUDA toolkit headers only, builds with `nvcc` alone and is loaded through ctypes.
 // ABI:  extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* bias, void* topk_weights,
 //           void* topk_ids, int64_t num_tokens, int64_t num_experts, int64_t topk, int64_t num_expert_group,
 //           int64_t topk_group, int64_t num_fused_shared_experts, int renormalize, double routed_scaling_factor,
-//           int apply_routed_scaling_factor_on_output, int dtype, cudaStream_t stream)
+//           int apply_routed_scaling_factor_on_output, double shared_weight, int dtype, cudaStream_t stream)
 // scores [tokens, experts] contiguous, dtype 0 fp32, 1 fp16, 2 bf16; bias fp32 [experts]; topk_weights fp32
 // [tokens, topk], topk_ids int32 [tokens, topk] (topk counts the shared columns). experts <= 1024, divisible by
 // num_expert_group <= 32, at most 32 experts a group when num_expert_group > 1; 1 <= topk_group <= num_expert_group;
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) fsum += __shfl_xor_sync(kFull, fsum, o);
     if (lane < topk) {
-      weights[row * topk + lane] = is_routed ? fw : fsum / shared_div;
+      weights[row * topk + lane] = is_routed ? fw : shared_div > 0.f ? fsum / shared_div : -shared_div;
       ids[row * topk + lane] = is_routed ? s_sel_id[lane] : experts;
     }
   }
@@ -238,6 +239,7 @@ struct Args {
   int32_t* ids;
   int64_t tokens;
   int experts, topk, routed, groups, topk_group, nseg, seg_experts, renormalize;
+  // shared_div > 0: the shared columns' weight is the routed sum / shared_div; <= 0: it is -shared_div (a constant)
   float scale, shared_div;
 };
 
@@ -508,7 +510,7 @@ __device__ __forceinline__ void finish(float w, int id, int lane, int64_t row, f
     for (int o = 16; o > 0; o >>= 1) fsum += __shfl_xor_sync(kFull, fsum, o);
   }
   if (lane < topk) {
-    weights[row * topk + lane] = is_routed ? fw : fsum / shared_div;
+    weights[row * topk + lane] = is_routed ? fw : shared_div > 0.f ? fsum / shared_div : -shared_div;
     ids[row * topk + lane] = is_routed ? id : experts;
   }
 }
@@ -716,8 +718,8 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
                                                 int64_t num_expert_group, int64_t topk_group,
                                                 int64_t num_fused_shared_experts, int renormalize,
                                                 double routed_scaling_factor,
-                                                int apply_routed_scaling_factor_on_output, int dtype,
-                                                cudaStream_t stream) {
+                                                int apply_routed_scaling_factor_on_output, double shared_weight,
+                                                int dtype, cudaStream_t stream) {
   using namespace astra_moegr;
   if (num_tokens < 0 || num_tokens > 0x7fffffff) return cudaErrorInvalidValue;  // one CTA a token
   if (num_experts < 1 || num_experts > 1024) return cudaErrorInvalidValue;
@@ -745,7 +747,9 @@ extern "C" cudaError_t astra_moe_grouped_router(const void* scores, const void* 
   a.seg_experts = num_expert_group > 1 ? static_cast<int>(epg) : 32;
   a.renormalize = renormalize ? 1 : 0;
   a.scale = apply_routed_scaling_factor_on_output ? static_cast<float>(routed_scaling_factor) : 1.f;
-  a.shared_div = num_fused_shared_experts > 0 ? static_cast<float>(routed_scaling_factor) : 1.f;
+  a.shared_div = num_fused_shared_experts == 0 ? 1.f
+                 : shared_weight >= 0.0      ? -static_cast<float>(shared_weight)  // 0.5.23: F.pad's fp32 value
+                                             : static_cast<float>(routed_scaling_factor);
 #if ASTRA_ROUTER_WARP
   if (num_fused_shared_experts == 0 || ASTRA_ROUTER_WARP_SHARED || wr::many_tokens(num_tokens)) {
     bool taken = false;

@@ -11,6 +11,7 @@ key[e] = fp32(s[e]) + b[e] (rounded to fp32: what every production path ranks on
                       routed_scaling_factor only when apply_routed_scaling_factor_on_output
     shared columns  = the last n_shared of the topk columns (num_fused_shared_experts, SGLang's fused shared
                       expert): id = num_experts, weight = the routed weights' sum / routed_scaling_factor
+                      (SGLang 0.5.17; shared_weight < 0), or fp32(shared_weight) (0.5.23's constant; >= 0)
 
 scores: router logits [tokens, experts] (fp32 in SGLang: MoEGate returns fp32 logits on CUDA; fp16 / bf16 accepted,
 SGLang casts them to fp32 exactly); bias fp32 [experts]; topk_weights fp32 [tokens, topk]; topk_ids int32
@@ -53,7 +54,8 @@ SGLang 0.5.23 (the facts below hold in both): the same paths and contract for ca
 (flashinfer's branch now also requires renormalize and a 1-D bias; Kimi-K2's Triton router gained options its call
 leaves at their defaults). The shared column's weight is instead a constant, fused_shared_expert_weight: 1 when
 the scale is applied in top-k, else fp32(1 / routed_scaling_factor), which the routed sum / routed_scaling_factor
-misses by an ulp in some rows: the adapter leaves shared-column calls to SGLang there.
+misses by an ulp in some rows: the adapter passes SGLang's own value as the ABI scalar shared_weight there
+(-1 on 0.5.17: the sum form), and the CONST_SHARED_EDGES edge rows check that path.
 
 Models: DeepSeek-V3 / R1 (config.json: n_routed_experts 256, num_experts_per_tok 8, n_group 8, topk_group 4,
 routed_scaling_factor 2.5, norm_topk_prob true, scoring_func sigmoid, topk_method noaux_tc); Kimi-K2 (384, top 8,
@@ -88,6 +90,8 @@ SCALING: Dict[Tuple[int, ...], Tuple[float, int]] = {
     (e, k + s, g, tg, s): (r, 0) for _, e, k, g, tg, r, shared in ROUTER_MODELS for s in shared}
 # edge shapes whose scale is applied in the router (cutlass / flashinfer-trtllm-routed fp8, ModelOpt NVFP4 runners)
 SCALED_EDGES = ((7, 256, 8, 8, 4, 0), (6, 256, 9, 8, 4, 1))
+# edge shapes with SGLang 0.5.23's constant shared-column weight (fused_shared_expert_weight), dims -> apply ... on_output
+CONST_SHARED_EDGES: Dict[Tuple[int, ...], int] = {(9, 256, 9, 8, 4, 1): 0, (11, 256, 9, 8, 4, 1): 1}
 
 
 def _corpus() -> Tuple[Shape, ...]:
@@ -104,6 +108,8 @@ EDGE = (
     Shape(SCALED_EDGES[0], ("edge", "scaled"),
           "deepseek-v3 with the scale applied in the router (apply ... on_output)"),
     Shape(SCALED_EDGES[1], ("edge", "scaled"), "deepseek-v3, scale applied in the router, fused shared expert"),
+    *(Shape(d, ("edge", "shared-constant"), "deepseek-v3, fused shared expert, SGLang 0.5.23's constant shared weight"
+            + (", scale applied in the router" if a else "")) for d, a in CONST_SHARED_EDGES.items()),
     Shape((33, 256, 8, 8, 4, 0), ("edge",), "odd token count"),
     Shape((5, 160, 8, 1, 1, 0), ("edge",), "160 experts, one group (not a power of 2: SGLang's Triton path)"),
     Shape((6, 64, 6, 8, 3, 0), ("edge",), "8 experts a group, keep 3 groups, top 6"),
@@ -121,16 +127,27 @@ def scaling_of(dims) -> Tuple[float, int]:
     d = tuple(int(x) for x in dims)
     if d in SCALED_EDGES:
         return 2.5, 1
+    if d in CONST_SHARED_EDGES:
+        return 2.5, CONST_SHARED_EDGES[d]
     if d[5]:
         return 2.5, 0  # a shared column's weight divides by the scale: never 1 where it is tested
     return SCALING.get(d[1:], (1.0, 0))
 
 
+def shared_weight(routed_scaling_factor: float, apply: int) -> float:
+    """SGLang 0.5.23's fused_shared_expert_weight for a routed_scaling_factor > 0: 1 when the scale is applied in the
+    router, else 1 / routed_scaling_factor (F.pad stores it as fp32)."""
+    return 1.0 if apply else 1.0 / routed_scaling_factor
+
+
 def scalars(dims) -> Dict[str, Any]:
     rsf, apply = scaling_of(dims)
+    d = tuple(int(x) for x in dims)
+    # shared_weight < 0: the shared columns carry the routed sum / routed_scaling_factor (0.5.17); >= 0: that value
+    sw = shared_weight(rsf, apply) if d in CONST_SHARED_EDGES else -1.0
     return {"topk": int(dims[2]), "num_expert_group": int(dims[3]), "topk_group": int(dims[4]),
             "num_fused_shared_experts": int(dims[5]), "renormalize": 1, "routed_scaling_factor": float(rsf),
-            "apply_routed_scaling_factor_on_output": int(apply)}
+            "apply_routed_scaling_factor_on_output": int(apply), "shared_weight": sw}
 
 
 scalars_of = scalars  # reference() takes a parameter of that name
@@ -285,8 +302,10 @@ def reference(inp: Mapping[str, Any], dims, scalars: Mapping[str, Any]) -> Dict[
     shared = int(dims[5])
     w, ids = route(inp["scores"], inp["bias"], int(dims[2]) - shared, int(dims[3]), int(dims[4]),
                    bool(sc["renormalize"]), scale)
-    if shared:  # SGLang's F.pad columns after flashinfer: id num_experts, weight routed sum / rsf
-        w = torch.cat([w, (w.sum(-1, keepdim=True) / rsf).expand(-1, shared)], dim=-1)
+    sw = float(sc.get("shared_weight", -1.0))
+    if shared:  # SGLang's F.pad columns after flashinfer: id num_experts, weight routed sum / rsf (0.5.17) or constant
+        col = w.sum(-1, keepdim=True) / rsf if sw < 0 else torch.full_like(w[:, :1], float(torch.tensor(sw).float()))
+        w = torch.cat([w, col.expand(-1, shared)], dim=-1)
         ids = torch.cat([ids, torch.full((ids.shape[0], shared), int(dims[1]), dtype=ids.dtype,
                                          device=ids.device)], dim=-1)
     return {"topk_weights": w, "topk_ids": one_hot_ids(ids, id_classes(dims), torch.float64)}
@@ -413,6 +432,7 @@ SPEC = OpSpec(
         AbiArg("renormalize", "i32"),
         AbiArg("routed_scaling_factor", "f64"),
         AbiArg("apply_routed_scaling_factor_on_output", "i32"),
+        AbiArg("shared_weight", "f64"),
         AbiArg("dtype", "i32"),
     ),
     variants=(
