@@ -1,5 +1,5 @@
 """Whole-file writes: a file other processes read while it changes (bench's report, the exported patch plan, the
-profile's metadata, the ceiling cache) is written to a temporary beside it and renamed over it, so a reader, or a run
+profile's metadata, the ceiling cache, a patched process's counter metadata) is written to a temporary beside it and renamed over it, so a reader, or a run
 killed mid-write, finds the old file or the new one, never half of one."""
 from __future__ import annotations
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
+from astra_sglang.files import write_whole
+
 FIELDS = ("calls", "captured", "fallbacks", "checks_passed", "checks_failed", "disabled", "served")
 _MAGIC = b"ASTRCNT1"
 _HEADER = struct.Struct("<8sqqq")  # magic, pid, n_ops, n_fields
@@ -165,9 +167,7 @@ class CounterFile:
             "fields": list(FIELDS),
             "status": self.status,
         }
-        tmp = self.dir / f".{self.pid}.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1, default=str))
-        os.replace(tmp, self.dir / f"{self.pid}.json")
+        write_whole(self.dir / f"{self.pid}.json", json.dumps(meta, indent=1, default=str))
 
     # ------------------------------------------------------------------ updates
     def bump(self, op: str, fld: str, n: int = 1) -> None:
