@@ -374,7 +374,7 @@ SOURCE_FACTS = (
             r"fused_in_topk=bool\(apply_routed_scaling_factor_on_output\),\s*\),\s*\))",
      "after flashinfer, the shared columns: id num_experts, weight = the routed weights' sum / "
      "routed_scaling_factor (0.5.17; 0 when it is None: the adapter leaves those calls to SGLang) or 0.5.23's "
-     "constant fused_shared_expert_weight (the adapter leaves every shared-column call to that SGLang)"),
+     "constant fused_shared_expert_weight (the adapter passes SGLang's value as the ABI's shared_weight)"),
     (_TOPK, r"topk_weights = torch\.empty\(\s*\(num_tokens, topk_routed\), dtype=torch\.float32, "
             r"device=gating_output\.device\s*\)\s*topk_ids = torch\.empty\(\s*\(num_tokens, topk_routed\), "
             r"dtype=torch\.int32, device=gating_output\.device\s*\)",
