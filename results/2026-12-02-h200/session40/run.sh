@@ -1,0 +1,57 @@
+#!/bin/bash
+# 2026-12-02 (fortieth session), one H200 (nvidia-h200), from the repository root, after staging the FA3 wheelhouse
+# (.whl/wh33fa3: `bash e2e/device_install.sh stage .whl/wh33fa3/carry/partNN`, e2e/README.md), except the parts marked
+# "carried", which need only workspaces extracted here on the CPU and carried (astra-work):
+#   bash kernels/dev/workspaces_from_wheels.sh .whl/wh33fa3/wheels astra-work/ws silu_and_mul=jit gelu_and_mul=jit \
+#     gelu_tanh_and_mul=jit
+# This session ran session 39's prepared parts, each with OUT=/tmp/s40 (the folder of this record):
+#   LIMIT=450 bash results/2026-12-01-h200/session39/run.sh F    -> F/  (cut by its deadline in the decode corpus)
+#   LIMIT=480 bash results/2026-12-01-h200/session39/run.sh G    -> G/  (carried)
+#   LIMIT=420 bash results/2026-12-01-h200/session39/run.sh R2   -> R2/
+#   LIMIT=400 bash results/2026-12-01-h200/session39/run.sh N    -> N/  (three of six ops before its deadline)
+# Parts here:
+#   bash run.sh N2  the three norms N had no time for (rmsnorm, gemma_fused_add_rmsnorm, gemma_post_attention_norms),
+#                   bf16, between astra's linears, 48 replays (run as one inline command of the same lines)
+#   bash run.sh D   NOT RUN (prepared): moe_grouped_router's fp32 decode corpus alone (F ran out of time after 11 rows)
+#   bash run.sh C   NOT RUN (prepared, carried): check of gelu_and_mul and gelu_tanh_and_mul after the late-release
+#                   switch was taken out of both kernels (the code they ran before 8d6f205)
+#   bash run.sh V   NOT RUN (prepared): validate rmsnorm and gemma_rmsnorm in SGLang 0.5.17's layers with the
+#                   129-256-token keep bands (their kept rows report n/a), bf16 and fp16
+#   bash run.sh B3  NOT RUN (prepared): session 37's B2 for the other four norms, fp16, between astra's linears,
+#                   48 replays (fused_add_rmsnorm, qknorm, gemma_rmsnorm, gemma_post_attention_norms)
+set -uo pipefail
+PART=${1:?N2, D, C, V or B3}
+case $PART in N2|D|C|V|B3) ;; *) echo "error: run.sh takes N2, D, C, V or B3" >&2; exit 2 ;; esac
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+O=${OUT:-/tmp/s40}/$PART; mkdir -p $O
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ASTRA_CACHE_DIR=/tmp/e2e-cache/astra TVM_FFI_CACHE_DIR=/tmp/e2e-cache/tvm-ffi TRITON_CACHE_DIR=/tmp/e2e-cache/triton
+case $PART in
+C) ;;
+*) bash e2e/device_install.sh ensure > $O/ensure.log 2>&1 || { tail -5 $O/ensure.log; exit 1; }
+   export PYTHONPATH=/tmp/e2e-site ;;
+esac
+case $PART in
+N2)
+  OPS="rmsnorm gemma_fused_add_rmsnorm gemma_post_attention_norms" EXTRACT=1 DTYPES=bf16 NEIGHBOURS=astra REPLAYS=48 \
+    DEADLINE=300 RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+D)
+  OPS=moe_grouped_router EXTRACT=1 DTYPES=fp32 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench \
+    bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+C)
+  OPS="gelu_and_mul gelu_tanh_and_mul" WS=astra-work/ws RES=$O/bench bash kernels/gpu_run.sh check > $O/bench.log 2>&1
+  echo "check rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+V)
+  for op in rmsnorm gemma_rmsnorm; do
+    (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops $op --dtypes bf16,fp16 \
+       --json $O/validate-$op.json) > $O/validate-$op.log 2>&1
+    echo "validate $op rc=$? at $(el)s: $(tail -1 $O/validate-$op.log | cut -c1-200)"
+  done ;;
+B3)
+  OPS="fused_add_rmsnorm qknorm gemma_rmsnorm gemma_post_attention_norms" EXTRACT=1 DTYPES=fp16 NEIGHBOURS=astra \
+    REPLAYS=48 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+esac
+echo "part $PART done at $(el)s"
