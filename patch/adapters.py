@@ -135,6 +135,20 @@ def env_switch(name: str, default: bool) -> bool:
     return default if not v else v not in ("0", "false", "off", "no")
 
 
+def rows_band(tokens: Tuple[int, int], why: str, width: Optional[Tuple[int, int]] = None):
+    """A `keeps` for a row-wise op (ABI dims (tokens, width, ...)): calls whose token count, and width where given,
+    lie in these closed ranges stay SGLang's, for `why` (a measured loss in context); every other call is the op's."""
+    t_lo, t_hi = tokens
+
+    def keeps(dims: Tuple[int, ...]) -> Optional[str]:
+        t, w = int(dims[0]), int(dims[1])
+        if t_lo <= t <= t_hi and (width is None or width[0] <= w <= width[1]):
+            return f"{t} x {w}: {why}"
+        return None
+
+    return keeps
+
+
 def contiguity_problem(c: Dict[str, Any], names: Sequence[str]) -> Optional[str]:
     """The first named tensor that is not contiguous, as a fallback reason, or None."""
     for n in names:

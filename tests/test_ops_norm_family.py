@@ -391,6 +391,31 @@ def test_gelu_tanh_leaves_the_decode_rows_it_lost_to_sglang():
         assert op_part(op, "adapter").DEFAULT_OFF and op_part(op, "adapter").ADAPTER.kept_by_sglang((64, 14336)) is None
 
 
+def test_the_single_norms_leave_their_measured_256_token_losses_to_sglang():
+    """rmsnorm lost in context at 256 x 2880 / 4096 in every corpus (0.855x / 0.892x resolved at 48 replays, H200,
+    2026-12-02) and gemma_rmsnorm at 256 x 5376: calls of 129-256 tokens in those width bands are SGLang's; the rows
+    that win (up to 128 tokens, 256 x 512 and 256 x 7168, gemma's 256 x 2304) and prefill stay astra's."""
+    rms = op_part("rmsnorm", "adapter").ADAPTER
+    gemma = op_part("gemma_rmsnorm", "adapter").ADAPTER
+    for dims in ((256, 4096), (256, 2880), (256, 1536), (129, 5120)):
+        assert "in context" in rms.kept_by_sglang(dims), dims
+    for dims in ((128, 4096), (64, 4096), (1, 4096), (256, 512), (256, 7168), (257, 4096), (4096, 4096), (256, 5376)):
+        assert rms.kept_by_sglang(dims) is None, dims
+    for dims in ((256, 5376), (256, 3840), (256, 3584)):
+        assert "in context" in gemma.kept_by_sglang(dims), dims
+    for dims in ((256, 2304), (128, 5376), (16, 3840), (1024, 5376)):
+        assert gemma.kept_by_sglang(dims) is None, dims
+
+
+def test_rows_band_keeps_only_its_closed_ranges():
+    from astra_sglang.patch.adapters import rows_band
+
+    keeps = rows_band((16, 256), "why", width=(100, 200))
+    assert keeps((16, 100)) == "16 x 100: why" and keeps((256, 200)) == "256 x 200: why"
+    assert all(keeps(d) is None for d in ((15, 150), (257, 150), (64, 99), (64, 201)))
+    assert rows_band((16, 256), "why")((64, 10**6)) == "64 x 1000000: why"
+
+
 def test_row_normalizers_name_the_first_problem_and_keep_2d_calls_unviewed():
     """weighted_rows / gated_rows run on every patched eager call (compared without shape copies since
     2026-11-27): each bad call names its first problem, a 2-D call passes its own tensors through, and

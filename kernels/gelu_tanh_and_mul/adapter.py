@@ -8,24 +8,16 @@ op through the Python callables in the spec's `replaces`; direct users of the JI
 gelu activations, GGUF) stay SGLang's until patch chains several ops' routes on one factory."""
 from __future__ import annotations
 
-from typing import Optional
+from astra_sglang.patch.adapters import OpAdapter, gated_out, gated_rows, rows_band
 
-from astra_sglang.patch.adapters import OpAdapter, gated_out, gated_rows
-
-# Decode calls of this many tokens up to 256 stay SGLang's: between astra's linears at their serving sites, with 48
-# replays, 11 of the 15 such rows were slower or tied (64-256 tokens 0.909-0.996x, 16 tokens 0.927-1.020x), while
-# every 1-token row won (1.23-1.39x) and prefill rows are >= 1.00x (H200, 2026-12-01, results/2026-12-01-h200/session39/
-# R). Gemma-2/3 serve their 1-2-token MLP calls through gate_up_gelu_tanh; this op takes the rest. The kernel's late
-# release (ASTRA_LATE_TOKENS, run.sh G there) is the candidate to win these rows back.
+# Decode calls of 16-256 tokens stay SGLang's: between astra's linears at their serving sites, with 48 replays, 11 of
+# the 15 such rows were slower or tied (64-256 tokens 0.909-0.996x, 16 tokens 0.927-1.020x), while every 1-token row
+# won (1.23-1.39x) and prefill rows are >= 1.00x (H200, 2026-12-01, results/2026-12-01-h200/session39/R). Gemma-2/3
+# serve their 1-2-token MLP calls through gate_up_gelu_tanh; this op takes the rest. silu_and_mul's release after the
+# stores did not win them back: 256 x 14336 stayed 0.95-0.98x with it from 16 or from 64 tokens, both orders
+# (results/2026-12-02-h200/session40/G), so the kernel no longer carries it.
 KEEP_TOKENS = (16, 256)
-
-
-def _kept(dims) -> Optional[str]:
-    lo, hi = KEEP_TOKENS
-    t = int(dims[0])
-    if lo <= t <= hi:
-        return f"{t} tokens: SGLang's kernel was as fast or faster in context at {lo}-{hi} tokens"
-    return None
+_kept = rows_band(KEEP_TOKENS, "SGLang's kernel was as fast or faster in context at 16-256 tokens")
 
 
 ADAPTER = OpAdapter(
