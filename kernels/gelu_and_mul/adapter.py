@@ -11,12 +11,14 @@ from __future__ import annotations
 from astra_sglang.patch.adapters import OpAdapter, gated_out, gated_rows
 
 
-# Off in `--ops all`: in context it is no faster, at its serving site (gate_up -> act -> down_proj of Gemma-1's MLP
-# widths) 0.991x over 12 rows, all within noise (H200, 2026-11-28, results/2026-11-28-h200/session17/; 0.989x at the
-# generic pair on 2026-11-24), and Gemma-1's 1-2-token MLP calls run gate_up_gelu instead (the activation in the gate_up
-# GEMV's epilogue). `--ops all,gelu_and_mul` still patches it.
-DEFAULT_OFF = ("no faster in context: decode corpus at its serving sites 0.991x on the H200, all 12 rows within noise "
-               "(results/2026-11-28-h200/session17/); gate_up_gelu takes Gemma-1's 1-2-token MLP calls")
+# Off in `--ops all`: in context it is no faster. At its serving site (gate_up -> act -> down_proj of Gemma-1's MLP
+# widths), with 48 replays: 1.014x over 12 rows, 6 slower, every one of 16-256 tokens (0.89-0.98x), while the 1-token
+# rows win (H200, 2026-12-01, results/2026-12-01-h200/session39/R); silu's late release did not win those rows back
+# (0.91-0.98x, results/2026-12-02-h200/session40/G). Gemma-1's 1-2-token MLP calls run gate_up_gelu instead (the
+# activation in the gate_up GEMV's epilogue). `--ops all,gelu_and_mul` still patches it.
+DEFAULT_OFF = ("no faster in context: decode corpus at its serving sites 1.014x on the H200 at 48 replays, its 16-256-"
+               "token rows 0.89-0.98x (results/2026-12-01-h200/session39/R); gate_up_gelu takes Gemma-1's 1-2-token "
+               "MLP calls")
 
 ADAPTER = OpAdapter(
     op="gelu_and_mul",

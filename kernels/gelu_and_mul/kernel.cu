@@ -36,12 +36,6 @@
 #ifndef ASTRA_PF_ALL
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
-#ifndef ASTRA_LATE_TOKENS
-// Dev (~0u, off): with ASTRA_PDL 2, calls of this many tokens up to 256 trigger the next kernel after their stores
-// (production's placement) and skip the L2 prefetch, as silu_and_mul does from 64 tokens (there 0.95x -> 1.01x in
-// context on its 64-256-token rows, H200, 2026-12-01). Untimed here: results/2026-12-01-h200/session39/run.sh G.
-#define ASTRA_LATE_TOKENS (~0u)
-#endif
 #ifndef ASTRA_P_BIG
 // vectors per thread for a prefill problem (> 256 tokens) over one wave: 2 keeps twice the erf work in flight per
 // thread, where the erf makes the stream issue-bound (H200 prefill rows 0.974x -> 1.042x with ASTRA_IDX32 below)
@@ -138,8 +132,7 @@ __device__ __forceinline__ float gelu(float x) {
 #define ASTRA_OUT_OFF(r, c) ((ASTRA_IDX32 || P > 1) ? size_t((r) * nv + (c)) * W : size_t(r) * d + size_t(c) * W)
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks,
-                                                                 bool late) {
+                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks) {
   uint32_t row[P], col[P];
   bool ok[P];
 #pragma unroll
@@ -169,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ 
   pdl_wait();
 #endif
 #if ASTRA_PDL == 2
-  if (!late) pdl_trigger();
+  pdl_trigger();
 #endif
   Vec<T, W> g[P], u[P];
 #pragma unroll
@@ -191,8 +184,6 @@ __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(T* __restrict__ 
   }
 #if ASTRA_PDL == 1
   pdl_trigger();
-#elif ASTRA_PDL == 2
-  if (late) pdl_trigger();  // ASTRA_LATE_TOKENS
 #endif
 }
 
@@ -253,14 +244,12 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaSt
 }
 
 template <typename T, int W, int P>
-cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, bool late,
-                     cudaStream_t stream) {
+cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, cudaStream_t stream) {
   const uint32_t per_block = uint32_t(kThreads) * P;
   const uint32_t blocks = (total + per_block - 1) / per_block;
   // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
   const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
-  return launch(gelu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total,
-                pf_blocks, late);
+  return launch(gelu_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks);
 }
 
 template <typename T, int W>
@@ -279,11 +268,10 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   // Decode (<= 256 tokens) keeps P = 1 at any size: ASTRA_P_BIG was measured on the prefill rows only.
   const int p = (total > resident1 && tokens > 256) ? ASTRA_P_BIG : 1;
   // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
-  const bool late = tokens >= int64_t(ASTRA_LATE_TOKENS) && tokens <= 256;
-  const bool prefetch = !late && (ASTRA_PF_ALL || total <= resident1) &&
+  const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
                         uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
-  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, late, stream);
-  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, late, stream);
+  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
+  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
 }
 
 template <typename T>

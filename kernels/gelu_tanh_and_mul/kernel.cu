@@ -35,12 +35,6 @@
 #ifndef ASTRA_PF_ALL
 #define ASTRA_PF_ALL 1  // the first wave of a multi-wave grid prefetches too (0, dev: single-wave grids only)
 #endif
-#ifndef ASTRA_LATE_TOKENS
-// Dev (~0u, off): with ASTRA_PDL 2, calls of this many tokens up to 256 trigger the next kernel after their stores
-// (production's placement) and skip the L2 prefetch, as silu_and_mul does from 64 tokens (there 0.95x -> 1.01x in
-// context on its 64-256-token rows, H200, 2026-12-01). Untimed here: results/2026-12-01-h200/session39/run.sh G.
-#define ASTRA_LATE_TOKENS (~0u)
-#endif
 #ifndef ASTRA_P_BIG
 #define ASTRA_P_BIG 1  // vectors per thread once the problem is over one wave (1: plain multi-wave stream)
 #endif
@@ -129,8 +123,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // Row r = idx / nv, column c = idx % nv: gate at r*2d + c*W, up at r*2d + d + c*W, out at r*d + c*W.
 template <typename T, int W, int P>
 __global__ void __launch_bounds__(kThreads) gelu_tanh_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks,
-                                                                 bool late) {
+                                                                 uint32_t nv, uint32_t total, uint32_t pf_blocks) {
   uint32_t row[P], col[P];
   bool ok[P];
 #pragma unroll
@@ -160,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) gelu_tanh_and_mul_kernel(T* __restri
   pdl_wait();
 #endif
 #if ASTRA_PDL == 2
-  if (!late) pdl_trigger();
+  pdl_trigger();
 #endif
   Vec<T, W> g[P], u[P];
 #pragma unroll
@@ -182,8 +175,6 @@ __global__ void __launch_bounds__(kThreads) gelu_tanh_and_mul_kernel(T* __restri
   }
 #if ASTRA_PDL == 1
   pdl_trigger();
-#elif ASTRA_PDL == 2
-  if (late) pdl_trigger();  // ASTRA_LATE_TOKENS
 #endif
 }
 
@@ -244,14 +235,12 @@ inline cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaSt
 }
 
 template <typename T, int W, int P>
-cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, bool late,
-                     cudaStream_t stream) {
+cudaError_t launch_p(T* out, const T* in, uint32_t nv, uint32_t total, bool pdl, bool prefetch, cudaStream_t stream) {
   const uint32_t per_block = uint32_t(kThreads) * P;
   const uint32_t blocks = (total + per_block - 1) / per_block;
   // Only the first wave (the blocks resident at once) prefetches: later blocks start after the wait is met.
   const uint32_t pf_blocks = prefetch ? uint32_t(dev_info().sms) * uint32_t(blocks_per_sm<T, W, P>()) : 0u;
-  return launch(gelu_tanh_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total,
-                pf_blocks, late);
+  return launch(gelu_tanh_and_mul_kernel<T, W, P>, dim3(blocks), dim3(kThreads), stream, pdl, out, in, nv, total, pf_blocks);
 }
 
 template <typename T, int W>
@@ -269,11 +258,10 @@ cudaError_t run_w(T* out, const T* in, int64_t tokens, int64_t d, cudaStream_t s
   const uint64_t resident1 = uint64_t(info.sms) * blocks_per_sm<T, W, 1>() * kThreads;
   const int p = total > resident1 ? ASTRA_P_BIG : 1;
   // The first wave prefetches at any size (multi-wave grids measured 1-5% faster with it: kernels/NOTES.md).
-  const bool late = tokens >= int64_t(ASTRA_LATE_TOKENS) && tokens <= 256;
-  const bool prefetch = !late && (ASTRA_PF_ALL || total <= resident1) &&
+  const bool prefetch = (ASTRA_PF_ALL || total <= resident1) &&
                         uint64_t(tokens) * uint64_t(d) * 2 * sizeof(T) <= uint64_t(ASTRA_PF_MAX);
-  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, late, stream);
-  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, late, stream);
+  if (p == 2) return launch_p<T, W, 2>(out, in, nv, total, pdl, prefetch, stream);
+  return launch_p<T, W, 1>(out, in, nv, total, pdl, prefetch, stream);
 }
 
 template <typename T>
