@@ -64,6 +64,14 @@ def test_variant_support_says_why():
     assert "scale" in jit.supports((1, 8, 7168), "bf16")
     assert SPEC.default_variant({"sglang_jit": True}) == "jit_topk_sum"
     assert SPEC.default_variant({"sglang_jit": True, "sglang_checkout": True}) == "sgl_kernel"
+    # installed: only the rows fused_moe hands sgl_kernel.moe_sum_reduce (its prefill corpus)
+    inst = SPEC.variant("installed")
+    assert inst.installed and inst.callable == "sgl_kernel:moe_sum_reduce"
+    assert "torch.compile" in inst.supports((32, 8, 2048), "bf16") and "torch.add" in inst.supports((4096, 2, 4096), "bf16")
+    assert inst.supports((33, 8, 2048), "bf16") is None and inst.supports((16384, 9, 7168), "bf16") is None
+    assert "never written" in inst.supports((300, 8, 2056), "bf16")
+    prefill = [s.dims for s in SPEC.corpus if "prefill" in s.tags and "sgl_kernel" in s.tags]
+    assert prefill and all(inst.supports(d, "bf16") is None for d in prefill)
 
 
 # --------------------------------------------------------------------------- adapter
@@ -270,6 +278,21 @@ def test_jit_topk_sum_variant_from_both_wheels(tmp_path, capsys, wheel_sources, 
                                  str(wheel_sources["tvm"])], capsys)
         assert code == 0, err
         assert json.loads((out / "moe_combine" / "manifest.json").read_text())["variant"] == "jit_topk_sum"
+
+
+@pytest.mark.wheels
+def test_installed_variant_from_both_wheels(tmp_path, capsys, wheel_sources, sglang_0_5_17_source):
+    """No checkout needed: the installed sgl_kernel.moe_sum_reduce is production, and fused_moe's route to it (above
+    32 tokens, not topk 2 at scale 1) holds in 0.5.17 and 0.5.23."""
+    for i, src in enumerate((sglang_0_5_17_source, wheel_sources["sglang"])):
+        out = tmp_path / f"ws{i}"
+        code, _, err = run_cli(["extract", "moe_combine", "--variant", "installed", "--arch", "sm_90", "--no-build",
+                                 "--out", str(out), "--sglang-src", str(src)], capsys)
+        assert code == 0, err
+        m = json.loads((out / "moe_combine" / "manifest.json").read_text())
+        assert (m["kind"], m["callable"], m["variant"]) == ("installed", "sgl_kernel:moe_sum_reduce", "installed")
+        assert int(m["launch_facts"]["COMPILE_MAX_TOKENS"]) == _spec_mod().COMPILE_MAX_TOKENS == 32
+        assert len(m["source_facts"]) == 3
 
 
 @pytest.mark.nvcc

@@ -17,7 +17,9 @@ scale 1) in fused_marlin_moe.
 Variants: "sgl_kernel" (the CUDA kernel above > 32 tokens; its csrc exists only in a git checkout, extract copies
 the device part at run time) and "jit_topk_sum" (SGLang's JIT TopkSumKernel, csrc/moe/topk_sum.cuh in the wheel:
 bf16, scale 1 only; the default when no checkout is given). The torch.compile / Triton paths cannot be extracted:
-`bench --baseline installed` times them (spec.replaces lists moe_sum_reduce_torch_compile first).
+`bench --baseline installed` times them (spec.replaces lists moe_sum_reduce_torch_compile first). "installed" needs
+no checkout: production is the installed `sgl_kernel.moe_sum_reduce` itself (the wheel's binary, through torch), for
+the rows fused_moe hands it (more than 32 tokens, topk other than 2 at scale 1): the prefill corpus.
 """
 from __future__ import annotations
 
@@ -148,7 +150,20 @@ def _default_variant(roots: Mapping[str, bool]) -> str:
     return "sgl_kernel" if roots.get("sglang_checkout") else "jit_topk_sum"
 
 
+def _installed_supports(dims, dtype: str) -> Optional[str]:
+    """The rows fused_moe hands sgl_kernel.moe_sum_reduce on CUDA (route()), which the installed variant times."""
+    r = route(dims)
+    if r == "torch_add":
+        return "topk 2 at scale 1: fused_moe adds the two rows with torch.add, not sgl_kernel.moe_sum_reduce"
+    if r == "torch_compile":
+        return (f"<= {COMPILE_MAX_TOKENS} tokens: fused_moe runs its torch.compile'd (0.5.17) or Triton (0.5.23, "
+                "sm_90+) sum there, not sgl_kernel.moe_sum_reduce (the jit_topk_sum workspace with --baseline "
+                "installed times that route)")
+    return _sgl_supports(dims, dtype)
+
+
 _MSR = "sgl-kernel/csrc/moe/moe_sum_reduce.cu"
+_FUSED_MOE = "srt/layers/moe/moe_runner/triton_utils/fused_moe.py"
 _TOPK_SUM = "csrc/moe/topk_sum.cuh"
 
 SPEC = OpSpec(
@@ -260,6 +275,34 @@ SPEC = OpSpec(
             ),
             dtypes=("bf16",),
             supports=_jit_supports,
+        ),
+        Variant(
+            name="installed",
+            description="SGLang's installed sgl_kernel.moe_sum_reduce (the wheel's binary; what fused_moe runs above "
+            "32 tokens on CUDA), no checkout needed",
+            provenance="fused_moe.py fused_experts_impl -> sgl_kernel.moe_sum_reduce (sglang-kernel's compiled "
+            "csrc/moe/moe_sum_reduce.cu), called through torch as SGLang calls it",
+            sources=(),
+            launcher="",
+            flag_profile="sgl_kernel_aot",
+            source_facts=(
+                (_FUSED_MOE, r"^if _is_cuda:\s*from sgl_kernel import moe_sum_reduce$",
+                 "on CUDA, fused_moe's moe_sum_reduce is sgl_kernel's"),
+                (_FUSED_MOE, r"def _use_moe_sum_reduce_torch_compile\(num_tokens: int\) -> bool:\s*"
+                             r"return num_tokens <= (?P<COMPILE_MAX_TOKENS>\d+) and not is_batch_invariant_mode_enabled",
+                 "calls of more than COMPILE_MAX_TOKENS tokens leave the torch.compile / Triton sum"),
+                (_FUSED_MOE, r"elif topk == 2 and routed_scaling_factor == 1\.0:\s*torch\.add\([\s\S]{0,200}?\s*else:"
+                             r"\s*# According to micro benchmark results[^\n]*\s*"
+                             r"if _use_moe_sum_reduce_torch_compile\(num_tokens\):[\s\S]{0,600}?\s*else:\s*"
+                             r"moe_sum_reduce\(\s*intermediate_cache3\.view\(\*intermediate_cache3\.shape\),\s*"
+                             r"out_hidden_states,\s*routed_scaling_factor,\s*\)",
+                 "CUDA's combine: topk 2 at scale 1 is a torch.add, else above the compile bound "
+                 "moe_sum_reduce(cache3 [tokens, topk, hidden], out [tokens, hidden], routed_scaling_factor)"),
+            ),
+            dtypes=("fp16", "bf16", "fp32"),
+            requires_root="sglang_py",
+            supports=_installed_supports,
+            callable="sgl_kernel:moe_sum_reduce",
         ),
     ),
     default_variant=_default_variant,

@@ -19,9 +19,12 @@
 #                   129-256-token keep bands (their kept rows report n/a), bf16 and fp16
 #   bash run.sh B3  NOT RUN (prepared): session 37's B2 for the other four norms, fp16, between astra's linears,
 #                   48 replays (fused_add_rmsnorm, qknorm, gemma_rmsnorm, gemma_post_attention_norms)
+#   bash run.sh P   NOT RUN (prepared): moe_combine against the installed sgl_kernel.moe_sum_reduce (the new
+#                   `installed` variant, no checkout): check, then the rows fused_moe hands it (64-256-token decode,
+#                   1k-16k prefill), bf16; the patch leaves them to SGLang today (max_tokens 32)
 set -uo pipefail
-PART=${1:?N2, D, C, V or B3}
-case $PART in N2|D|C|V|B3) ;; *) echo "error: run.sh takes N2, D, C, V or B3" >&2; exit 2 ;; esac
+PART=${1:?N2, D, C, V, B3 or P}
+case $PART in N2|D|C|V|B3|P) ;; *) echo "error: run.sh takes N2, D, C, V, B3 or P" >&2; exit 2 ;; esac
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s40}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -52,6 +55,10 @@ V)
 B3)
   OPS="fused_add_rmsnorm qknorm gemma_rmsnorm gemma_post_attention_norms" EXTRACT=1 DTYPES=fp16 NEIGHBOURS=astra \
     REPLAYS=48 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
+  echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+P)
+  OPS=moe_combine VARIANT_moe_combine=installed EXTRACT=1 DTYPES=bf16 DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) \
+    RES=$O/bench bash kernels/gpu_run.sh check,decode,prefill > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
 esac
 echo "part $PART done at $(el)s"
