@@ -20,6 +20,6 @@ ADAPTER = OpAdapter(
     alloc={"out": contiguous_like("input")},
     normalize=weighted_rows(("input", "out")),
     returns=lambda c: c["out"],
-    keeps=rows_band(KEEP_TOKENS, "FlashInfer's gemma_rmsnorm was as fast or faster in context at 129-256 tokens of "
-                    "3584-5376", width=KEEP_WIDTHS),
+    keeps=rows_band(KEEP_TOKENS, "FlashInfer's gemma_rmsnorm was as fast or faster in context at {}-{} tokens of "
+                    "{}-{}".format(*KEEP_TOKENS, *KEEP_WIDTHS), width=KEEP_WIDTHS),
 )
