@@ -310,7 +310,10 @@ SPEC = OpSpec(
     corpus=_corpus(),
     edge_shapes=EDGE,
     context_sites=context_sites,
-    tolerance=Tolerance(k=2.0),
+    # fp32 cases the installed sgl_kernel route does not take (<= 32 tokens, topk 2 at scale 1) have no production
+    # error to scale: a 9-term fp32 sum errs 1.07e-5 there (H200, 2026-12-02), over the 1e-5 floor, and production's
+    # own fp32 error reached 2.76e-5 on the rows it takes (16384 x 9 x 7168): 2x that judges them alone
+    tolerance=Tolerance(k=2.0, alone={"fp32": 6e-5}),
     make_inputs=make_inputs,
     reference=reference,
     scalars=scalars,
