@@ -95,7 +95,7 @@ def test_adapter_binds_every_sglang_signature_and_normalizes():
     from astra_sglang.patch.adapters import Binder, adapter_mismatch
 
     ad = op_part("moe_combine", "adapter")
-    assert not ad.DEFAULT_OFF and ad.ADAPTER.max_tokens == 32  # on for SGLang's <= 32-token (decode) route
+    assert not ad.DEFAULT_OFF and ad.ADAPTER.kept_by_sglang((32, 8, 2048)) is None  # on for the <= 32-token route
     assert adapter_mismatch(SPEC, ad.ADAPTER) is None
     x, out = torch.randn(3, 8, 64), torch.empty(3, 64)
     for fn in _sglang_signatures():
@@ -308,15 +308,28 @@ def test_shipped_kernel_compiles_for_sm90a(tmp_path):
 
 
 def test_precheck_declines_prefill_calls_off_the_raw_arguments():
-    """A combine of more than ROUTED_MAX_TOKENS tokens leaves before binding, whichever SGLang callable and argument
+    """A combine of more than TAKE_MAX_TOKENS tokens leaves before binding, whichever SGLang callable and argument
     name carried it; smaller or other-shaped calls are prepare's to decide."""
     import torch
 
     mod = op_part("moe_combine", "adapter")
-    pre, n = mod.ADAPTER.precheck, mod.ROUTED_MAX_TOKENS
+    pre, n = mod.ADAPTER.precheck, mod.TAKE_MAX_TOKENS
     many = torch.randn(n + 1, 8, 16)
     assert "tokens" in pre((many, None), {})
     for name in ("x", "input", "input_tensor"):
         assert "tokens" in pre((), {name: many})
     assert pre((torch.randn(n, 8, 16), None), {}) is None and pre((torch.randn(n + 1, 16), None), {}) is None
     assert pre((), {}) is None
+
+
+def test_takes_the_compiled_route_and_129_to_256_tokens_of_sgl_kernels():
+    """The kernel takes <= 32 tokens (SGLang's compiled or Triton sum) and 129-256 (sgl_kernel.moe_sum_reduce, where
+    every 256-token row won in context, 2026-12-02); 33-128 (64-token rows lost) and prefill stay SGLang's."""
+    mod = op_part("moe_combine", "adapter")
+    kept = mod.ADAPTER.kept_by_sglang
+    for t in (1, 8, 32, 129, 200, 256):
+        assert kept((t, 8, 2048)) is None, t
+    for t in (33, 64, 128):
+        assert "within 33-128" in kept((t, 8, 2048)), t
+    for t in (257, 1024, 16384):
+        assert "more than 256 tokens" in kept((t, 9, 7168)), t

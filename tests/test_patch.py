@@ -704,7 +704,7 @@ def test_validate_logic_on_cpu():
 
 
 def test_max_tokens_keeps_larger_calls_with_sglang_and_validate_says_so(monkeypatch):
-    """An adapter's max_tokens (moe_combine: 32, where SGLang switches to a route the kernel loses to in
+    """An adapter's max_tokens (linear's, moe_gate's: where SGLang's own kernel or route is faster in
     context) hands larger calls to SGLang's original, and validate reports them n/a, not FAIL."""
     import dataclasses
 

@@ -8,8 +8,8 @@ holds the machinery and says what each field means):
                                                                               0.5.23 <= 32 tokens on sm_90+
 
 Not reached: Mixtral-style topk == 2 with scale 1 (fused_moe calls torch.add inline) and the JIT moe_topk_sum.
-Not routed (the original serves the call): more than ROUTED_MAX_TOKENS tokens (max_tokens), non-contiguous
-input or output, mismatched shapes, dtypes other than fp32/fp16/bf16."""
+Not routed (the original serves the call): 33-128 or more than TAKE_MAX_TOKENS tokens (keeps), non-contiguous input
+or output, mismatched shapes, dtypes other than fp32/fp16/bf16."""
 from __future__ import annotations
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
@@ -32,12 +32,29 @@ def _combine_normalize(c):
     return {"input": x, "output": out}, (t, k, h)
 
 
-# Calls above this many tokens stay with SGLang (its sgl_kernel.moe_sum_reduce route): there the shipped
-# kernel was 0.75x in context at 64x8x2048 (H200, 2026-11-23). At <= 32 tokens SGLang runs a torch.compile'd
-# sum, and patching that route made the Qwen3-30B-A3B decode step faster at batch 1, 8 and 32 (H200,
-# 2026-11-24 and 2026-11-26, RESULTS.md).
-ROUTED_MAX_TOKENS = 32
-_MANY_TOKENS = f"more than {ROUTED_MAX_TOKENS} tokens: SGLang's own route is faster in context"
+# Which calls the kernel takes. At <= 32 tokens SGLang runs a torch.compile'd sum, and patching that route made the
+# Qwen3-30B-A3B decode step faster at batch 1, 8 and 32 (H200, 2026-11-24 and 2026-11-26, RESULTS.md). Above 32 tokens
+# fused_moe calls sgl_kernel.moe_sum_reduce. Against it, at its serving sites between astra's linears with 48 replays,
+# every 256-token row was faster (1.09-2.25x, each 95% CI above 0), while at 64 tokens 64 x 9 x 7168 (0.918x) and
+# 64 x 4 x 2880 (0.780x) were slower (H200, 2026-12-02, results/2026-12-02-h200/session41/P3). Prefill rows stream at
+# its rate (1.012x chained, min 0.955x; session41/P). So calls of 129-256 tokens are the kernel's, 33-128 and more
+# than 256 stay SGLang's.
+COMPILED_MAX_TOKENS = 32
+TAKE_BAND = (129, 256)
+TAKE_MAX_TOKENS = TAKE_BAND[1]
+_MIDDLE = (f"within {COMPILED_MAX_TOKENS + 1}-{TAKE_BAND[0] - 1}: sgl_kernel's moe_sum_reduce was as fast or faster in "
+           "context on 64-token rows")
+_MANY_TOKENS = f"more than {TAKE_MAX_TOKENS} tokens: sgl_kernel's moe_sum_reduce streams as fast (prefill)"
+
+
+def _kept(dims):
+    """Why a call of dims (tokens, topk, hidden) stays SGLang's, or None when the kernel takes it."""
+    t = int(dims[0])
+    if t > TAKE_MAX_TOKENS:
+        return _MANY_TOKENS
+    if COMPILED_MAX_TOKENS < t < TAKE_BAND[0]:
+        return f"{t} tokens {_MIDDLE}"
+    return None
 
 
 def _precheck(args, kwargs):
@@ -45,9 +62,9 @@ def _precheck(args, kwargs):
     layer's eager prefill passes here. None: binding and prepare decide."""
     x = args[0] if args else next((kwargs[n] for n in ("x", "input", "input_tensor") if n in kwargs), None)
     shape = getattr(x, "shape", None)
-    return _MANY_TOKENS if shape is not None and len(shape) == 3 and shape[0] > ROUTED_MAX_TOKENS else None
+    return _MANY_TOKENS if shape is not None and len(shape) == 3 and shape[0] > TAKE_MAX_TOKENS else None
 
-# On in `--ops all` (for the routed calls above); DEFAULT_OFF = "reason" would take it out again.
+# On in `--ops all` (for the calls taken above); DEFAULT_OFF = "reason" would take it out again.
 DEFAULT_OFF = ""
 
 ADAPTER = OpAdapter(
@@ -64,5 +81,5 @@ ADAPTER = OpAdapter(
     normalize=_combine_normalize,
     returns=lambda c: None,
     precheck=_precheck,
-    max_tokens=ROUTED_MAX_TOKENS,
+    keeps=_kept,
 )

@@ -17,9 +17,9 @@
 #   bash run.sh A2  gelu_tanh_and_mul at 2-16 tokens again, more widths (carried)
 #   bash run.sh B4  gemma_post_attention_norms fp16 between astra's linears, 48 replays (B3 had no time for it)
 #   bash run.sh B5  gemma_fused_add_rmsnorm the same way (the sixth norm's fp16 corpus at 48 replays)
-#   bash run.sh P3  NOT RUN (prepared): moe_combine's 64-256-token decode rows against the installed sgl_kernel at
-#                   its serving sites between astra's linears, 48 replays: whether the adapter should take 129-256
-#                   tokens (P, 8 replays, cuBLAS neighbours: every 256-token row faster, 1.10-2.40x)
+#   bash run.sh P3  moe_combine's 64-256-token decode rows against the installed sgl_kernel at its serving sites
+#                   between astra's linears, 48 replays (LIMIT=240, a second hold): every 256-token row faster, so the
+#                   adapter now takes 129-256 tokens
 set -uo pipefail
 PART=${1:?P2, A2, B4, B5 or P3}
 case $PART in P2|A2|B4|B5|P3) ;; *) echo "error: run.sh takes P2, A2, B4, B5 or P3" >&2; exit 2 ;; esac
