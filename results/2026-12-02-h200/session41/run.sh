@@ -20,9 +20,12 @@
 #   bash run.sh P3  moe_combine's 64-256-token decode rows against the installed sgl_kernel at its serving sites
 #                   between astra's linears, 48 replays (LIMIT=240, a second hold): every 256-token row faster, so the
 #                   adapter now takes 129-256 tokens
+#   bash run.sh M   NOT RUN (prepared): moe_combine's new 129-256-token band in SGLang: validate (bf16, fp16), then a
+#                   decode-step A/B of the 20-layer Qwen3-30B-A3B at batch 160, arm A every default op but moe_combine,
+#                   arm B all of them (the only calls that differ are the combine's 160-token ones)
 set -uo pipefail
-PART=${1:?P2, A2, B4, B5 or P3}
-case $PART in P2|A2|B4|B5|P3) ;; *) echo "error: run.sh takes P2, A2, B4, B5 or P3" >&2; exit 2 ;; esac
+PART=${1:?P2, A2, B4, B5, P3 or M}
+case $PART in P2|A2|B4|B5|P3|M) ;; *) echo "error: run.sh takes P2, A2, B4, B5, P3 or M" >&2; exit 2 ;; esac
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 O=${OUT:-/tmp/s41}/$PART; mkdir -p $O
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -53,5 +56,14 @@ P3)
   OPS=moe_combine VARIANT_moe_combine=installed EXTRACT=1 DTYPES=bf16 NEIGHBOURS=astra REPLAYS=48 \
     DEADLINE=$(( ${LIMIT:-570} - 90 - $(el) )) RES=$O/bench bash kernels/gpu_run.sh decode > $O/bench.log 2>&1
   echo "bench rc=$? at $(el)s"; cut -c1-330 $O/bench/summary.txt 2>/dev/null ;;
+M)
+  (cd /tmp && timeout -s INT -k 10 150 python3 -m astra_sglang.cli validate --ops moe_combine --dtypes bf16,fp16 \
+     --json $O/validate-moe_combine.json) > $O/validate-moe_combine.log 2>&1
+  echo "validate moe_combine rc=$? at $(el)s: $(tail -1 $O/validate-moe_combine.log | cut -c1-200)"
+  RES=$O DEADLINE_S=$(( ${LIMIT:-570} - $(el) )) STEP_ARGS="--procs 1 --batch-size 160 --input-len 256 --output-len 32 \
+--rounds 4 --warmup-rounds 1 --skip-steps 3 --profile-steps 10 --mem-fraction-static 0.5" \
+    bash e2e/step_session.sh "mc160-qwen3moe:qwen3-30b-a3b-20l:${STEP_S:-400}:--base-ops=all,-moe_combine --ops=all" \
+    > $O/step.log 2>&1
+  echo "step rc=$? at $(el)s"; grep -A3 "summary (Δ" $O/step.log | tail -3 | cut -c1-250 ;;
 esac
 echo "part $PART done at $(el)s"
