@@ -73,6 +73,8 @@ SPEC = rmsnorm.spec(
         rmsnorm.VEC1,
         Shape((7, 2), ("edge",), "narrowest row"),
         Shape((2, 16384), ("edge",), "widest corpus-like hidden"),
+        # in the adapter's keep band (129-256 tokens at widths 1536-5120): validate shows it left to SGLang (n/a)
+        Shape((256, 4096), ("edge",), "llama-3-8b decode, 256 tokens (kept band)"),
         rmsnorm.CLUSTER_SPLIT,
         Shape((16384, 8192), ("edge", "largest"), "llama-70b prefill chunk"),
     ),
