@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from astra_sglang.patch.adapters import OpAdapter, contiguity_problem
 
+from .spec import COMPILE_MAX_TOKENS
+
 
 def _combine_normalize(c):
     x, out = c["input"], c["output"]
@@ -39,10 +41,9 @@ def _combine_normalize(c):
 # 64 x 4 x 2880 (0.780x) were slower (H200, 2026-12-02, results/2026-12-02-h200/session41/P3). Prefill rows stream at
 # its rate (1.012x chained, min 0.955x; session41/P). So calls of 129-256 tokens are the kernel's, 33-128 and more
 # than 256 stay SGLang's.
-COMPILED_MAX_TOKENS = 32
 TAKE_BAND = (129, 256)
 TAKE_MAX_TOKENS = TAKE_BAND[1]
-_MIDDLE = (f"within {COMPILED_MAX_TOKENS + 1}-{TAKE_BAND[0] - 1}: sgl_kernel's moe_sum_reduce was as fast or faster in "
+_MIDDLE = (f"within {COMPILE_MAX_TOKENS + 1}-{TAKE_BAND[0] - 1}: sgl_kernel's moe_sum_reduce was as fast or faster in "
            "context on 64-token rows")
 _MANY_TOKENS = f"more than {TAKE_MAX_TOKENS} tokens: sgl_kernel's moe_sum_reduce streams as fast (prefill)"
 
@@ -52,7 +53,7 @@ def _kept(dims):
     t = int(dims[0])
     if t > TAKE_MAX_TOKENS:
         return _MANY_TOKENS
-    if COMPILED_MAX_TOKENS < t < TAKE_BAND[0]:
+    if COMPILE_MAX_TOKENS < t < TAKE_BAND[0]:
         return f"{t} tokens {_MIDDLE}"
     return None
 
